@@ -1,0 +1,165 @@
+"""The `regimen` command: run, check, reward-check, status. Thin: it parses, calls the flow or a stage
+helper, prints, and maps failures to exit codes (0 done, 1 a gate or stage stopped it, 2 bad input)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stages.errors import InputError, RegimenError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Regimen: distillation-style SFT and GRPO in cycles, orchestrated by Prefect.")
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a recipe field: KEY=VALUE with a dotted key, e.g. grpo.beta=0.05")]
+
+KEY_METRICS = {
+    "sft": ["heldout_accuracy", "traces_kept", "train_loss_last"],
+    "reward-dry-run": ["mean_reward", "reward_std", "frac_reward_zero_std"],
+    "grpo-smoke": ["mean_reward", "max_reward_std", "max_abs_loss"],
+    "grpo": ["train_reward_first", "train_reward_last", "kl_last", "frac_reward_zero_std_mean", "completions_per_s"],
+    "eval": ["heldout_accuracy", "train_reward"],
+}
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def summary_table(results: list[dict[str, Any]]) -> Table:
+    table = Table(title="regimen run", show_lines=False)
+    for col in ("stage", "version", "cycle", "", "wall s", "key metrics"):
+        table.add_column(col)
+    for r in results:
+        metrics = r.get("metrics") or {}
+        shown = ", ".join(f"{k}={_fmt(metrics[k])}" for k in KEY_METRICS.get(r["stage"], []) if k in metrics)
+        if r.get("resumed_from_step"):
+            shown += f", resumed_from_step={r['resumed_from_step']}"
+        if r.get("verdict"):
+            shown += f", verdict={r['verdict']}"
+        where = f"{r.get('cycle')}" + (f".{r['round']}" if r.get("round") else "")
+        table.add_row(r["stage"], f"v{r['version']}", where, "reused" if r["reused"] else "ran", f"{r['wall_s']:.1f}", shown)
+    return table
+
+
+def _print_run(results: list[dict[str, Any]], started: float) -> None:
+    if not results:
+        return
+    console.print(summary_table(results))
+    for warning in dict.fromkeys(r["warning"] for r in results if r.get("warning")):
+        console.print(f"[bold yellow]{warning}[/]")
+    total = time.perf_counter() - started
+    stages = sum(r["wall_s"] for r in results)
+    console.print(f"wall time {total:.1f}s; stages {stages:.1f}s; orchestration overhead x{total / stages:.3f} (wall / sum of stages)" if stages else f"wall time {total:.1f}s")
+    last_eval = next((r for r in reversed(results) if r["stage"] == "eval"), None)
+    if last_eval and last_eval.get("decision"):
+        console.print(f"verdict: [bold]{last_eval['verdict']}[/] — {last_eval['decision']['reason']}")
+
+
+@app.command()
+def run(
+    config: Annotated[str, typer.Argument(help="YAML recipe, e.g. configs/default.yaml")],
+    set_: SetOpt = None,
+    store: Annotated[Optional[str], typer.Option("--store", help="artifact store: a folder or an fsspec URL")] = None,
+    experiment: Annotated[Optional[str], typer.Option("--experiment", help="experiment name in the store")] = None,
+) -> None:
+    """Run the flow `regimen-cycle` over the recipe's stages and print a summary."""
+    started = time.perf_counter()
+    from stages.config import parse_set
+
+    overrides = parse_set(set_ or [])
+    from flows.cycle import resolve_recipe
+
+    recipe = resolve_recipe(config, experiment, overrides, store)  # validate before Prefect starts: exit 2, nothing written
+    from flows.cycle import regimen_cycle
+
+    console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
+    try:
+        results = regimen_cycle(config=config, experiment=experiment, overrides=overrides, store=store)
+    except RegimenError as exc:
+        _print_run(getattr(exc, "results", []), started)
+        raise
+    _print_run(results, started)
+
+
+@app.command()
+def check(
+    config: Annotated[str, typer.Argument(help="YAML recipe")],
+    set_: SetOpt = None,
+) -> None:
+    """Validate a recipe and print it resolved (TRL defaults made explicit); runs nothing."""
+    from stages.config import dump_recipe, load_recipe
+
+    recipe = load_recipe(config, set_ or [])
+    console.print(dump_recipe(recipe), markup=False, highlight=False)
+    console.print(f"# {config}: OK", markup=False)
+
+
+@app.command("reward-check")
+def reward_check(
+    samples: Annotated[str, typer.Option("--samples", help="JSONL: one object per line with `completion` (+ prompt, answer, tests, ...)")],
+    config: Annotated[Optional[str], typer.Option("--config", help="take the rewards from this recipe")] = None,
+    reward: Annotated[Optional[list[str]], typer.Option("--reward", help="reward name (repeatable)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON line per sample")] = False,
+) -> None:
+    """Score completions with rewards, no model: the dry run of a reward on sample text."""
+    from stages.reward_check import main as reward_main
+
+    code = reward_main(samples, config, list(reward or []), as_json)
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    store: Annotated[str, typer.Option("--store", help="artifact store")] = "artifacts",
+) -> None:
+    """Each stage's state: completed versions, failed attempts, running, checkpoints."""
+    from stages.status import experiment_status
+
+    rows = experiment_status(store, experiment)
+    table = Table(title=f"{experiment} in {store}")
+    for col in ("stage", "state", "latest", "cycle", "finished", "detail"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["stage"], r["state"], r["latest"], r["cycle"], r["finished"], r["detail"])
+    console.print(table)
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app(standalone_mode=False)
+    except InputError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
+    except RegimenError as exc:
+        err.print(f"stopped: {exc}", markup=False, highlight=False)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""What comes after an evaluation: a pure function of the evaluation history and `cycle:` settings.
+
+Pure so that every branch is tested without training anything. History entries are the SFT result
+of each cycle (round 0, the baseline) and each GRPO round's evaluation (round 1, 2, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+CONTINUE = "continue"
+BACK_TO_SFT = "back-to-sft"
+TARGET_REACHED = "target-reached"
+BUDGET_SPENT = "budget-spent"
+STALLED = "stalled"
+REWARD_HACKING = "reward-hacking-suspected"
+ENDS_FLOW = {TARGET_REACHED, BUDGET_SPENT, STALLED, REWARD_HACKING}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    cycle: int
+    round: int  # 0: after SFT (the cycle's baseline); 1..: after each GRPO round
+    heldout_accuracy: float
+    train_reward: float | None = None  # mean training reward over the round's last logging window
+    train_reward_first: float | None = None  # ... and over its first logging window
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Evaluation:
+        return cls(**{k: d.get(k) for k in ("cycle", "round", "heldout_accuracy", "train_reward", "train_reward_first")})
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    warning: str | None = None  # the guard's finding when it is set to warn instead of stop
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def hacking_evidence(history: list[Evaluation], guard) -> dict[str, Any] | None:
+    """Training reward rose by >= guard.train_rise since the cycle's first GRPO round while held-out
+    accuracy (vs. the cycle's SFT baseline) gained < guard.heldout_gain: the evidence, else None."""
+    last = history[-1]
+    cycle = [e for e in history if e.cycle == last.cycle]
+    rounds = [e for e in cycle if e.round >= 1]
+    baseline = next((e for e in cycle if e.round == 0), None)
+    if not rounds or last.train_reward is None:
+        return None
+    start = rounds[0].train_reward_first if rounds[0].train_reward_first is not None else rounds[0].train_reward
+    if start is None:
+        return None
+    reference = baseline.heldout_accuracy if baseline else rounds[0].heldout_accuracy
+    rise = last.train_reward - start
+    gain = last.heldout_accuracy - reference
+    evidence = {
+        "train_reward_start": start,
+        "train_reward_now": last.train_reward,
+        "train_reward_rise": rise,
+        "heldout_accuracy_start": reference,
+        "heldout_accuracy_now": last.heldout_accuracy,
+        "heldout_gain": gain,
+        "train_reward_curve": [e.train_reward for e in rounds],
+        "heldout_accuracy_curve": ([reference] if baseline else []) + [e.heldout_accuracy for e in rounds],
+    }
+    if rise >= guard.train_rise and gain < guard.heldout_gain:
+        return evidence
+    return None
+
+
+def decide(history: list[Evaluation], cfg) -> Decision:
+    """The next step after the last evaluation in `history` (cfg: the recipe's `cycle` section)."""
+    if not history:
+        raise ValueError("decide() needs at least one evaluation")
+    last = history[-1]
+    cycle = [e for e in history if e.cycle == last.cycle]
+    rounds = [e for e in cycle if e.round >= 1]
+
+    warning = None
+    evidence = hacking_evidence(history, cfg.guard)
+    if evidence is not None:
+        reason = (f"training reward rose {evidence['train_reward_rise']:+.3f} (from {evidence['train_reward_start']:.3f} to "
+                  f"{evidence['train_reward_now']:.3f}) while held-out accuracy changed {evidence['heldout_gain']:+.3f} "
+                  f"(from {evidence['heldout_accuracy_start']:.3f} to {evidence['heldout_accuracy_now']:.3f}): the policy is "
+                  "learning to please the reward, not to solve the task; read the trajectories and fix the reward")
+        if cfg.guard.action == "stop":
+            return Decision(REWARD_HACKING, reason, evidence)
+        warning = reason
+
+    if last.heldout_accuracy >= cfg.target:
+        return Decision(TARGET_REACHED, f"held-out accuracy {last.heldout_accuracy:.3f} >= target {cfg.target}", warning=warning)
+
+    # Consecutive evaluations at the end of this cycle without a gain of min_delta over the one before.
+    stalls = 0
+    for prev, cur in zip(cycle[-2::-1], cycle[::-1]):
+        if cur.round == 0 or cur.heldout_accuracy - prev.heldout_accuracy >= cfg.min_delta:
+            break
+        stalls += 1
+    gain = last.heldout_accuracy - cycle[-2].heldout_accuracy if len(cycle) >= 2 else 0.0
+    evidence = {"gain": gain, "stalled_evaluations": stalls, "rounds_in_cycle": len(rounds), "cycle": last.cycle}
+    stalled = stalls >= cfg.patience
+    out_of_rounds = len(rounds) >= cfg.max_rounds
+
+    if not stalled and not out_of_rounds:
+        return Decision(CONTINUE, f"held-out accuracy {last.heldout_accuracy:.3f} (gain {gain:+.3f}); another GRPO round", evidence, warning)
+    why = (f"no gain of {cfg.min_delta} for {stalls} evaluation(s) (patience {cfg.patience})" if stalled
+           else f"all {cfg.max_rounds} GRPO round(s) of cycle {last.cycle} used")
+    if last.cycle < cfg.max_cycles:
+        return Decision(BACK_TO_SFT, f"{why}; back to SFT for cycle {last.cycle + 1}", evidence, warning)
+    if stalled:
+        return Decision(STALLED, f"{why}, and all {cfg.max_cycles} cycle(s) are used", evidence, warning)
+    return Decision(BUDGET_SPENT, f"{why}, and all {cfg.max_cycles} cycle(s) are used", evidence, warning)

@@ -1,0 +1,93 @@
+"""Stage 2, reward-dry-run: sample the current policy as GRPO will (group size, temperature, length),
+score the samples with the recipe's rewards, and stop before RL when GRPO could learn nothing:
+hopeless (mean reward ~0), trivial (~1), or groups without variance (every attempt scores alike)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from stages import trajectories
+from stages.data import data_identity, load_task, shuffled
+from stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
+
+GENERATION_FIELDS = ("num_generations", "temperature", "top_p", "top_k", "min_p", "max_completion_length", "repetition_penalty", "generation_kwargs")
+
+
+def config_section(recipe) -> dict[str, Any]:
+    g = recipe.grpo_settings()
+    return {
+        "data": data_identity(recipe.data),
+        "rewards": [r.model_dump() for r in recipe.rewards],
+        "dry_run": recipe.dry_run.model_dump(),
+        "generation": {k: g.get(k) for k in GENERATION_FIELDS if k in g},
+        "seed": g.get("seed"),
+    }
+
+
+def group_stats(totals: list[float], group: int) -> dict[str, float]:
+    """Mean and spread of the weighted reward, and the share of groups where every attempt scored the same."""
+    finite = [t for t in totals if not math.isnan(t)]
+    groups = [totals[i : i + group] for i in range(0, len(totals), group)]
+    zero = sum(1 for g in groups if len({round(x, 9) for x in g if not math.isnan(x)}) <= 1)
+    return {
+        "mean_reward": statistics.fmean(finite) if finite else math.nan,
+        "reward_std": statistics.pstdev(finite) if len(finite) > 1 else 0.0,
+        "mean_group_std": statistics.fmean(statistics.pstdev(g) if len(g) > 1 else 0.0 for g in groups) if groups else 0.0,
+        "frac_reward_zero_std": zero / len(groups) if groups else 1.0,
+    }
+
+
+def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperature: float) -> str | None:
+    """A diagnosis a person can act on, or None when GRPO has something to learn from."""
+    mean, zero = stats["mean_reward"], stats["frac_reward_zero_std"]
+    shape = f"{prompts} prompts x {group} attempts at temperature {temperature}"
+    if math.isnan(mean):
+        return f"no reward scored any of {shape} (all None): check that the data has the columns the rewards need"
+    if mean < cfg.min_mean_reward:
+        return (f"mean reward {mean:.3f} over {shape} is below dry_run.min_mean_reward={cfg.min_mean_reward}: the task is too hard "
+                "for this policy; run more SFT (sft.max_steps), use easier prompts, or add an easier reward (e.g. format) beside the hard one")
+    if mean > cfg.max_mean_reward:
+        return (f"mean reward {mean:.3f} over {shape} is above dry_run.max_mean_reward={cfg.max_mean_reward}: the task is trivial "
+                "for this policy; nothing is left to learn — use harder prompts")
+    if zero > cfg.max_frac_zero_std:
+        return (f"{zero:.0%} of groups have no reward variance ({shape}; limit dry_run.max_frac_zero_std={cfg.max_frac_zero_std}): "
+                "GRPO learns only from groups whose attempts differ; use larger groups (grpo.num_generations) or a higher grpo.temperature")
+    return None
+
+
+def run(recipe, inputs: dict[str, Any], dirs) -> Any:
+    from stages.model import load_model, load_tokenizer
+    from stages.runner import StageOutput
+    from stages.sampling import generate
+
+    g = recipe.grpo_settings()
+    cfg = recipe.dry_run
+    group = int(g["num_generations"])
+    policy = inputs["policy"]["model"]
+    task = load_task(recipe.data)
+    rows = shuffled(task.train, seed=int(g.get("seed", 0)))[: cfg.num_prompts]
+    model, tokenizer = load_model(policy, dtype=recipe.model.dtype), load_tokenizer(policy)
+    samples = generate(model, tokenizer, [r["prompt"] for r in rows], num_return_sequences=group, do_sample=True,
+                       temperature=float(g.get("temperature", 1.0)), top_p=float(g.get("top_p", 1.0)), top_k=int(g.get("top_k") or 0),
+                       max_new_tokens=int(g["max_completion_length"]), batch_size=recipe.eval.batch_size, desc="dry run", seed=int(g.get("seed", 0)))
+    prompts = [r["prompt"] for r in rows for _ in range(group)]
+    completions = [c for s in samples for c in s]
+    columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k not in ("prompt", "completion")}
+    fns = from_specs(recipe.rewards)
+    per_reward = score(fns, prompts, completions, columns)
+    totals = weighted_total(per_reward, recipe.reward_weights())
+    stats = group_stats(totals, group)
+    for name, vals in per_reward.items():
+        scored = [v for v in vals if v is not None]
+        stats[f"rewards/{name}/mean"] = statistics.fmean(scored) if scored else math.nan
+        stats[f"rewards/{name}/none"] = float(len(vals) - len(scored))
+    stats.update({"num_prompts": float(len(rows)), "num_generations": float(group)})
+    trajectories.write(dirs.out, trajectories.rows_from_batch(prompts, completions, per_reward, total=totals, group=[i // group for i in range(len(prompts))]))
+    extra: dict[str, Any] = {}
+    if gameable := gameable_names(fns):
+        extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
+    diagnosis = diagnose(stats, cfg, prompts=len(rows), group=group, temperature=float(g.get("temperature", 1.0)))
+    return StageOutput(stats, status="failed" if diagnosis else "completed", diagnosis=diagnosis, extra=extra)
