@@ -585,6 +585,17 @@ class _Slot:
                 self._make_cgroup(os.path.join(parent, name), files)
 
     def _make_cgroup(self, path: str, files: list[tuple[str, int]]) -> None:
+        parent = os.path.dirname(path)
+        try:  # empty cgroups left by servers that were killed (SIGKILL skips their clean-up)
+            for entry in os.listdir(parent):
+                pid = entry[len("regimen-sandbox-") :]
+                if entry.startswith("regimen-sandbox-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                    try:
+                        os.rmdir(os.path.join(parent, entry))
+                    except OSError:
+                        pass
+        except OSError:
+            pass
         try:
             os.mkdir(path)
         except OSError:
