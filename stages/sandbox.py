@@ -308,46 +308,40 @@ def run_batch(
             next_index[0] += 1
             return i
 
+    last_error = ["sandbox servers kept failing"]
+
     def worker(slot: int) -> None:
         server: _Server | None = None
-        restarts = 0
+        troubles = 0  # failed starts and deaths of this slot's server; past 3 the slot gives up
         try:
             while (i := take()) is not None:
                 code, tests = items[i]
-                if server is None:
+                while results[i] is None:
                     try:
-                        server = _Server(slot, cfg)
+                        if server is None:
+                            server = _Server(slot, cfg)
+                            if not server.isolated:
+                                _warn_unisolated(server.reason)
+                        results[i] = server.run(code, list(tests))
                     except SandboxUnavailable as exc:
                         with lock:
                             failures.append(exc)
+                        return
+                    except _ServerDied as exc:  # not retried: one solution never runs twice
                         results[i] = _infra(len(tests), str(exc))
-                        return
-                    except (OSError, RuntimeError) as exc:
-                        results[i] = _infra(len(tests), f"could not start a sandbox server: {exc}")
-                        restarts += 1
-                        if restarts > 3:
-                            _fail_rest(slot_error=str(exc))
-                            return
-                        continue
-                    if not server.isolated:
-                        _warn_unisolated(server.reason)
-                try:
-                    results[i] = server.run(code, list(tests))
-                except _ServerDied as exc:
-                    results[i] = _infra(len(tests), str(exc))
-                    server.close()
-                    server = None
-                    restarts += 1
-                    if restarts > 3:
-                        _fail_rest(slot_error=str(exc))
-                        return
+                        server.close()  # type: ignore[union-attr]
+                        server = None
+                        troubles += 1
+                    except (OSError, RuntimeError) as exc:  # the server did not start: retry
+                        last_error[0] = f"could not start a sandbox server: {exc}"
+                        troubles += 1
+                    if troubles > 3:
+                        if results[i] is None:
+                            results[i] = _infra(len(tests), last_error[0])
+                        return  # the other slots take the remaining items
         finally:
             if server is not None:
                 server.close()
-
-    def _fail_rest(slot_error: str) -> None:
-        while (i := take()) is not None:
-            results[i] = _infra(len(items[i][1]), f"sandbox servers keep failing: {slot_error}")
 
     threads = [threading.Thread(target=worker, args=(slot,), name=f"sandbox-{slot}", daemon=True) for slot in range(n_workers)]
     for t in threads:
@@ -358,8 +352,8 @@ def run_batch(
         raise failures[0]
     out: list[SandboxResult] = []
     for i, r in enumerate(results):
-        if r is None:  # unreachable unless a worker thread itself crashed
-            r = _infra(len(items[i][1]), "no result (internal error)")
+        if r is None:  # every slot gave up (or a worker thread crashed)
+            r = _infra(len(items[i][1]), last_error[0])
         if r.status == "infra":
             log.warning("sandbox: item %d not scored: %s", i, r.error)
         out.append(r)

@@ -428,3 +428,49 @@ def test_config_validation():
     with pytest.raises(TypeError):
         run_batch([("code", "assert True")])  # tests must be a list
     assert run_batch([]) == []
+
+
+def _children_serving() -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"--serve" in cmd and ppid == os.getpid():
+                pids.append(int(pid))
+    return pids
+
+
+@needs_isolation
+def test_a_dead_server_costs_one_item_not_the_batch():
+    import signal
+    import threading
+
+    def kill_server() -> None:
+        time.sleep(0.6)
+        for pid in _children_serving():
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_server)
+    killer.start()
+    items = [("import time\ntime.sleep(2)\n" + ADD, ADD_TESTS), (ADD, ADD_TESTS), (ADD, ADD_TESTS[:2])]
+    results = run_batch(items, workers=1, timeout_s=3)
+    killer.join()
+    assert results[0].status == "infra" and results[0].passed == 0
+    assert [(r.passed, r.status) for r in results[1:]] == [(3, "ok"), (2, "ok")]
+    time.sleep(0.2)
+    lo = sandbox._default_uid_base()
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}") and lo <= _uid(p) < lo + 256]
+    assert _children_serving() == []
+
+
+def _uid(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
