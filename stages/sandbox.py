@@ -59,7 +59,6 @@ script (`python -I -S stages/sandbox.py --serve CONFIG`).
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import logging
 import os
