@@ -45,7 +45,7 @@ def resolve_recipe(config: str, experiment: str | None, overrides: dict[str, Any
     return load_recipe(config, extra)
 
 
-@flow(name="regimen-cycle", log_prints=True)
+@flow(name="regimen-cycle")
 def regimen_cycle(
     config: str = "configs/default.yaml",
     experiment: str | None = None,

@@ -23,7 +23,7 @@ from typing import Any
 
 from stages import sandbox
 from stages.errors import InputError
-from stages.rewards import RewardFn, completion_text, register
+from stages.rewards import RewardFn, completion_text, register, register_factory
 
 log = logging.getLogger("regimen.rewards")
 
@@ -161,6 +161,9 @@ def unit_tests(prompts: list[Any], completions: list[Any], **columns: Any) -> li
     """Fraction of the row's test snippets that pass when the completion's code runs in the sandbox
     (defaults of `SandboxConfig`); None when the row has no tests. See `unit_tests_reward`."""
     return _default_unit_tests(prompts, completions, **columns)
+
+
+register_factory("unit_tests", unit_tests_reward)
 
 
 @register("code_block", gameable=True)

@@ -116,9 +116,10 @@ class RewardSpec(Section):
     name: str = Field(description="a registered reward (answer, format, unit_tests, ...) or 'pkg.module:function'")
     weight: float = 1.0
     pattern: str | None = Field(None, description="format: the regex the whole completion must match")
+    args: dict[str, Any] = Field({}, description="options of a configurable reward, e.g. unit_tests: {timeout_s: 5, allow_unisolated: false}")
 
     def options(self) -> dict[str, Any]:
-        return {"pattern": self.pattern} if self.pattern is not None else {}
+        return {**self.args, **({"pattern": self.pattern} if self.pattern is not None else {})}
 
 
 class DryRunSection(Section):
@@ -254,7 +255,7 @@ def reward_key(spec: RewardSpec) -> str:
 COMMON_DEFAULTS: dict[str, Any] = {
     "report_to": "none",
     "bf16": False,
-    "gradient_checkpointing": False,
+    "activation_checkpointing": False,
     "logging_steps": 10,
     "save_strategy": "steps",
     "save_only_model": False,

@@ -10,6 +10,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from stages.errors import InputError
@@ -47,29 +48,41 @@ def solve_addition(prompt: str) -> str | None:
         return None
 
 
+def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield `(line_number, object)` for each non-blank line of a JSONL file. Raises InputError naming
+    the file, the line and the field for a missing file, an empty file, invalid JSON, a line that is
+    not an object, or a missing required field."""
+    path = Path(path)
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    seen = False
+    with f:
+        try:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path}:{line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{path}:{line_no}: each line must be a JSON object, got {type(row).__name__}")
+                for key in required:
+                    if key not in row:
+                        raise InputError(f"{path}:{line_no}: missing field {key!r}")
+                seen = True
+                yield line_no, row
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    if not seen:
+        raise InputError(f"{path}: the file holds no samples (it is empty)")
+
+
 def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ("prompt",)) -> list[dict[str, Any]]:
     """Rows of a JSONL task file; errors name the file, the line and the field."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"data: file {p} does not exist")
-    rows = []
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{p}:{lineno}: invalid JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{p}:{lineno}: each line must be a JSON object, got {type(row).__name__}")
-            for field in required:
-                if field not in row:
-                    raise InputError(f"{p}:{lineno}: missing field {field!r}")
-            rows.append(row)
-    if not rows:
-        raise InputError(f"data: file {p} is empty")
-    return rows
+    return [row for _, row in read_jsonl(path, required=required)]
 
 
 def digest_rows(rows: list[dict[str, Any]]) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stages import rewards as rewards_module
+from stages.data import read_jsonl
 from stages.errors import InputError
 from stages.rewards import RewardFn, get_reward, is_gameable, score, weighted_total
 
@@ -30,38 +31,6 @@ BATCH_SIZE = 512
 TABLE_ROWS = 20
 # Keys of a sample that are not passed to rewards as dataset columns.
 _NOT_COLUMNS = {"prompt", "completion", "rewards", "prompts", "completions"}
-
-
-def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield `(line_number, object)` for each non-blank line of a JSONL file. Raises InputError naming
-    the file, the line and the field for a missing file, an empty file, invalid JSON, a line that is
-    not an object, or a missing required field."""
-    path = Path(path)
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    seen = False
-    with f:
-        try:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path}:{line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-                if not isinstance(row, dict):
-                    raise InputError(f"{path}:{line_no}: each line must be a JSON object, got {type(row).__name__}")
-                for key in required:
-                    if key not in row:
-                        raise InputError(f"{path}:{line_no}: missing field {key!r}")
-                seen = True
-                yield line_no, row
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    if not seen:
-        raise InputError(f"{path}: the file holds no samples (it is empty)")
 
 
 def _check_sample(path: Path, line_no: int, row: dict[str, Any]) -> None:

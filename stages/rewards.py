@@ -19,6 +19,8 @@ from stages.errors import InputError
 RewardFn = Callable[..., list[float | None]]
 
 _REGISTRY: dict[str, RewardFn] = {}
+# Builders of configured variants, for rewards that take options in the recipe (`args:`).
+_FACTORIES: dict[str, Callable[..., RewardFn]] = {}
 # Modules whose import registers more built-in rewards (kept out of this module so that plain
 # answer/format scoring never imports the code sandbox).
 _BUILTIN_MODULES = ("stages.code_rewards",)
@@ -35,6 +37,11 @@ def register(name: str, *, gameable: bool = False) -> Callable[[RewardFn], Rewar
         return fn
 
     return deco
+
+
+def register_factory(name: str, factory: Callable[..., RewardFn]) -> None:
+    """Let recipes configure reward `name`: `{name: ..., args: {...}}` calls `factory(**args)`."""
+    _FACTORIES[name] = factory
 
 
 def completion_text(completion: Any) -> str:
@@ -90,7 +97,7 @@ def answer(prompts: list[Any], completions: list[Any], answer: list[Any] | None 
     return scores
 
 
-def format_reward(pattern: str, *, name: str = "format") -> RewardFn:
+def format_reward(pattern: str = r"[^\n]+", *, name: str = "format") -> RewardFn:
     """An easy reward: 1.0 when the whole (stripped) completion matches `pattern`, else 0.0.
     It gives a struggling policy some signal beside a hard correctness reward; alone it is gameable."""
     try:
@@ -111,6 +118,9 @@ def format_(prompts: list[Any], completions: list[Any], **columns: Any) -> list[
     """Default format check: the completion is a single line of text (no rambling past one line).
     Recipes usually configure their own pattern: `{name: format, pattern: '^\\d+$'}`."""
     return format_reward(r"[^\n]+")(prompts, completions, **columns)
+
+
+register_factory("format", format_reward)
 
 
 @register("digits", gameable=True)
@@ -139,6 +149,8 @@ def get_reward(name: str, **options: Any) -> RewardFn:
     """Resolve a reward by registry name or by dotted path `package.module:function`.
     `options` configure rewards that take them (`format` takes `pattern`)."""
     if ":" in name:
+        if options:
+            raise InputError(f"rewards: {name!r}: options (args/pattern) are for built-in rewards; configure your own function in code")
         module_name, _, attr = name.partition(":")
         try:
             fn = getattr(importlib.import_module(module_name), attr)
@@ -147,14 +159,17 @@ def get_reward(name: str, **options: Any) -> RewardFn:
         if not callable(fn):
             raise InputError(f"rewards: {name!r} is not callable")
         return fn
-    if name == "format" and options.get("pattern"):
-        return format_reward(options["pattern"])
     _load_builtins()
     if name not in _REGISTRY:
         raise InputError(f"rewards: unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}, or a dotted path 'pkg.module:function'")
-    if options:
+    if not options:
+        return _REGISTRY[name]
+    if name not in _FACTORIES:
         raise InputError(f"rewards: reward {name!r} takes no options (got {', '.join(options)})")
-    return _REGISTRY[name]
+    try:
+        return _FACTORIES[name](**options)
+    except TypeError as exc:
+        raise InputError(f"rewards: bad options for {name!r}: {exc}") from None
 
 
 def is_gameable(fn: RewardFn) -> bool:
@@ -162,8 +177,9 @@ def is_gameable(fn: RewardFn) -> bool:
 
 
 def weighted_total(per_reward: dict[str, list[float | None]], weights: dict[str, float]) -> list[float]:
-    """Combine rewards as TRL does: a weighted sum over the rewards that scored the sample
-    (None is skipped, i.e. treated as no contribution); all-None samples score NaN."""
+    """A weighted sum over the rewards that scored the sample (None is skipped, as TRL's nansum does).
+    Unlike TRL, which gives 0.0 to a sample no reward scored, this gives NaN so such samples are left
+    out of the dry run's statistics instead of posing as failures."""
     names = list(per_reward)
     n = len(per_reward[names[0]]) if names else 0
     totals: list[float] = []

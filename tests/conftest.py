@@ -1,0 +1,41 @@
+"""Test setup: Prefect state in a temp dir, no analytics, no hub; the tiny recipe path."""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="regimen-prefect-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("REGIMEN_CACHE", tempfile.mkdtemp(prefix="regimen-cache-"))
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "tests" / "tiny.yaml"
+
+
+@pytest.fixture
+def tiny_recipe() -> Path:
+    return TINY
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run `regimen ARGS` in this process; returns (exit code, stdout, stderr)."""
+    from flows.cli import main
+
+    old = sys.argv
+    sys.argv = ["regimen", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return code, out.out, out.err

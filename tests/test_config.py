@@ -1,0 +1,99 @@
+"""Bad recipes: exit 2, one message naming the field (or file, or line), nothing written."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import TINY, run_cli
+from stages.config import load_recipe, parse_set
+from stages.errors import InputError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "recipe.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def tiny_with(tmp_path: Path, **sections) -> Path:
+    data = yaml.safe_load(TINY.read_text())
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    p = tmp_path / "recipe.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+BAD = {
+    "yaml-syntax": ("experiment: x\nsft: {max_steps: 3\n", ["line", "YAML syntax"]),
+    "empty": ("", ["empty"]),
+    "unknown-section": ("experiment: x\ntrainer: {a: 1}\n", ["trainer", "unknown section"]),
+    "unknown-field": ("grpo: {num_generatoins: 4}\n", ["grpo.num_generatoins", "not a field of TRL's GRPOConfig"]),
+    "unknown-nested": ("cycle: {max_cycle: 2}\n", ["cycle.max_cycle", "allowed"]),
+    "wrong-type": ("grpo: {learning_rate: fast}\n", ["grpo.learning_rate"]),
+    "wrong-type-section": ("dry_run: {num_prompts: many}\n", ["dry_run.num_prompts"]),
+    "num-generations": ("grpo: {num_generations: 1, per_device_train_batch_size: 8}\n", ["num_generations", "at least 2"]),
+    "beta-negative": ("grpo: {beta: -0.1}\n", ["beta", ">= 0"]),
+    "beta-zero": ("grpo: {beta: 0.0}\n", ["beta", "> 0"]),
+    "batch-divisible": ("grpo: {num_generations: 8, per_device_train_batch_size: 12}\n", ["divisible by num_generations", "12"]),
+    "model-path": ("model: {name_or_path: ./no/such/model}\n", ["model.name_or_path", "does not exist"]),
+    "max-cycles": ("cycle: {max_cycles: 0}\n", ["cycle.max_cycles"]),
+    "unknown-reward": ("rewards: [{name: nosuch}]\n", ["nosuch", "unknown reward"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_recipe_is_exit_2_with_field_named_and_nothing_written(name, tmp_path, capsys):
+    text, needles = BAD[name]
+    recipe = write(tmp_path, text)
+    store = tmp_path / "store"
+    code, out, err = run_cli(["run", str(recipe), "--store", str(store)], capsys)
+    assert code == 2, (out, err)
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert "Traceback" not in err + out
+    assert not store.exists()
+
+
+def test_missing_file_and_malformed_set(tmp_path, capsys):
+    code, _, err = run_cli(["run", str(tmp_path / "nope.yaml"), "--store", str(tmp_path / "s")], capsys)
+    assert code == 2 and "does not exist" in err
+    code, _, err = run_cli(["run", str(TINY), "--set", "grpo.beta", "--store", str(tmp_path / "s")], capsys)
+    assert code == 2 and "--set 'grpo.beta'" in err and "KEY=VALUE" in err
+    code, _, err = run_cli(["run", str(TINY), "--set", "grpo.beta=-1", "--store", str(tmp_path / "s")], capsys)
+    assert code == 2 and "beta" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_set_is_typed_by_the_schema():
+    r = load_recipe(TINY, ["grpo.beta=0.05", "cycle.max_cycles=3", "grpo.use_vllm=false", "sft.learning_rate=1e-4"])
+    assert r.grpo["beta"] == 0.05 and isinstance(r.grpo["beta"], float)
+    assert r.cycle.max_cycles == 3
+    assert r.grpo["use_vllm"] is False
+    assert r.sft["learning_rate"] == 1e-4
+    assert parse_set(["a.b=[1, 2]"]) == {"a.b": [1, 2]}
+
+
+def test_batch_rule_counts_processes():
+    # 16 completions suit groups of 8 on one process and on two (16x2=32), but 12 suits neither
+    load_recipe(TINY, ["grpo.num_generations=8", "grpo.per_device_train_batch_size=16", "launcher=accelerate", "accelerate.num_processes=2"])
+    with pytest.raises(InputError, match="x 3 process"):
+        load_recipe(TINY, ["grpo.num_generations=8", "grpo.per_device_train_batch_size=4", "launcher=accelerate", "accelerate.num_processes=3"])
+
+
+def test_check_prints_resolved_recipe(capsys):
+    code, out, _ = run_cli(["check", str(TINY)], capsys)
+    assert code == 0
+    resolved = yaml.safe_load(out.split("# ")[0])
+    assert resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == "none"
+    assert resolved["experiment"] == "tiny-test"
+
+
+def test_default_and_shipped_configs_validate():
+    for path in sorted((TINY.parent.parent / "configs").glob("*.yaml")):
+        load_recipe(path)

@@ -1,0 +1,89 @@
+"""The whole flow on the shrunken tiny recipe: real SFT and GRPO (seconds), real Prefect."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, run_cli
+from stages.config import STAGES
+from stages.store import Store
+
+pytestmark = pytest.mark.slow
+
+
+def versions(store: Path, experiment="tiny-test"):
+    s = Store(store)
+    return {stage: [m["version"] for m in s.versions(experiment, stage)] for stage in STAGES}
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    from flows.cycle import regimen_cycle
+
+    store = tmp_path_factory.mktemp("store")
+    results = regimen_cycle(config=str(TINY), store=str(store))
+    return store, results
+
+
+def test_all_five_stages_complete_with_intact_files(first_run):
+    store, results = first_run
+    assert [r["stage"] for r in results] == list(STAGES)
+    assert all(not r["reused"] for r in results)
+    s = Store(store)
+    for stage in STAGES:
+        [m] = s.versions("tiny-test", stage)
+        assert m["status"] == "completed" and m["stage"] == stage and m["version"] == 1 and m["cycle"] == 1
+        assert s.verify(m) == []
+        for key in ("fingerprint", "inputs", "config", "metrics", "files", "started_at", "finished_at", "code_version"):
+            assert key in m, (stage, key)
+        vdir = store / "tiny-test" / stage / "v1"
+        assert json.loads((vdir / "metrics.json").read_text()) == pytest.approx(m["metrics"], nan_ok=True)
+        rows = [json.loads(line) for line in (vdir / "trajectories.jsonl").read_text().splitlines()]
+        assert rows and all("prompt" in r and "completion" in r for r in rows)
+    grpo = s.latest("tiny-test", "grpo")
+    assert grpo["config"]["grpo"]["beta"] > 0 and grpo["metrics"]["beta"] > 0
+    assert grpo["resumed_from_step"] == 0 and grpo["metrics"]["steps"] == 6
+    assert (store / "tiny-test/grpo/v1/model/config.json").exists()
+    assert any(json.loads(line).get("reward") is not None for line in (store / "tiny-test/grpo/v1/train_log.jsonl").read_text().splitlines())
+    ev = s.latest("tiny-test", "eval")
+    assert ev["verdict"] in ("target-reached", "budget-spent", "stalled")
+    assert 0.0 <= ev["metrics"]["heldout_accuracy"] <= 1.0
+    assert ev["inputs"]["policy"]["fingerprint"] == grpo["fingerprint"]
+    # no work folders or staging left behind once versions are committed
+    assert not list(store.glob("tiny-test/*/.staging-*"))
+    assert not any(any(p.iterdir()) for p in store.glob("tiny-test/*/work") if p.is_dir())
+
+
+def test_identical_rerun_reuses_every_stage(first_run):
+    from flows.cycle import regimen_cycle
+
+    store, _ = first_run
+    before = versions(store)
+    results = regimen_cycle(config=str(TINY), store=str(store))
+    assert all(r["reused"] for r in results)
+    assert versions(store) == before
+
+
+def test_changing_a_grpo_field_reruns_grpo_and_eval_only(first_run):
+    from flows.cycle import regimen_cycle
+
+    store, _ = first_run
+    results = regimen_cycle(config=str(TINY), store=str(store), overrides={"grpo.beta": 0.08})
+    ran = {r["stage"]: not r["reused"] for r in results}
+    assert ran == {"sft": False, "reward-dry-run": False, "grpo-smoke": True, "grpo": True, "eval": True}
+    assert Store(store).latest("tiny-test", "grpo")["config"]["grpo"]["beta"] == 0.08
+
+
+def test_gate_failure_exits_1_records_attempt_and_writes_no_version(first_run, capsys):
+    store, _ = first_run
+    code, out, err = run_cli(["run", str(TINY), "--store", str(store), "--experiment", "gate", "--set", "dry_run.min_mean_reward=0.99"], capsys)
+    assert code == 1, (out, err)
+    assert "reward-dry-run" in err and "too hard" in err and "more SFT" in err
+    s = Store(store)
+    assert s.versions("gate", "reward-dry-run") == []
+    [fail] = s.failures("gate", "reward-dry-run")
+    assert "too hard" in fail["error"]
+    assert s.versions("gate", "sft")  # the stage before the gate completed and is kept
+    code, out, _ = run_cli(["status", "gate", "--store", str(store)], capsys)
+    assert code == 0 and "failed" in out and "completed" in out

@@ -1,0 +1,110 @@
+"""The artifact store: versions appear whole or not at all, are never overwritten, carry digests,
+are reused by fingerprint; failed attempts are kept beside them; one run per experiment."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from stages.store import MANIFEST, ExperimentBusy, Store, digest_tree, fingerprint, sha256_file
+
+
+def manifest(stage="sft", key="k1", **extra):
+    return {"experiment": "exp", "stage": stage, "fingerprint": key, "cycle": 1, "inputs": {}, "config": {}, "metrics": {"x": 1.0}, **extra}
+
+
+def stage_files(store: Store, text="weights") -> Path:
+    d = store.staging_dir("exp", "sft")
+    (d / "model").mkdir()
+    (d / "model" / "w.bin").write_text(text)
+    (d / "metrics.json").write_text("{}")
+    return d
+
+
+def test_commit_writes_version_with_digests(tmp_path):
+    store = Store(tmp_path)
+    m = store.commit(stage_files(store), manifest())
+    vdir = tmp_path / "exp" / "sft" / "v1"
+    assert m["version"] == 1 and m["status"] == "completed"
+    on_disk = json.loads((vdir / MANIFEST).read_text())
+    assert on_disk["files"]["model/w.bin"] == sha256_file(vdir / "model" / "w.bin")
+    assert set(on_disk["files"]) == {"model/w.bin", "metrics.json"}
+    assert store.verify(on_disk) == []
+    assert not list((tmp_path / "exp" / "sft").glob(".staging-*"))
+
+
+def test_versions_are_never_overwritten_and_count_up(tmp_path):
+    store = Store(tmp_path)
+    store.commit(stage_files(store, "a"), manifest(key="k1"))
+    m2 = store.commit(stage_files(store, "b"), manifest(key="k2"))
+    assert m2["version"] == 2
+    assert (tmp_path / "exp/sft/v1/model/w.bin").read_text() == "a"
+    assert [m["version"] for m in store.versions("exp", "sft")] == [1, 2]
+
+
+def test_find_reuses_by_fingerprint_and_ignores_damaged_versions(tmp_path):
+    store = Store(tmp_path)
+    store.commit(stage_files(store), manifest(key="same"))
+    assert store.find("exp", "sft", "same")["version"] == 1
+    assert store.find("exp", "sft", "other") is None
+    os.remove(tmp_path / "exp/sft/v1/model/w.bin")
+    assert store.find("exp", "sft", "same") is None
+
+
+def test_tampered_file_is_detected(tmp_path):
+    store = Store(tmp_path)
+    m = store.commit(stage_files(store), manifest())
+    (tmp_path / "exp/sft/v1/model/w.bin").write_text("tampered")
+    assert store.verify(m) == ["model/w.bin"]
+
+
+def test_half_written_staging_is_not_a_version(tmp_path):
+    store = Store(tmp_path)
+    stage_files(store)  # a crash before commit leaves only a staging folder
+    (tmp_path / "exp/sft/v7").mkdir()  # and a folder without a manifest is not a version either
+    assert store.versions("exp", "sft") == []
+    assert store.find("exp", "sft", "k1") is None
+
+
+def test_failed_attempt_is_recorded_beside_versions_not_as_one(tmp_path):
+    store = Store(tmp_path)
+    d = stage_files(store)
+    store.record_failure(d, manifest(), "boom")
+    assert store.versions("exp", "sft") == []
+    [fail] = store.failures("exp", "sft")
+    assert fail["error"] == "boom" and fail["status"] == "failed"
+    assert store.next_version("exp", "sft") == 1
+
+
+def test_lock_refuses_a_second_run_of_the_same_experiment(tmp_path):
+    store = Store(tmp_path)
+    with store.lock("exp"):
+        with pytest.raises(ExperimentBusy, match="already being run"):
+            with Store(tmp_path).lock("exp"):
+                pass
+        with Store(tmp_path).lock("other"):  # a different experiment is fine
+            pass
+    with store.lock("exp"):
+        pass
+
+
+def test_fingerprint_is_order_independent():
+    assert fingerprint({"a": 1, "b": [1, 2]}) == fingerprint({"b": [1, 2], "a": 1})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})
+
+
+def test_fsspec_memory_store_keeps_the_same_contract(tmp_path):
+    store = Store("memory://regimen-test", cache_dir=tmp_path / "cache")
+    m = store.commit(stage_files(store, "remote"), manifest(key="r"))
+    assert m["version"] == 1
+    assert store.fs.exists("/regimen-test/exp/sft/v1/manifest.json")
+    assert store.find("exp", "sft", "r")["files"] == m["files"]
+    assert store.verify(m) == []
+    local = store.local_path(m)
+    assert (local / "model" / "w.bin").read_text() == "remote"
+    assert digest_tree(local) == m["files"]
+    store.record_failure(stage_files(store), manifest(key="f"), "nope")
+    assert store.failures("exp", "sft")[0]["error"] == "nope"
+    m2 = store.commit(stage_files(store, "two"), manifest(key="r2"))
+    assert m2["version"] == 2 and [v["version"] for v in store.versions("exp", "sft")] == [1, 2]
