@@ -136,6 +136,19 @@ def status(
     console.print(table)
 
 
+@app.command()
+def serve(
+    config: Annotated[str, typer.Argument(help="YAML recipe the deployments run by default")],
+    store: Annotated[Optional[str], typer.Option("--store", help="artifact store for runs of these deployments")] = None,
+    cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly deployment")] = "0 2 * * *",
+    timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
+) -> None:
+    """Register and serve the deployments `on-demand` and `nightly` of the flow regimen-cycle."""
+    from flows.deploy import serve_deployments
+
+    serve_deployments(config, store=store, cron=cron, timezone=timezone)
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+import hashlib
 
 from flows.publish import publish
 from stages.config import Recipe, load_recipe
 from stages.cycle import BACK_TO_SFT, CONTINUE, REWARD_HACKING, Evaluation
 from stages.errors import StageStopped
 from stages.policy import base_policy, latest_policy
-from stages.runner import StageResult, execute
+from stages.runner import StageResult, execute, stage_fingerprint
 from stages.store import Store
 
 
@@ -27,7 +27,15 @@ def summary(result: StageResult) -> dict[str, Any]:
     }
 
 
-@task(name="stage", task_run_name="{stage} (cycle {cycle}, round {round})", cache_policy=NO_CACHE)
+def stage_cache_key(context: Any, parameters: dict[str, Any]) -> str:
+    """Prefect's cache key for a stage is the store's fingerprint (scoped to the store and experiment),
+    so a retried or re-triggered run shows finished stages as Cached in the UI."""
+    key, _ = stage_fingerprint(parameters["stage"], parameters["recipe"], parameters["inputs"])
+    scope = hashlib.sha256(f"{parameters['store_url']}|{parameters['recipe'].experiment}".encode()).hexdigest()[:12]
+    return f"regimen-{parameters['stage']}-{scope}-{key}"
+
+
+@task(name="stage", task_run_name="{stage} (cycle {cycle}, round {round})", cache_key_fn=stage_cache_key)
 def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], store_url: str, cycle: int = 1, round: int = 1) -> dict[str, Any]:
     """One stage through the store (reused by fingerprint, or run and committed), then its artifacts."""
     result = execute(stage, recipe, inputs, Store(store_url), cycle=cycle, round_=round)
@@ -74,7 +82,12 @@ def regimen_cycle(
 
 def cycles(recipe: Recipe, st: Store, results: list[dict[str, Any]]) -> None:
     def stage(name: str, inputs: dict[str, Any], cycle: int, round: int = 0) -> dict[str, Any]:
-        out = run_stage(name, recipe, inputs, st.url, cycle=cycle, round=round)
+        # Prefect's cache may only answer for versions the store still holds.
+        in_store = st.find(recipe.experiment, name, stage_fingerprint(name, recipe, inputs)[0]) is not None
+        state = run_stage.with_options(refresh_cache=not in_store)(name, recipe, inputs, st.url, cycle=cycle, round=round, return_state=True)
+        out = state.result()
+        if state.name == "Cached":
+            out = {**out, "reused": True, "wall_s": 0.0}
         results.append(out)
         return out
 
