@@ -137,6 +137,62 @@ def status(
 
 
 @app.command()
+def sweep(
+    config: Annotated[str, typer.Argument(help="YAML recipe")],
+    set_: SetOpt = None,
+    store: Annotated[Optional[str], typer.Option("--store", help="artifact store")] = None,
+    experiment: Annotated[Optional[str], typer.Option("--experiment", help="experiment name in the store")] = None,
+) -> None:
+    """One GRPO+eval per value of one field (--set grpo.num_generations=2,8,16) from the same SFT, then a comparison."""
+    from stages.config import parse_set
+    from stages.sweep import parse_sweep, variant
+
+    field, values, rest = parse_sweep(list(set_ or []))
+    overrides = parse_set(rest)
+    from flows.cycle import resolve_recipe
+
+    recipe = resolve_recipe(config, experiment, overrides, store)
+    for v in values:
+        variant(recipe, field, v)
+    from flows.sweep import regimen_sweep
+
+    out = regimen_sweep(config=config, field=field, values=values, experiment=experiment, overrides=overrides, store=store)
+    table = Table(title=f"sweep over {field}")
+    cols = [field, "heldout_accuracy", "train_reward_mean", "frac_reward_zero_std_mean", "prompts_per_step", "grpo_wall_s"]
+    for c in cols:
+        table.add_column(c)
+    for r in out["rows"]:
+        table.add_row(*[_fmt(r[c]) for c in cols])
+    console.print(table)
+    console.print(out["note"])
+    console.print(f"comparison: {out['files']['md']}\nplot: {out['files']['png']}")
+
+
+@app.command()
+def report(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    store: Annotated[str, typer.Option("--store", help="artifact store")] = "artifacts",
+) -> None:
+    """The experiment's history (cycles, rounds, verdicts, metrics) and freshly drawn plots."""
+    from stages.report import history, make_plots
+    from stages.store import Store
+
+    st = Store(store)
+    rows = history(st, experiment)
+    if not rows:
+        raise InputError(f"report: no completed stages for experiment {experiment!r} in {store}")
+    table = Table(title=f"{experiment}: history")
+    cols = ["label", "heldout_accuracy", "train_reward", "kl", "frac_reward_zero_std", "verdict"]
+    for c in cols:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*["" if r.get(c) is None else _fmt(r[c]) for c in cols])
+    console.print(table)
+    for png in make_plots(st, experiment):
+        console.print(f"plot: {png}")
+
+
+@app.command()
 def serve(
     config: Annotated[str, typer.Argument(help="YAML recipe the deployments run by default")],
     store: Annotated[Optional[str], typer.Option("--store", help="artifact store for runs of these deployments")] = None,

@@ -3,12 +3,12 @@ looping back to SFT when evaluation stalls. The work is in `stages/`; this file 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-import hashlib
 
-from flows.publish import publish
+from flows.publish import publish, publish_report
 from stages.config import Recipe, load_recipe
 from stages.cycle import BACK_TO_SFT, CONTINUE, REWARD_HACKING, Evaluation
 from stages.errors import StageStopped
@@ -44,6 +44,17 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], store_url: str
     return summary(result)
 
 
+def stage(name: str, recipe: Recipe, inputs: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int = 1, round: int = 0) -> dict[str, Any]:
+    """Run `name` as a task; Prefect's cache may only answer for versions the store still holds."""
+    in_store = st.find(recipe.experiment, name, stage_fingerprint(name, recipe, inputs)[0]) is not None
+    state = run_stage.with_options(refresh_cache=not in_store)(name, recipe, inputs, st.url, cycle=cycle, round=round, return_state=True)
+    out = state.result()
+    if state.name == "Cached":
+        out = {**out, "reused": True, "wall_s": 0.0}
+    results.append(out)
+    return out
+
+
 def resolve_recipe(config: str, experiment: str | None, overrides: dict[str, Any] | None, store: str | None) -> Recipe:
     extra = dict(overrides or {})
     if experiment:
@@ -77,34 +88,28 @@ def regimen_cycle(
         except StageStopped as exc:
             exc.results = results  # type: ignore[attr-defined]
             raise
+        finally:
+            if results:
+                publish_report(st, recipe)
     return results
 
 
 def cycles(recipe: Recipe, st: Store, results: list[dict[str, Any]]) -> None:
-    def stage(name: str, inputs: dict[str, Any], cycle: int, round: int = 0) -> dict[str, Any]:
-        # Prefect's cache may only answer for versions the store still holds.
-        in_store = st.find(recipe.experiment, name, stage_fingerprint(name, recipe, inputs)[0]) is not None
-        state = run_stage.with_options(refresh_cache=not in_store)(name, recipe, inputs, st.url, cycle=cycle, round=round, return_state=True)
-        out = state.result()
-        if state.name == "Cached":
-            out = {**out, "reused": True, "wall_s": 0.0}
-        results.append(out)
-        return out
-
+    """Cycle after cycle: SFT, its gates, then GRPO rounds each judged by an evaluation."""
     policy = (recipe.cycle.start_from == "latest" and latest_policy(st, recipe.experiment)) or base_policy(recipe, st)
     history: list[dict[str, Any]] = []
     for cycle in range(1, recipe.cycle.max_cycles + 1):
-        sft = stage("sft", {"policy": policy, "cycle": cycle}, cycle)
+        sft = stage("sft", recipe, {"policy": policy, "cycle": cycle}, st, results, cycle)
         history.append(Evaluation(cycle, 0, sft["metrics"]["heldout_accuracy"]).__dict__)
-        stage("reward-dry-run", {"policy": sft["ref"]}, cycle)
-        stage("grpo-smoke", {"policy": sft["ref"]}, cycle)
+        stage("reward-dry-run", recipe, {"policy": sft["ref"]}, st, results, cycle)
+        stage("grpo-smoke", recipe, {"policy": sft["ref"]}, st, results, cycle)
         policy = sft["ref"]
         for round in range(1, recipe.cycle.max_rounds + 1):
-            grpo = stage("grpo", {"policy": policy}, cycle, round)
-            policy = grpo["ref"]
-            g = grpo["metrics"]
-            ev = stage("eval", {"policy": policy, "cycle": cycle, "round": round, "history": list(history),
-                                "train_reward": g.get("train_reward_last"), "train_reward_first": g.get("train_reward_first")}, cycle, round)
+            grpo = stage("grpo", recipe, {"policy": policy}, st, results, cycle, round)
+            policy, g = grpo["ref"], grpo["metrics"]
+            ev = stage("eval", recipe, {"policy": policy, "cycle": cycle, "round": round, "history": list(history),
+                                        "train_reward": g.get("train_reward_last"), "train_reward_first": g.get("train_reward_first")},
+                       st, results, cycle, round)
             history.append(Evaluation(cycle, round, ev["metrics"]["heldout_accuracy"], g.get("train_reward_last"), g.get("train_reward_first")).__dict__)
             if ev["verdict"] != CONTINUE:
                 break
@@ -112,4 +117,3 @@ def cycles(recipe: Recipe, st: Store, results: list[dict[str, Any]]) -> None:
             raise StageStopped("eval", f"{REWARD_HACKING}: {ev['decision']['reason']} (trajectories: {ev['path']})")
         if ev["verdict"] != BACK_TO_SFT:
             return
-

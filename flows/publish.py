@@ -66,4 +66,30 @@ def publish(result: StageResult) -> None:
             md += f"\n**Warning:** {d['warning']}\n"
         if d.get("evidence"):
             md += "\n| evidence | value |\n|---|---|\n" + "\n".join(f"| {k} | {_cell(_fmt(v))} |" for k, v in d["evidence"].items())
+        if d["verdict"] == "reward-hacking-suspected":
+            md += "\n\n" + hacked_trajectories_markdown(result.path)
         create_markdown_artifact(markdown=md, key=artifact_key(m["experiment"], "verdict"), description=f"cycle {m.get('cycle')} round {m.get('round')}")
+
+
+def hacked_trajectories_markdown(path: Path, limit: int = 12) -> str:
+    """Held-out samples the rewards scored high although they are wrong: what the policy learnt to game."""
+    rows = [r for r in trajectories.read(path) if not r.get("correct") and max([v for v in (r.get("rewards") or {}).values() if v is not None], default=0) >= 0.5]
+    if not rows:
+        return "(no held-out sample scored high while wrong)"
+    names = sorted({k for r in rows for k in r.get("rewards", {})})
+    head = "| prompt | completion | reference | " + " | ".join(names) + " |\n|" + "---|" * (3 + len(names))
+    lines = [f"| {_cell(r.get('prompt'))} | {_cell(r.get('completion'))} | {_cell(r.get('answer'))} | " + " | ".join(_cell(_fmt(r['rewards'].get(n))) for n in names) + " |" for r in rows[:limit]]
+    return f"### High reward, wrong answer ({len(rows)} held-out samples)\n\n{head}\n" + "\n".join(lines)
+
+
+def publish_report(store, recipe) -> None:
+    """Regenerate the experiment's plots and link them (and the history table) from Prefect."""
+    from stages.report import history, make_plots
+
+    for png in make_plots(store, recipe.experiment, recipe.cycle.target):
+        create_link_artifact(link=png.resolve().as_uri(), link_text=png.name, key=artifact_key(recipe.experiment, "plot", png.stem),
+                             description=f"{recipe.experiment}: {png.stem.replace('_', ' ')}")
+    rows = [{k: _fmt(v) for k, v in r.items() if k in ("label", "heldout_accuracy", "train_reward", "verdict", "kl", "frac_reward_zero_std")}
+            for r in history(store, recipe.experiment)]
+    if rows:
+        create_table_artifact(table=rows, key=artifact_key(recipe.experiment, "history"), description=f"{recipe.experiment}: evaluations across cycles")
