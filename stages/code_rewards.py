@@ -178,7 +178,7 @@ def load_code_problems(path: str | Path | None = None) -> list[dict[str, Any]]:
     """Read a JSONL file of code problems (default: the set shipped with Regimen). Each line is an
     object with `prompt` (str), `tests` (a non-empty list of snippets) and optionally `answer` (a
     reference solution) and `entry_point`. Raises InputError naming the file, line and field."""
-    from stages.reward_check import read_jsonl
+    from stages.data import read_jsonl
 
     path = Path(path) if path is not None else PROBLEMS_PATH
     rows = []

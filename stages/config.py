@@ -76,16 +76,17 @@ class DataSection(Section):
     max_operand: int = Field(99, gt=0, description="addition: operands are drawn from 0..max_operand")
     seed: int = 0
     train_file: str | None = Field(None, description="jsonl: rows with `prompt`, `answer` and reward columns")
-    heldout_file: str | None = None
+    heldout_file: str | None = Field(None, description="jsonl: held-out rows; without it, heldout_fraction of train_file is held out")
+    heldout_fraction: float = Field(0.25, gt=0, lt=1, description="jsonl without heldout_file: share of rows held out (seeded split)")
 
     @model_validator(mode="after")
     def _files(self) -> DataSection:
         if self.task == "jsonl":
+            if not self.train_file:
+                raise ValueError("data.task 'jsonl' needs data.train_file")
             for name in ("train_file", "heldout_file"):
                 value = getattr(self, name)
-                if not value:
-                    raise ValueError(f"data.task 'jsonl' needs data.{name}")
-                if not Path(value).is_file():
+                if value and not Path(value).is_file():
                     raise ValueError(f"data.{name} {value!r} does not exist")
         elif self.train_size + self.heldout_size > (self.max_operand + 1) ** 2:
             raise ValueError(f"train_size + heldout_size exceeds the {(self.max_operand + 1) ** 2} distinct problems max_operand allows")
@@ -265,7 +266,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
 }
 SFT_DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS,
-    "max_steps": 400,
+    "max_steps": 500,
     "per_device_train_batch_size": 64,
     "learning_rate": 1e-3,
     "lr_scheduler_type": "constant_with_warmup",
@@ -278,7 +279,7 @@ GRPO_DEFAULTS: dict[str, Any] = {
     "max_steps": 600,
     "per_device_train_batch_size": 64,
     "num_generations": 8,
-    "learning_rate": 3e-5,
+    "learning_rate": 1e-4,
     "beta": 0.04,
     "max_completion_length": 6,
     "temperature": 1.0,

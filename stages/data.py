@@ -116,7 +116,14 @@ def load_task(data) -> Task:
         train = addition_rows(data.train_size, seed=data.seed * 1000 + 2, max_operand=data.max_operand, exclude={r["prompt"] for r in heldout})
         return Task(train, heldout, "addition")
     train = load_jsonl(data.train_file)
-    heldout = load_jsonl(data.heldout_file)
+    if data.heldout_file:
+        heldout = load_jsonl(data.heldout_file)
+    else:
+        rows = shuffled(train, seed=data.seed)
+        n = max(1, round(len(rows) * data.heldout_fraction))
+        if n >= len(rows):
+            raise InputError(f"data: {data.train_file} has too few rows ({len(rows)}) to hold out {data.heldout_fraction:.0%}")
+        heldout, train = rows[:n], rows[n:]
     overlap = {json.dumps(r["prompt"], sort_keys=True) for r in train} & {json.dumps(r["prompt"], sort_keys=True) for r in heldout}
     if overlap:
         raise InputError(f"data: {len(overlap)} prompt(s) appear in both {data.train_file} and {data.heldout_file}; held-out prompts must never be trained on")
@@ -130,7 +137,8 @@ def data_identity(data) -> dict[str, Any]:
         from stages.store import sha256_file
 
         ident["train_sha256"] = sha256_file(Path(data.train_file))
-        ident["heldout_sha256"] = sha256_file(Path(data.heldout_file))
+        if data.heldout_file:
+            ident["heldout_sha256"] = sha256_file(Path(data.heldout_file))
     return ident
 
 

@@ -1,0 +1,93 @@
+"""Deployments of the flow `regimen-cycle`: `on-demand` (no schedule: the UI's Run button) and `nightly`
+(a cron schedule), served by this process with Prefect's `serve`. `prefect.yaml` makes the same two
+deployments for a process work pool (`prefect deploy --all`, then `prefect worker start`).
+
+The parameters a person fills in on the UI's "Custom run" form are the flow's own (config, experiment,
+overrides, store); Prefect builds their schema and descriptions from `regimen_cycle`'s signature and
+docstring, and the server refuses a run whose parameters do not fit it (HTTP 409).
+
+One device, one training at a time:
+- this process starts at most one flow run at a time (`limit=1`), across both deployments; a run that
+  arrives while another runs stays Scheduled (queued, never dropped) and starts when the device is free;
+- each deployment also has `concurrency_limit: 1` with collision strategy ENQUEUE, so even two `serve`
+  processes (or a worker and a `serve`) never run two runs of one deployment at once: the second one waits
+  as `AwaitingConcurrencySlot`.
+Two runs of one experiment are refused by the store's lock either way (ExperimentBusy).
+
+Stopping `serve` (Ctrl-C, SIGTERM) does not pause the schedules (`pause_on_shutdown=False`; Prefect's
+default would pause both deployments and delete their scheduled runs until the next `serve`). The nightly
+schedule stays active on the server: runs keep being scheduled, show as Late in the UI while nothing
+serves them, and start when `regimen serve` (or a worker) runs again. To stop nightly retraining, pause
+the deployment explicitly: `prefect deployment pause regimen-cycle/nightly`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.client.schemas.schedules import CronSchedule
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
+
+FLOW = "regimen-cycle"
+ON_DEMAND = "on-demand"
+NIGHTLY = "nightly"
+DEFAULT_CRON = "0 2 * * *"
+ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
+
+
+def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC") -> list[RunnerDeployment]:
+    """The two deployments, with `config` (and `store`) as their default parameters."""
+    from flows.cycle import regimen_cycle
+
+    defaults: dict[str, Any] = {"config": config, "store": store}
+    common: dict[str, Any] = dict(
+        parameters=defaults,
+        concurrency_limit=ONE_AT_A_TIME,
+        enforce_parameter_schema=True,
+        entrypoint_type=EntrypointType.MODULE_PATH,  # flows.cycle.regimen_cycle: independent of the working folder
+        tags=["regimen"],
+    )
+    return [
+        regimen_cycle.to_deployment(
+            ON_DEMAND,
+            description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, experiment or overrides).",
+            **common,
+        ),
+        regimen_cycle.to_deployment(
+            NIGHTLY,
+            schedule=CronSchedule(cron=cron, timezone=timezone),
+            description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
+            **common,
+        ),
+    ]
+
+
+def check_schedule(cron: str, timezone: str) -> None:
+    """Refuse a bad cron expression or time zone before anything is registered (exit code 2)."""
+    from pydantic import ValidationError
+
+    from stages.errors import InputError
+
+    try:
+        CronSchedule(cron=cron, timezone=timezone)
+    except ValidationError as exc:
+        raise InputError(f"--cron {cron!r} / --timezone {timezone!r}: {exc.errors()[0]['msg']}") from None
+
+
+def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC") -> None:
+    """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped."""
+    from prefect import serve
+    from rich.console import Console
+
+    from stages.config import load_recipe
+
+    load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
+    check_schedule(cron, timezone)
+    serve(*deployments(config, store=store, cron=cron, timezone=timezone), limit=1, pause_on_shutdown=False)
+    Console(stderr=True).print(
+        f"serve stopped. The schedule of {FLOW}/{NIGHTLY} stays active: runs due while nothing serves them "
+        "show as Late and start when `regimen serve` runs again. "
+        f"To stop nightly runs: prefect deployment pause {FLOW}/{NIGHTLY}",
+        markup=False, highlight=False,
+    )
