@@ -28,12 +28,29 @@ from typing import Any
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.utilities.callables import ParameterSchema
 
 FLOW = "regimen-cycle"
 ON_DEMAND = "on-demand"
 NIGHTLY = "nightly"
 DEFAULT_CRON = "0 2 * * *"
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
+
+
+class ClosedParameterSchema(ParameterSchema):
+    """The flow's parameter schema with `additionalProperties: false`, so the server also refuses an
+    unknown parameter (a typo such as `overide`) with 409 instead of creating a run that crashes."""
+
+    additionalProperties: bool = False
+
+
+def _refuse_unknown_parameters(deployment: RunnerDeployment) -> RunnerDeployment:
+    # Prefect keeps the schema in a private attribute and offers no option for this; if that changes,
+    # unknown parameters are merely accepted (and the run fails at once), so fall back quietly.
+    schema = getattr(deployment, "_parameter_openapi_schema", None)
+    if isinstance(schema, ParameterSchema):
+        deployment._parameter_openapi_schema = ClosedParameterSchema(**schema.model_dump(), additionalProperties=False)
+    return deployment
 
 
 def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC") -> list[RunnerDeployment]:
@@ -48,7 +65,7 @@ def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CR
         entrypoint_type=EntrypointType.MODULE_PATH,  # flows.cycle.regimen_cycle: independent of the working folder
         tags=["regimen"],
     )
-    return [
+    return [_refuse_unknown_parameters(d) for d in (
         regimen_cycle.to_deployment(
             ON_DEMAND,
             description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, experiment or overrides).",
@@ -60,7 +77,7 @@ def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CR
             description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
             **common,
         ),
-    ]
+    )]
 
 
 def check_schedule(cron: str, timezone: str) -> None:

@@ -1,0 +1,34 @@
+"""Entry point of one rank under `accelerate launch`: run the stage, rank 0 reports its output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from stages.launchers import die_with_parent
+
+
+def main(spec_path: str) -> None:
+    die_with_parent()
+    spec = json.loads(Path(spec_path).read_text())
+    work = Path(spec["checkpoints"])
+    rank = int(os.environ.get("RANK", "0"))
+    (work / "ranks").mkdir(parents=True, exist_ok=True)
+    (work / "ranks" / f"{rank}.pid").write_text(str(os.getpid()))
+
+    from stages.config import recipe_from_dict
+    from stages.runner import StageDirs, stage_module
+
+    recipe = recipe_from_dict(spec["recipe"], "launch spec")
+    out = Path(spec["out"]) if rank == 0 else work / f"rank{rank}-out"
+    out.mkdir(parents=True, exist_ok=True)
+    output = stage_module(spec["stage"]).run(recipe, spec["inputs"], StageDirs(out=out, checkpoints=work))
+    if rank == 0:
+        (work / "launch_output.json").write_text(json.dumps(asdict(output), default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
