@@ -32,7 +32,7 @@ KEY_METRICS = {
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+        return f"{v:.0f}" if v.is_integer() or abs(v) >= 1000 else f"{v:.3f}"
     return str(v)
 
 

@@ -27,7 +27,15 @@ def main(spec_path: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     output = stage_module(spec["stage"]).run(recipe, spec["inputs"], StageDirs(out=out, checkpoints=work))
     if rank == 0:
+        output.extra["launch"] = {"launcher": "accelerate", "num_processes": int(os.environ.get("WORLD_SIZE", "1")),
+                                  "backend": os.environ.get("ACCELERATE_DISTRIBUTED_BACKEND") or _backend()}
         (work / "launch_output.json").write_text(json.dumps(asdict(output), default=str))
+
+
+def _backend() -> str | None:
+    import torch.distributed as dist
+
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else None
 
 
 if __name__ == "__main__":

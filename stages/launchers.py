@@ -66,7 +66,8 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
         for line in proc.stdout:
             line = line.rstrip("\n")
             tail.append(line)
-            log.info("%s", line)
+            print(line, file=sys.stderr, flush=True)  # the terminal sees what an in-process stage would show
+            log.info("%s", line)  # Prefect's log (flows/ routes `regimen.*` loggers there)
         rc = proc.wait()
     except BaseException:
         _kill_group(proc)

@@ -95,5 +95,7 @@ def test_check_prints_resolved_recipe(capsys):
 
 
 def test_default_and_shipped_configs_validate():
-    for path in sorted((TINY.parent.parent / "configs").glob("*.yaml")):
+    for path in sorted((TINY.parent.parent / "configs").rglob("*.yaml")):
+        if path.parent.name == "accelerate":
+            continue
         load_recipe(path)
