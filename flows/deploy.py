@@ -106,5 +106,5 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
         f"serve stopped. The schedule of {FLOW}/{NIGHTLY} stays active: runs due while nothing serves them "
         "show as Late and start when `regimen serve` runs again. "
         f"To stop nightly runs: prefect deployment pause {FLOW}/{NIGHTLY}",
-        markup=False, highlight=False,
+        markup=False, highlight=False, soft_wrap=True,
     )

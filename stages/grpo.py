@@ -41,18 +41,37 @@ class _Step(TrainerCallback):
         self.recorder.step = state.global_step + 1
 
 
+class _Clock(TrainerCallback):
+    """Adds `wall_s` (seconds since this process started training) to each log entry."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0 = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and hasattr(self, "t0"):
+            logs["wall_s"] = round(time.perf_counter() - self.t0, 3)
+
+
 class FaultInjection(TrainerCallback):
-    """Test hook: `REGIMEN_FAULT=<stage>@<step>` raises after that step (how tests make a stage fail)."""
+    """Test hooks: `REGIMEN_FAULT=<stage>@<step>` raises after that step; `REGIMEN_KILL=<stage>@<step>`
+    SIGKILLs the process there (a crash at a known step, for resume tests and benchmarks)."""
 
     def __init__(self, stage: str):
         import os
 
-        spec = os.environ.get("REGIMEN_FAULT", "")
-        name, _, step = spec.partition("@")
-        self.step = int(step) if name == stage and step.isdigit() else None
+        def at(var: str) -> int | None:
+            name, _, step = os.environ.get(var, "").partition("@")
+            return int(step) if name == stage and step.isdigit() else None
+
+        self.fault, self.kill = at("REGIMEN_FAULT"), at("REGIMEN_KILL")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.step is not None and state.global_step >= self.step:
+        if self.kill is not None and state.global_step >= self.kill:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault is not None and state.global_step >= self.fault:
             raise RuntimeError(f"injected fault (REGIMEN_FAULT) at step {state.global_step}")
 
 
@@ -80,7 +99,7 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
         train_dataset=Dataset.from_list(task.train),
         processing_class=load_tokenizer(policy),
         peft_config=peft_config(recipe),
-        callbacks=[MarkComplete(), _Step(recorder), FaultInjection(stage)],
+        callbacks=[MarkComplete(), _Step(recorder), _Clock(), FaultInjection(stage)],
     )
     return trainer, fns
 

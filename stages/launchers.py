@@ -12,6 +12,7 @@ import collections
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from stages.errors import StageStopped
 
 log = logging.getLogger("regimen.launch")
 PR_SET_PDEATHSIG = 1
+_RANK_ERROR = re.compile(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Interrupt)\b.*:")
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -58,7 +60,8 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
     spec.write_text(json.dumps({"stage": stage, "recipe": recipe.model_dump(mode="json"), "inputs": inputs,
                                 "out": str(dirs.out), "checkpoints": str(work)}, default=str))
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.accelerate.num_processes)))}
-    tail: collections.deque[str] = collections.deque(maxlen=40)
+    tail: collections.deque[str] = collections.deque(maxlen=15)
+    rank_errors: list[str] = []
     proc = subprocess.Popen(accelerate_command(recipe, spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True, preexec_fn=die_with_parent, bufsize=1)
     try:
@@ -66,6 +69,8 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
         for line in proc.stdout:
             line = line.rstrip("\n")
             tail.append(line)
+            if _RANK_ERROR.match(line) and len(rank_errors) < 4:
+                rank_errors.append(line)
             print(line, file=sys.stderr, flush=True)  # the terminal sees what an in-process stage would show
             log.info("%s", line)  # Prefect's log (flows/ routes `regimen.*` loggers there)
         rc = proc.wait()
@@ -75,8 +80,10 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
         raise
     _kill_ranks(work)
     if rc != 0 or not output.exists():
+        cause = "".join(f"\n  {e}" for e in rank_errors)
         last = "\n".join(tail)
-        raise StageStopped(stage, f"accelerate launch ({recipe.accelerate.num_processes} processes) exited with code {rc}; last lines:\n{last}")
+        raise StageStopped(stage, f"accelerate launch ({recipe.accelerate.num_processes} processes) exited with code {rc}"
+                                  + (f"; the ranks raised:{cause}" if cause else "") + f"\nlast lines:\n{last}")
     data = json.loads(output.read_text())
     return StageOutput(data["metrics"], data["status"], data.get("diagnosis"), data.get("extra", {}))
 

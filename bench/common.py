@@ -1,0 +1,75 @@
+"""Shared helpers for the benchmarks: run the CLI or a Python snippet in a fresh process, time it,
+read its peak RSS, and print results as a table. Each benchmark measures its baseline in the same run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def env(**extra: str) -> dict[str, str]:
+    home = tempfile.mkdtemp(prefix="regimen-bench-prefect-")
+    return {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT), **extra}
+
+
+def run(cmd: list[str], *, extra_env: dict[str, str] | None = None, check: bool = True, quiet: bool = True) -> dict:
+    """Run `cmd` in its own session; returns wall time, exit code, peak RSS (MiB) and output tail."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**(extra_env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    out, _ = proc.communicate()
+    wall = time.perf_counter() - t0
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever the run left (e.g. Prefect's temporary server)
+    except ProcessLookupError:
+        pass
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-3000:]}")
+    return {"wall_s": wall, "rc": proc.returncode, "out": out}
+
+
+def regimen(*args: str, **kw) -> dict:
+    return run([PY, "-m", "flows.cli", *args], **kw)
+
+
+def peak_rss_mib(cmd: list[str], extra_env: dict[str, str] | None = None) -> tuple[float, float, int]:
+    """(wall s, peak RSS of the process in MiB, exit code), measured with wait4's rusage."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**(extra_env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def manifests(store: Path, experiment: str, stage: str) -> list[dict]:
+    d = Path(store) / experiment / stage
+    out = [json.loads((v / "manifest.json").read_text()) for v in d.glob("v*") if (v / "manifest.json").exists()]
+    return sorted(out, key=lambda m: m["version"])
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v):
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    widths = [max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(cols, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def header(title: str) -> None:
+    print(f"# {title}  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)")
