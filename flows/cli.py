@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Annotated, Any, Optional
 
@@ -60,10 +61,36 @@ def _print_run(results: list[dict[str, Any]], started: float) -> None:
         console.print(f"[bold yellow]{warning}[/]")
     total = time.perf_counter() - started
     stages = sum(r["wall_s"] for r in results)
-    console.print(f"wall time {total:.1f}s; stages {stages:.1f}s; orchestration overhead x{total / stages:.3f} (wall / sum of stages)" if stages else f"wall time {total:.1f}s")
+    reused = sum(1 for r in results if r["reused"])
+    if stages:
+        console.print(f"wall time {total:.1f}s; stages {stages:.1f}s; orchestration overhead x{total / stages:.3f} (wall / sum of stages)"
+                      + (f"; {reused} of {len(results)} stages reused" if reused else ""))
+    else:
+        console.print(f"wall time {total:.1f}s; all {len(results)} stages reused (nothing changed)")
     last_eval = next((r for r in reversed(results) if r["stage"] == "eval"), None)
     if last_eval and last_eval.get("decision"):
         console.print(f"verdict: [bold]{last_eval['verdict']}[/] — {last_eval['decision']['reason']}")
+
+
+def warm_up_prefect() -> threading.Thread:
+    """Start Prefect's temporary server (when no PREFECT_API_URL is set) in a thread, so its boot
+    overlaps the recipe's validation and the heavy imports instead of following them. Join it before
+    the flow starts: the server object is shared, and its start() is not safe to race."""
+
+    def start() -> None:
+        try:
+            from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+            if not PREFECT_API_URL.value() and PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+                from prefect.server.api.server import SubprocessASGIServer
+
+                SubprocessASGIServer().start()
+        except Exception:  # the flow's own start-up will report a real problem
+            pass
+
+    thread = threading.Thread(target=start, name="prefect-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 @app.command()
@@ -75,14 +102,17 @@ def run(
 ) -> None:
     """Run the flow `regimen-cycle` over the recipe's stages and print a summary."""
     started = time.perf_counter()
-    from stages.config import parse_set
+    from stages.config import parse_set, read_yaml
 
     overrides = parse_set(set_ or [])
+    read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
+    server = warm_up_prefect()
     from flows.cycle import resolve_recipe
 
     recipe = resolve_recipe(config, experiment, overrides, store)  # validate before Prefect starts: exit 2, nothing written
     from flows.cycle import regimen_cycle
 
+    server.join()
     console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
     try:
         results = regimen_cycle(config=config, experiment=experiment, overrides=overrides, store=store)

@@ -35,8 +35,8 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             detail.append(str(last_fail.get("error", ""))[:160])
         if running and running.get("stale"):
             detail.append(f"interrupted run (pid {running.get('pid')} gone)")
-        for (step, _path) in ckpts:
-            detail.append(f"has checkpoint at step {step[0]}")
+        for (step, _ckpt), _work in ckpts:
+            detail.append(f"has checkpoint at step {step}")
         if latest and latest.get("verdict"):
             detail.append(f"verdict {latest['verdict']}")
         rows.append({
@@ -45,6 +45,6 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             "latest": f"v{latest['version']}" if latest else "-",
             "cycle": str(latest.get("cycle", "")) if latest else "-",
             "finished": (latest or {}).get("finished_at", "-")[:19],
-            "detail": "; ".join(detail) + (f" ({len(versions)} versions, {len(failures)} failed attempts)" if versions or failures else ""),
+            "detail": ("; ".join(detail) + (f" ({len(versions)} versions, {len(failures)} failed attempts)" if versions or failures else "")).strip(),
         })
     return rows

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -301,7 +300,3 @@ class Store:
         finally:
             path.with_suffix(".owner").unlink(missing_ok=True)
             lock.release()
-
-
-def wait_time(started: float) -> float:
-    return round(time.perf_counter() - started, 3)
