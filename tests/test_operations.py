@@ -1,0 +1,193 @@
+"""Operations against a real `prefect server start` (127.0.0.1, free port, temporary PREFECT_HOME, basic
+auth): `regimen serve` registers on-demand and nightly, the server refuses bad parameters with 409, a run
+created as the UI's Run button does completes and lists its artifacts, a run failed in GRPO and retried
+through the API reuses the finished stages (Cached) and resumes GRPO from its checkpoint, two runs never
+train at once, stopping serve leaves the nightly schedule active, and prefect.yaml deploys the same
+deployments for a process worker."""
+
+import json
+import subprocess
+from datetime import datetime, timedelta
+
+import httpx
+import pytest
+
+pytest.register_assert_rewrite("prefect_ops")
+from prefect_ops import AUTH, CRON, EXPERIMENT, ROOT, TIMEZONE, bin_path, stop, tail  # noqa: E402
+
+pytest_plugins = ["prefect_ops"]
+pytestmark = pytest.mark.slow
+
+STAGES = ["sft", "reward-dry-run", "grpo-smoke", "grpo", "eval"]
+
+
+def ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def latest_states(server, run_id: str) -> dict[str, str]:
+    """Each stage's state in the run's latest attempt (a retried run keeps its earlier task runs too)."""
+    out: dict[str, tuple[str, str]] = {}
+    for tr in server.task_runs(run_id):
+        stage = tr["name"].split(" ")[0]
+        if stage not in out or tr["created"] > out[stage][0]:
+            out[stage] = (tr["created"], tr["state_name"])
+    return {k: v[1] for k, v in out.items()}
+
+
+# -- registration, parameters -----------------------------------------------------------------------
+
+def test_serve_registers_on_demand_and_nightly_with_cron_and_timezone(prefect_server, faulty_serve):
+    deps = prefect_server.deployments()
+    assert set(deps) == {"on-demand", "nightly"}
+    assert deps["on-demand"]["schedules"] == []
+    [sched] = deps["nightly"]["schedules"]
+    assert sched["schedule"]["cron"] == CRON and sched["schedule"]["timezone"] == TIMEZONE and sched["active"]
+    for d in deps.values():
+        assert not d["paused"]
+        assert d["parameters"]["config"] == "tests/tiny.yaml"
+        assert d["enforce_parameter_schema"] is True
+        props = d["parameter_openapi_schema"]["properties"]
+        assert set(props) == {"config", "experiment", "overrides", "store"}
+        assert all(p.get("description") for p in props.values()), props  # what the Custom run form shows
+        assert d["global_concurrency_limit"]["limit"] == 1
+        assert d["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+    print(f"\n`regimen serve` to both deployments visible via the API: {faulty_serve.visible_s:.1f}s "
+          f"(server healthy after {prefect_server.started_s:.1f}s)")
+
+
+@pytest.mark.parametrize("parameters, field", [
+    ({"overrides": "grpo.beta=0.1"}, "overrides"),       # a string where a mapping is expected
+    ({"config": 42}, "config"),
+    ({"experiment": ["a", "b"]}, "experiment"),
+    ({"overide": {"grpo.beta": 0.1}}, "overide"),       # a typo: unknown parameters are refused too
+])
+def test_invalid_parameters_are_refused_with_409_and_no_run(prefect_server, faulty_serve, parameters, field):
+    before = prefect_server.post("/flow_runs/count").json()
+    r = prefect_server.create_run("on-demand", parameters)
+    assert r.status_code == 409, r.text
+    assert field in r.json()["detail"]
+    assert prefect_server.post("/flow_runs/count").json() == before
+
+
+def test_a_recipe_that_fails_validation_fails_the_run_at_once_with_its_message(prefect_server, faulty_serve, ops_dirs):
+    store, _ = ops_dirs
+    r = prefect_server.create_run("on-demand", {"config": "tests/tiny.yaml", "experiment": "bad", "store": str(store),
+                                                "overrides": {"grpo.no_such_field": 1}})
+    assert r.status_code == 201, r.text
+    run = prefect_server.wait_run(r.json()["id"], timeout=90, logs=[faulty_serve.log])
+    assert run["state"]["type"] == "FAILED"
+    assert "no_such_field" in run["state"]["message"]
+    assert ts(run["end_time"]) - ts(run["start_time"]) < timedelta(seconds=20)
+    assert not (store / "bad").exists()  # nothing written
+
+
+# -- fail, stop serve, retry ------------------------------------------------------------------------
+
+def test_fault_in_grpo_fails_the_run_after_the_earlier_stages_completed(scenario):
+    failed = scenario.failed
+    assert failed["state"]["type"] == "FAILED", failed["state"]
+    assert "injected fault" in failed["state"]["message"] and "grpo" in failed["state"]["message"]
+    exp = scenario.store / EXPERIMENT
+    for stage in ("sft", "reward-dry-run", "grpo-smoke"):
+        assert (exp / stage / "v1" / "manifest.json").exists()
+    [attempt] = list((exp / "grpo" / "failed").iterdir())
+    assert "injected fault" in json.loads((attempt / "error.json").read_text())["error"]
+
+
+def test_stopping_serve_leaves_the_nightly_schedule_active(scenario):
+    print("\n" + ", ".join(f"{k}: {v:.1f}s" for k, v in scenario.timings.items()))
+    assert scenario.serve_exit == 0, tail(scenario.logs / "serve-faulty.log")
+    nightly = scenario.after_stop
+    assert nightly["paused"] is False
+    assert [s["active"] for s in nightly["schedules"]] == [True]
+    assert "stays active" in (scenario.logs / "serve-faulty.log").read_text()
+
+
+def test_retry_through_the_api_completes_with_earlier_stages_cached_and_grpo_resumed(scenario):
+    server, run = scenario.server, scenario.retried
+    assert run["state"]["type"] == "COMPLETED", (run["state"], tail(scenario.serve.log))
+    assert run["run_count"] >= 2
+    states = latest_states(server, run["id"])
+    assert states == {"sft": "Cached", "reward-dry-run": "Cached", "grpo-smoke": "Cached", "grpo": "Completed", "eval": "Completed"}
+    exp = scenario.store / EXPERIMENT
+    for stage in ("sft", "reward-dry-run", "grpo-smoke"):
+        assert sorted(p.name for p in (exp / stage).glob("v*")) == ["v1"]  # reused, not recomputed
+    grpo = json.loads((exp / "grpo" / "v1" / "manifest.json").read_text())
+    assert grpo["resumed_from_step"] == 2  # fault after step 3, checkpoints every 2 steps
+    assert grpo["metrics"]["steps"] == 6 and grpo["metrics"]["steps_run"] == 4
+
+
+def test_completed_run_lists_its_artifacts(scenario):
+    server, run = scenario.server, scenario.retried
+    tables = {a["key"]: a for a in server.artifacts(run["id"])}
+    assert {f"{EXPERIMENT}-{s}" for s in STAGES} <= set(tables)
+    data = tables[f"{EXPERIMENT}-eval"]["data"]
+    rows = {row["metric"]: row["value"] for row in (json.loads(data) if isinstance(data, str) else data)}
+    assert 0.0 <= rows["heldout_accuracy"] <= 1.0
+    assert server.artifacts(run["id"], "markdown")  # trajectories
+
+
+def test_a_nightly_run_due_during_a_training_run_is_queued_not_dropped(scenario):
+    server, first, queued = scenario.server, scenario.retried, scenario.queued
+    assert queued["state"]["type"] == "COMPLETED", (queued["state"], tail(scenario.serve.log))
+    assert ts(queued["start_time"]) >= ts(first["end_time"]), "the two runs trained at once"
+    # nothing changed since the retried run: a new run reuses every finished stage, in seconds
+    assert set(latest_states(server, queued["id"]).values()) == {"Cached"}
+    assert ts(queued["end_time"]) - ts(queued["start_time"]) < timedelta(seconds=60)
+
+
+# -- auth --------------------------------------------------------------------------------------------
+
+def test_basic_auth_refuses_unauthenticated_requests_and_accepts_the_auth_string(prefect_server, faulty_serve):
+    import asyncio
+
+    from prefect.client.orchestration import PrefectClient
+
+    api = prefect_server.api
+    assert httpx.get(f"{api}/health").status_code == 200  # probes stay open
+    assert httpx.post(f"{api}/deployments/filter", json={}).status_code == 401
+    assert httpx.post(f"{api}/deployments/filter", json={}, auth=("regimen", "wrong")).status_code == 401
+
+    async def names(auth: str) -> list[str]:
+        async with PrefectClient(api, auth_string=auth) as client:
+            return sorted(d.name for d in await client.read_deployments())
+
+    assert asyncio.run(names(AUTH)) == ["nightly", "on-demand"]  # what PREFECT_API_AUTH_STRING gives a client
+    with pytest.raises(Exception, match="401"):
+        asyncio.run(names("regimen:wrong"))
+
+
+# -- prefect.yaml: the same deployments for a process work pool ---------------------------------------
+
+def test_prefect_yaml_deploys_the_same_deployments_and_a_worker_runs_them(scenario, tmp_path):
+    server = scenario.server
+    stop(scenario.serve.proc)  # a served runner would race the worker for the run
+    env = server.client_env()
+    for cmd in (["work-pool", "create", "regimen", "--type", "process"],
+                ["work-pool", "set-concurrency-limit", "regimen", "1"],
+                ["--no-prompt", "deploy", "--all"]):
+        out = subprocess.run([bin_path("prefect"), *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (cmd, out.stdout[-2000:], out.stderr[-2000:])
+    deps = server.deployments()
+    for name in ("on-demand", "nightly"):
+        d = deps[name]
+        assert d["work_pool_name"] == "regimen" and d["entrypoint"] == "flows/cycle.py:regimen_cycle"
+        assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+        assert d["global_concurrency_limit"]["limit"] == 1 and d["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+    [sched] = deps["nightly"]["schedules"]
+    assert sched["schedule"]["cron"] == "0 2 * * *" and sched["schedule"]["timezone"] == "UTC"
+    # one run through `prefect worker start`, from another folder: the pull step sets the project root
+    r = server.create_run("on-demand", {"config": "tests/tiny.yaml", "experiment": EXPERIMENT, "store": str(scenario.store)})
+    assert r.status_code == 201, r.text
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as fh:
+        worker = subprocess.Popen([bin_path("prefect"), "worker", "start", "--pool", "regimen", "--run-once"],
+                                  cwd=tmp_path, env=env | {"PREFECT_WORKER_QUERY_SECONDS": "1"}, stdout=fh,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        run = server.wait_run(r.json()["id"], timeout=120, logs=[log])
+    finally:
+        stop(worker)
+    assert run["state"]["type"] == "COMPLETED", (run["state"], tail(log))
+    assert set(latest_states(server, run["id"]).values()) == {"Cached"}

@@ -1,0 +1,88 @@
+"""The Prefect UI in real headless chromium (Debian's package, driven by Playwright's Python package, no
+downloaded browser): log in with the auth string, see both deployments on /deployments, and a completed
+run's metrics table on /artifacts/artifact/{id}. Screenshots go to the test's temporary folder."""
+
+import json
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+pytest.register_assert_rewrite("prefect_ops")
+from prefect_ops import AUTH, EXPERIMENT  # noqa: E402
+
+pytest_plugins = ["prefect_ops"]
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("REGIMEN_CHROMIUM", "/usr/bin/chromium")
+# headless, no GPU, and nothing but 127.0.0.1 resolves: the UI bundle's analytics cannot stall the page
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+
+
+def require_browser():
+    """In CI (CI=true) a missing browser fails the test; elsewhere it skips with the reason."""
+    missing = []
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        missing.append(f"chromium not found at {CHROMIUM} (apt-get install -y chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package is not installed (pip install playwright; no `playwright install` needed)")
+    if missing:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("; ".join(missing))
+        pytest.skip("; ".join(missing))
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS,
+            viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(45_000)
+            yield page
+        finally:
+            context.close()
+
+
+def test_ui_shows_the_deployments_and_a_completed_runs_metrics(scenario, browser_page, tmp_path):
+    server, page = scenario.server, browser_page
+    run = scenario.retried
+    assert run["state"]["type"] == "COMPLETED"
+    [table] = [a for a in server.artifacts(run["id"]) if a["key"] == f"{EXPERIMENT}-eval"]
+    data = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    expected = {row["metric"]: row["value"] for row in data}
+
+    t0 = time.monotonic()
+    page.goto(f"{server.url}/deployments")
+    # the server has basic auth on: the UI asks for the auth string once, then calls the API with it
+    page.wait_for_url(re.compile(r"/login"))
+    page.get_by_placeholder("admin:pass").fill(AUTH)
+    page.get_by_role("button", name="Login").click()
+    page.wait_for_url(re.compile(r"/deployments$"))
+    for name in ("on-demand", "nightly"):
+        page.get_by_text(name, exact=True).first.wait_for()
+    assert "regimen-cycle" in page.inner_text("body")
+    page.screenshot(path=str(tmp_path / "deployments.png"), full_page=True)
+
+    page.goto(f"{server.url}/artifacts/artifact/{table['id']}")
+    # a metric whose value cannot be mistaken for another cell: the largest non-integer one
+    metric = max((k for k, v in expected.items() if isinstance(v, float) and v != int(v)), key=lambda k: expected[k])
+    for name in ("heldout_accuracy", metric):
+        row = page.locator("tr", has_text=name).first
+        row.wait_for()
+        cells = [c.strip() for c in row.inner_text().split("\t") if c.strip()]
+        assert cells[0] == name and float(cells[-1]) == pytest.approx(expected[name], abs=1e-4), (name, cells)
+    page.screenshot(path=str(tmp_path / "artifact.png"), full_page=True)
+    print(f"\nUI: login, deployments and artifact pages in {time.monotonic() - t0:.1f}s; screenshots in {tmp_path}")
+    assert (tmp_path / "deployments.png").stat().st_size > 10_000 and (tmp_path / "artifact.png").stat().st_size > 10_000
