@@ -4,7 +4,7 @@ deployments for a process work pool (`prefect deploy --all`, then `prefect worke
 
 The parameters a person fills in on the UI's "Custom run" form are the flow's own (config, experiment,
 overrides, store); Prefect builds their schema and descriptions from `regimen_cycle`'s signature and
-docstring, and the server refuses a run whose parameters do not fit it (HTTP 409).
+docstring, and the server refuses a run whose parameters do not fit it (HTTP 409), unknown names included.
 
 One device, one training at a time:
 - this process starts at most one flow run at a time (`limit=1`), across both deployments; a run that
@@ -14,17 +14,19 @@ One device, one training at a time:
   as `AwaitingConcurrencySlot`.
 Two runs of one experiment are refused by the store's lock either way (ExperimentBusy).
 
-Stopping `serve` (Ctrl-C, SIGTERM) does not pause the schedules (`pause_on_shutdown=False`; Prefect's
-default would pause both deployments and delete their scheduled runs until the next `serve`). The nightly
-schedule stays active on the server: runs keep being scheduled, show as Late in the UI while nothing
-serves them, and start when `regimen serve` (or a worker) runs again. To stop nightly retraining, pause
-the deployment explicitly: `prefect deployment pause regimen-cycle/nightly`.
+The nightly schedule's on/off state belongs to the server, not to this process. Stopping `serve` (Ctrl-C,
+SIGTERM) does not pause it (`pause_on_shutdown=False`; Prefect's default pauses every served deployment
+on shutdown and deletes its scheduled runs until the next `serve`): runs due while nothing serves them
+show as Late in the UI and start when `regimen serve` (or a worker) runs again. Starting `serve` does not
+resume a schedule a person paused (in the UI, or `prefect deployment schedule pause`): it is registered
+paused again.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from prefect.client.schemas.actions import DeploymentScheduleCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
@@ -53,7 +55,8 @@ def _refuse_unknown_parameters(deployment: RunnerDeployment) -> RunnerDeployment
     return deployment
 
 
-def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC") -> list[RunnerDeployment]:
+def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC",
+                nightly_paused: bool = False) -> list[RunnerDeployment]:
     """The two deployments, with `config` (and `store`) as their default parameters."""
     from flows.cycle import regimen_cycle
 
@@ -73,7 +76,7 @@ def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CR
         ),
         regimen_cycle.to_deployment(
             NIGHTLY,
-            schedule=CronSchedule(cron=cron, timezone=timezone),
+            schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone=timezone), active=not nightly_paused)],
             description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
             **common,
         ),
@@ -92,6 +95,19 @@ def check_schedule(cron: str, timezone: str) -> None:
         raise InputError(f"--cron {cron!r} / --timezone {timezone!r}: {exc.errors()[0]['msg']}") from None
 
 
+def nightly_paused_by_a_person() -> bool:
+    """Whether the nightly deployment, as the server holds it, is paused or has its schedule switched off."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            d = client.read_deployment_by_name(f"{FLOW}/{NIGHTLY}")
+        except ObjectNotFound:
+            return False
+    return bool(d.paused or (d.schedules and not any(s.active for s in d.schedules)))
+
+
 def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC") -> None:
     """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped."""
     from prefect import serve
@@ -99,12 +115,15 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
 
     from stages.config import load_recipe
 
+    err = Console(stderr=True, soft_wrap=True)
     load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
     check_schedule(cron, timezone)
-    serve(*deployments(config, store=store, cron=cron, timezone=timezone), limit=1, pause_on_shutdown=False)
-    Console(stderr=True).print(
-        f"serve stopped. The schedule of {FLOW}/{NIGHTLY} stays active: runs due while nothing serves them "
-        "show as Late and start when `regimen serve` runs again. "
-        f"To stop nightly runs: prefect deployment pause {FLOW}/{NIGHTLY}",
-        markup=False, highlight=False, soft_wrap=True,
-    )
+    paused = nightly_paused_by_a_person()
+    if paused:
+        err.print(f"{FLOW}/{NIGHTLY} was paused on the server and stays paused: resume its schedule in the UI "
+                  f"or with `prefect deployment schedule resume {FLOW}/{NIGHTLY} SCHEDULE_ID`", markup=False, highlight=False)
+    serve(*deployments(config, store=store, cron=cron, timezone=timezone, nightly_paused=paused), limit=1, pause_on_shutdown=False)
+    err.print(f"serve stopped. The schedule of {FLOW}/{NIGHTLY} is left as it is"
+              + ("" if paused else ": runs due while nothing serves them show as Late and start when `regimen serve` runs again")
+              + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause {FLOW}/{NIGHTLY} SCHEDULE_ID`"
+              " (`prefect deployment schedule ls` shows the id).", markup=False, highlight=False)

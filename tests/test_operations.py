@@ -95,16 +95,20 @@ def test_fault_in_grpo_fails_the_run_after_the_earlier_stages_completed(scenario
     assert "injected fault" in json.loads((attempt / "error.json").read_text())["error"]
 
 
-def test_stopping_serve_leaves_the_nightly_schedule_active(scenario):
+def test_stopping_serve_leaves_the_nightly_schedule_active_and_serving_again_keeps_a_pause(scenario):
     print("\n" + ", ".join(f"{k}: {v:.1f}s" for k, v in scenario.timings.items()))
     assert scenario.serve_exit == 0, tail(scenario.logs / "serve-faulty.log")
+    assert "left as it is" in (scenario.logs / "serve-faulty.log").read_text()
     nightly = scenario.after_stop
-    assert nightly["paused"] is False
-    assert [s["active"] for s in nightly["schedules"]] == [True]
-    assert "stays active" in (scenario.logs / "serve-faulty.log").read_text()
+    assert nightly["paused"] is False and [s["active"] for s in nightly["schedules"]] == [True]
+    # a person paused the schedule while serve was down: starting serve again does not undo it
+    again = scenario.after_restart
+    assert [s["active"] for s in again["schedules"]] == [False] and again["updated"] != nightly["updated"]
+    assert "stays paused" in scenario.serve.log.read_text()
 
 
 def test_retry_through_the_api_completes_with_earlier_stages_cached_and_grpo_resumed(scenario):
+    """Retried while nothing served it: the run waited as Scheduled and started with the next `regimen serve`."""
     server, run = scenario.server, scenario.retried
     assert run["state"]["type"] == "COMPLETED", (run["state"], tail(scenario.serve.log))
     assert run["run_count"] >= 2
