@@ -58,19 +58,25 @@ def crash(prefect_server, tmp_path_factory):
     proc = regimen_run(store, env, tmp / "killed.log")
     work = store / EXP / "grpo" / "work"
     try:
-        while not list(work.glob(f"*/checkpoint-*/{MARKER}")):
+        # wait for a complete checkpoint, then for GRPO to be half way to the next one, and kill
+        while not (markers := list(work.glob(f"*/checkpoint-*/{MARKER}"))):
             assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before a GRPO checkpoint was complete:\n{tail(tmp / 'killed.log')}"
             assert time.monotonic() - t0 < 180, "no GRPO checkpoint after 180s"
             time.sleep(0.01)
+        first = int(markers[0].parent.name.split("-")[1])
+        while progress(tmp / "killed.log") < first + SAVE_STEPS // 2 and len(list(work.glob(f"*/checkpoint-*/{MARKER}"))) == 1:
+            assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before it was killed:\n{tail(tmp / 'killed.log')}"
+            time.sleep(0.005)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
         stop(proc)
     info["killed_rc"] = proc.returncode
-    info["steps_at_kill"] = progress(tmp / "killed.log")
     [workdir] = list(work.iterdir())
     good = complete_checkpoints(workdir)
     info["good_step"] = good[-1][0]
+    # the progress bar lags the trainer by up to its refresh interval: a lower bound of the steps done
+    info["steps_at_kill"] = max(progress(tmp / "killed.log"), info["good_step"])
     info["grpo_entries_after_kill"] = sorted(p.name for p in (store / EXP / "grpo").iterdir())
     info["before"] = snapshot(store)
     from stages.status import experiment_status
