@@ -2,8 +2,8 @@
 auth): `regimen serve` registers on-demand and nightly, the server refuses bad parameters with 409, a run
 created as the UI's Run button does completes and lists its artifacts, a run failed in GRPO and retried
 through the API reuses the finished stages (Cached) and resumes GRPO from its checkpoint, two runs never
-train at once, stopping serve leaves the nightly schedule active, and prefect.yaml deploys the same
-deployments for a process worker."""
+train at once, stopping serve leaves the nightly schedule active (and starting it keeps a person's pause),
+basic auth guards the API, and prefect.yaml deploys the same deployments for a process worker."""
 
 import json
 import subprocess

@@ -38,9 +38,13 @@ def require_browser():
         pytest.skip("; ".join(missing))
 
 
+@pytest.fixture(scope="session")
+def browser_available():
+    require_browser()  # session-scoped, so it runs before the (slow, session-scoped) scenario: a skip costs nothing
+
+
 @pytest.fixture
 def browser_page(tmp_path):
-    require_browser()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -55,7 +59,7 @@ def browser_page(tmp_path):
             context.close()
 
 
-def test_ui_shows_the_deployments_and_a_completed_runs_metrics(scenario, browser_page, tmp_path):
+def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available, scenario, browser_page, tmp_path):
     server, page = scenario.server, browser_page
     run = scenario.retried
     assert run["state"]["type"] == "COMPLETED"
