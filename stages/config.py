@@ -320,6 +320,8 @@ def _coerce(section: str, values: dict[str, Any], fields: dict[str, dataclasses.
             close = [n for n in fields if n.startswith(key[:4])][:5]
             hint = f"; did you mean one of {close}?" if close else ""
             raise ValueError(f"{section}.{key} is not a field of TRL's {'SFTConfig' if section == 'sft' else 'GRPOConfig' if section == 'grpo' else 'LoraConfig'}{hint}")
+        if key == "save_total_limit" and value is not None and value < 2:
+            raise ValueError(f"{section}.save_total_limit must be at least 2 (or unset): with 1 the Trainer deletes the last good checkpoint before the new one is known to be complete")
         ftype = fields[key].type
         try:
             out[key] = TypeAdapter(ftype).validate_python(value) if not isinstance(ftype, str) else value

@@ -55,8 +55,11 @@ def base_policy(recipe, store) -> dict:
 
 
 def latest_policy(store, experiment: str) -> dict | None:
-    """The newest evaluated GRPO policy of this experiment (for `cycle.start_from: latest`)."""
-    ev = store.latest(experiment, "eval")
+    """The newest evaluated GRPO policy of this experiment (for `cycle.start_from: latest`), never one
+    whose evaluation suspected reward hacking."""
+    from stages.cycle import REWARD_HACKING
+
+    ev = next((m for m in reversed(store.versions(experiment, "eval")) if m.get("verdict") != REWARD_HACKING), None)
     if not ev:
         return None
     ref = ev["inputs"]["policy"]

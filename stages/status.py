@@ -24,6 +24,8 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
         last_fail = failures[-1] if failures else None
         if running and not running.get("stale"):
             state = "running"
+        elif running:
+            state = "interrupted"
         elif last_fail and (not latest or last_fail.get("failed_at", "") > latest.get("finished_at", "")):
             state = "failed"
         elif latest:

@@ -277,6 +277,11 @@ class Store:
             pass
         return info
 
+    def _sweep_staging(self, experiment: str) -> None:
+        """Staging folders left by a killed run (only ever half-written: nobody else writes while we hold the lock)."""
+        for d in (self.cache / experiment).glob("*/.staging-*"):
+            shutil.rmtree(d, ignore_errors=True)
+
     @contextmanager
     def lock(self, experiment: str) -> Iterator[None]:
         """One run per experiment at a time: a second one is refused at once, with a clear message."""
@@ -296,6 +301,7 @@ class Store:
             ) from None
         try:
             path.with_suffix(".owner").write_text(f"pid {os.getpid()} since {now_iso()}")
+            self._sweep_staging(experiment)
             yield
         finally:
             path.with_suffix(".owner").unlink(missing_ok=True)

@@ -99,3 +99,9 @@ def test_default_and_shipped_configs_validate():
         if path.parent.name == "accelerate":
             continue
         load_recipe(path)
+
+
+def test_save_total_limit_of_one_is_refused():
+    with pytest.raises(InputError, match="save_total_limit must be at least 2"):
+        load_recipe(TINY, ["grpo.save_total_limit=1"])
+    load_recipe(TINY, ["grpo.save_total_limit=3"])

@@ -108,3 +108,28 @@ def test_fsspec_memory_store_keeps_the_same_contract(tmp_path):
     assert store.failures("exp", "sft")[0]["error"] == "nope"
     m2 = store.commit(stage_files(store, "two"), manifest(key="r2"))
     assert m2["version"] == 2 and [v["version"] for v in store.versions("exp", "sft")] == [1, 2]
+
+
+def test_taking_the_lock_sweeps_staging_left_by_a_killed_run(tmp_path):
+    store = Store(tmp_path)
+    left = stage_files(store)  # a run killed before commit
+    with store.lock("exp"):
+        assert not left.exists()
+    assert store.versions("exp", "sft") == []
+
+
+def test_latest_policy_skips_evaluations_that_suspected_hacking(tmp_path):
+    from stages.policy import latest_policy
+
+    store = Store(tmp_path)
+    good = store.commit(stage_files(store, "good"), manifest(stage="sft", key="g1"))
+    for key, verdict in (("g1", "back-to-sft"), ("g2", "reward-hacking-suspected")):
+        d = store.staging_dir("exp", "grpo")
+        (d / "model").mkdir()
+        (d / "model" / "w.bin").write_text(key)
+        store.commit(d, manifest(stage="grpo", key=key))
+        e = store.staging_dir("exp", "eval")
+        (e / "metrics.json").write_text("{}")
+        store.commit(e, manifest(stage="eval", key="e" + key, verdict=verdict, inputs={"policy": {"fingerprint": key}}))
+    assert good["version"] == 1
+    assert latest_policy(store, "exp")["fingerprint"] == "g1"
