@@ -37,6 +37,11 @@ def direct(config: str, store: str, sets: list[str]) -> None:
     print(json.dumps({"in_process_s": time.perf_counter() - t0}))
 
 
+def result(out: str) -> list[str]:
+    """The values a snippet printed after RESULT (Prefect logs around it)."""
+    return next(line.split()[1:] for line in out.splitlines() if line.startswith("RESULT "))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="configs/default.yaml")
@@ -49,10 +54,10 @@ def main() -> None:
 
     header("orchestration overhead: Prefect flow vs. direct calls")
     tmp = Path(tempfile.mkdtemp(prefix="regimen-bench-overhead-"))
-    imp = run([PY, "-c", "import time; t=time.perf_counter(); import stages.runner, stages.sft, stages.grpo, stages.evaluate; a=time.perf_counter()-t; import flows.cycle; print(a, time.perf_counter()-t-a)"])
-    stage_imports, prefect_imports = map(float, imp["out"].split()[-2:])
-    noop = run([PY, "-c", "from prefect import flow\nimport time\n@flow\ndef noop(): pass\nt=time.perf_counter(); noop(); print(time.perf_counter()-t)"])
-    prefect_start = float(noop["out"].split()[-1])
+    imp = run([PY, "-c", "import time; t=time.perf_counter(); import stages.runner, stages.sft, stages.grpo, stages.evaluate; a=time.perf_counter()-t; import flows.cycle; print('RESULT', a, time.perf_counter()-t-a)"])
+    stage_imports, prefect_imports = map(float, result(imp["out"]))
+    noop = run([PY, "-c", "from prefect import flow\nimport time\n@flow\ndef noop(): pass\nt=time.perf_counter(); noop(); print('RESULT', time.perf_counter()-t)"])
+    [prefect_start] = map(float, result(noop["out"]))
     d = run([PY, "bench/overhead.py", "--config", args.config, *sum((["--set", s] for s in args.sets), []), "--direct", str(tmp / "direct")])
     f = regimen("run", args.config, "--store", str(tmp / "flow"), *sum((["--set", s] for s in sets), []))
     exp = "default"

@@ -326,6 +326,12 @@ def _coerce(section: str, values: dict[str, Any], fields: dict[str, dataclasses.
         try:
             out[key] = TypeAdapter(ftype).validate_python(value) if not isinstance(ftype, str) else value
         except ValidationError as exc:
+            if value is False:  # YAML reads a bare `no` as False; TRL's strategies spell it "no"
+                try:
+                    out[key] = TypeAdapter(ftype).validate_python("no")
+                    continue
+                except ValidationError:
+                    pass
             msg = exc.errors()[0]["msg"]
             raise ValueError(f"{section}.{key}: {msg} (got {value!r})") from None
         except Exception:  # a type pydantic cannot build a validator for: let TRL judge it
@@ -353,6 +359,9 @@ def trl_check(recipe: Recipe) -> None:
 # Loading, overrides and error messages
 
 
+_YAML11_WORDS = {"yes", "no", "on", "off", "y", "n"}
+
+
 def parse_set(items: list[str]) -> dict[str, Any]:
     """`--set a.b=VALUE` items into a mapping; VALUE is read as YAML (so 0.05, true, [1, 2] are typed)."""
     out: dict[str, Any] = {}
@@ -361,6 +370,9 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*", key):
             raise InputError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. --set grpo.beta=0.05")
+        if raw.strip().lower() in _YAML11_WORDS:  # `save_strategy=no` means the string "no", as TRL's CLI reads it
+            out[key] = raw.strip()
+            continue
         try:
             out[key] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:

@@ -105,3 +105,9 @@ def test_save_total_limit_of_one_is_refused():
     with pytest.raises(InputError, match="save_total_limit must be at least 2"):
         load_recipe(TINY, ["grpo.save_total_limit=1"])
     load_recipe(TINY, ["grpo.save_total_limit=3"])
+
+
+def test_no_means_the_string_no_for_trl_strategies(tmp_path):
+    assert parse_set(["grpo.save_strategy=no", "x=true"]) == {"grpo.save_strategy": "no", "x": True}
+    assert load_recipe(TINY, ["grpo.save_strategy=no"]).grpo["save_strategy"] == "no"
+    assert load_recipe(tiny_with(tmp_path, sft={"save_strategy": False})).sft["save_strategy"] == "no"  # YAML's bare `no`
