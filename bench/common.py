@@ -16,23 +16,29 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
+_PREFECT_HOME = tempfile.mkdtemp(prefix="regimen-bench-prefect-")  # one per benchmark: its database is created once,
+# as on a user's machine, where ~/.prefect persists between runs
+
+
 def env(**extra: str) -> dict[str, str]:
-    home = tempfile.mkdtemp(prefix="regimen-bench-prefect-")
-    return {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1",
+    return {**os.environ, "PREFECT_HOME": _PREFECT_HOME, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT), **extra}
 
 
 def run(cmd: list[str], *, extra_env: dict[str, str] | None = None, check: bool = True, quiet: bool = True) -> dict:
     """Run `cmd` in its own session; returns wall time, exit code, peak RSS (MiB) and output tail."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**(extra_env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    out, _ = proc.communicate()
-    wall = time.perf_counter() - t0
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever the run left (e.g. Prefect's temporary server)
-    except ProcessLookupError:
-        pass
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a killed run's orphans may hold a pipe open
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**(extra_env or {})), stdout=log, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        proc.wait()
+        wall = time.perf_counter() - t0
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the run left (e.g. Prefect's temporary server)
+        except ProcessLookupError:
+            pass
+        log.seek(0)
+        out = log.read()
     if check and proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-3000:]}")
     return {"wall_s": wall, "rc": proc.returncode, "out": out}

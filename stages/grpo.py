@@ -48,8 +48,8 @@ class _Clock(TrainerCallback):
         self.t0 = time.perf_counter()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is not None and hasattr(self, "t0"):
-            logs["wall_s"] = round(time.perf_counter() - self.t0, 3)
+        if hasattr(self, "t0") and state.log_history:
+            state.log_history[-1]["wall_s"] = round(time.perf_counter() - self.t0, 3)  # the Trainer stored a copy of `logs`
 
 
 class FaultInjection(TrainerCallback):
