@@ -5,6 +5,9 @@ import os
 # Log records of `regimen.*` loggers (e.g. the lines an `accelerate launch` subprocess prints) go to
 # Prefect's log, so they show in the UI beside the task that ran them.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "regimen")
+# Prefect's temporary server creates its database on first use; on a busy 2-core machine that can take
+# longer than Prefect's default 20 s wait, after which every later call fails with "connection refused".
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 import logging  # noqa: E402
 

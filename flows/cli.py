@@ -78,15 +78,17 @@ def warm_up_prefect() -> threading.Thread:
     the flow starts: the server object is shared, and its start() is not safe to race."""
 
     def start() -> None:
+        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+        if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+            return
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer()
         try:
-            from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-            if not PREFECT_API_URL.value() and PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-                from prefect.server.api.server import SubprocessASGIServer
-
-                SubprocessASGIServer().start()
-        except Exception:  # the flow's own start-up will report a real problem
-            pass
+            server.start()
+        except Exception:  # leave nothing half-started; the flow's own start-up will report a real problem
+            server.stop()
 
     thread = threading.Thread(target=start, name="prefect-warm-up", daemon=True)
     thread.start()
@@ -107,12 +109,12 @@ def run(
     overrides = parse_set(set_ or [])
     read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
     server = warm_up_prefect()
-    from flows.cycle import resolve_recipe
+    try:
+        from flows.cycle import regimen_cycle, resolve_recipe
 
-    recipe = resolve_recipe(config, experiment, overrides, store)  # validate before Prefect starts: exit 2, nothing written
-    from flows.cycle import regimen_cycle
-
-    server.join()
+        recipe = resolve_recipe(config, experiment, overrides, store)  # validated before the flow starts: exit 2, nothing written
+    finally:
+        server.join()  # never leave a half-started server behind, whatever happened above
     console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
     try:
         results = regimen_cycle(config=config, experiment=experiment, overrides=overrides, store=store)
