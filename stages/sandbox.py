@@ -18,7 +18,7 @@ How one solution runs (as root, which is how this project runs; see "Without roo
                    the namespace.
                      └─ C: rlimits (CPU, address space, processes, file size, open files, no core),
                         drops to the slot's own unprivileged uid/gid (no supplementary groups,
-                        no_new_privs), cwd /tmp/work, minimal environment; runs the solution, then
+                        no_new_privs), cwd WORKDIR (on the private tmpfs), minimal environment; runs the solution, then
                         each test snippet in the same namespace, and reports after each snippet.
 
 Each sample therefore costs forks of an already started interpreter, not interpreter start-ups; the
@@ -97,7 +97,7 @@ class SandboxConfig:
     open_files: int = 64
     """RLIMIT_NOFILE, set after the result pipe is in place."""
     tmpfs_mb: int = 64
-    """Size of the fresh tmpfs over /tmp (the working folder /tmp/work lives there); /var/tmp and
+    """Size of the fresh tmpfs over /tmp (the working folder WORKDIR lives there); /var/tmp and
     /dev/shm get a quarter each."""
     output_limit: int = 16384
     """Bytes of stdout+stderr kept per sample; more is read and discarded (up to 8 MiB, after which
@@ -151,6 +151,9 @@ class SandboxResult:
 # Parent side
 # ------------------------------------------------------------------------------------------------
 
+# The solution's working folder, inside the sandbox's own mount namespace: a directory on the fresh
+# tmpfs the sandbox mounts over its /tmp (never the host's /tmp).
+WORKDIR = os.path.join(os.sep, "tmp", "work")
 _SERVER_START_TIMEOUT_S = 30.0
 _BACKSTOP_S = 15.0  # extra seconds the parent waits for a server before declaring it dead
 _warned_unisolated = False
@@ -671,8 +674,8 @@ class _Slot:
             _c().sethostname(b"sandbox", 7)
         except Exception:
             pass
-        os.makedirs("/tmp/work", mode=0o700)
-        os.chown("/tmp/work", self.uid, self.gid)
+        os.makedirs(WORKDIR, mode=0o700)
+        os.chown(WORKDIR, self.uid, self.gid)
 
     def drop_privileges(self) -> None:
         s = self.s
@@ -815,7 +818,7 @@ def _job_init(slot: _Slot, job: dict) -> None:
     slot.setup_mounts()
     c = os.fork()
     if c == 0:
-        _job_solution(slot, job, "/tmp/work")
+        _job_solution(slot, job, WORKDIR)
     for fd in (0, 1, 2, 3):
         os.close(fd)
     while True:
