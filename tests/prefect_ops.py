@@ -95,10 +95,20 @@ class Server:
         return env
 
     def post(self, path: str, body: Any = None, **kw) -> httpx.Response:
-        return self.http.post(f"{self.api}{path}", json=body if body is not None else {}, **kw)
+        return self._retry(lambda: self.http.post(f"{self.api}{path}", json=body if body is not None else {}, **kw))
 
     def get(self, path: str, **kw) -> httpx.Response:
-        return self.http.get(f"{self.api}{path}", **kw)
+        return self._retry(lambda: self.http.get(f"{self.api}{path}", **kw))
+
+    @staticmethod
+    def _retry(send) -> httpx.Response:
+        """Retry what Prefect's own client retries: a busy server's 429/502/503 (SQLite under load)."""
+        for attempt in range(6):
+            r = send()
+            if r.status_code not in (429, 502, 503):
+                return r
+            time.sleep(0.5 * 2**attempt)
+        return r
 
     def deployments(self) -> dict[str, dict]:
         r = self.post("/deployments/filter", {"flows": {"name": {"any_": ["regimen-cycle"]}}})
