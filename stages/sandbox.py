@@ -478,30 +478,27 @@ def _mount_points() -> list[str]:
     return points
 
 
-def _world_traversable(path: str) -> bool:
-    """Whether a user with no special rights can reach `path` (every ancestor has o+x)."""
+def _first_closed_ancestor(path: str) -> str | None:
+    """The highest ancestor of `path` (or `path` itself) that a user with no rights cannot traverse."""
     parts = os.path.realpath(path).split("/")
     for k in range(2, len(parts) + 1):
         p = "/".join(parts[:k]) or "/"
         try:
             if not os.stat(p).st_mode & 0o001:
-                return False
+                return p
         except OSError:
-            return False
-    return True
+            return p
+    return None
+
+
+def _world_traversable(path: str) -> bool:
+    """Whether a user with no special rights can reach `path` (every ancestor has o+x)."""
+    return _first_closed_ancestor(path) is None
 
 
 def _cover_dir(path: str) -> str:
     """The highest ancestor of `path` that a user with no rights cannot traverse."""
-    parts = os.path.realpath(path).split("/")
-    for k in range(2, len(parts) + 1):
-        p = "/".join(parts[:k])
-        try:
-            if not os.stat(p).st_mode & 0o001:
-                return p
-        except OSError:
-            return p
-    return path
+    return _first_closed_ancestor(path) or path
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import tempfile
 import textwrap
 import time
 
@@ -27,10 +28,10 @@ SECRET = "s3cr3t-" + TOKEN
 REPO_TESTS = os.path.dirname(os.path.abspath(__file__))
 HOST_FILES = {
     "repo": os.path.join(REPO_TESTS, f".pwned-{TOKEN}"),
-    "tmp": f"/tmp/regimen-pwned-{TOKEN}",
+    "tmp": os.path.join(tempfile.gettempdir(), f"regimen-pwned-{TOKEN}"),
     "shm": f"/dev/shm/regimen-pwned-{TOKEN}",
-    "var_tmp": f"/var/tmp/regimen-pwned-{TOKEN}",
-    "root": f"/root/regimen-pwned-{TOKEN}",
+    "var_tmp": f"/var/tmp/regimen-pwned-{TOKEN}",  # the FHS's other world-writable folder, on every Linux host
+    "root": os.path.join(os.path.expanduser("~"), f"regimen-pwned-{TOKEN}"),  # the invoking user's home (root's here)
 }
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(0, 0) == 0"]
