@@ -45,7 +45,7 @@ def run(cmd: list[str], *, extra_env: dict[str, str] | None = None, check: bool 
 
 
 def regimen(*args: str, **kw) -> dict:
-    return run([PY, "-m", "flows.cli", *args], **kw)
+    return run([PY, "-m", "regimen.flows.cli", *args], **kw)
 
 
 def peak_rss_mib(cmd: list[str], extra_env: dict[str, str] | None = None) -> tuple[float, float, int]:

@@ -22,11 +22,11 @@ def bare(config: str, policy: str, steps: int, out: str) -> None:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from stages.config import load_recipe
-    from stages.data import load_task
-    from stages.model import load_tokenizer
-    from stages.rewards import from_specs
-    from stages.trl_args import grpo_args
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.tasks import load_task
+    from regimen.stages.training.model import load_tokenizer
+    from regimen.stages.rewards import from_specs
+    from regimen.stages.training.args import grpo_args
 
     recipe = load_recipe(config, [f"grpo.max_steps={steps}", "grpo.save_strategy=no"])
     args = grpo_args(recipe, out)
@@ -41,9 +41,9 @@ def bare(config: str, policy: str, steps: int, out: str) -> None:
 
 
 def stage(config: str, policy: str, steps: int, store: str) -> None:
-    from stages.config import load_recipe
-    from stages.runner import execute
-    from stages.store import Store
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.runner import execute
+    from regimen.stages.store import Store
 
     recipe = load_recipe(config, [f"grpo.max_steps={steps}", "grpo.save_strategy=no", f"store={store}"])
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def main() -> None:
     header(f"GRPO throughput: stage vs bare GRPOTrainer, {args.steps} steps")
     tmp = Path(tempfile.mkdtemp(prefix="regimen-bench-grpo-"))
     # the policy both start from: the recipe's SFT result
-    run([PY, "-m", "flows.cli", "run", args.config, "--store", str(tmp / "sft"), "--set", "cycle.max_cycles=1", "--set", "grpo.max_steps=1",
+    run([PY, "-m", "regimen.flows.cli", "run", args.config, "--store", str(tmp / "sft"), "--set", "cycle.max_cycles=1", "--set", "grpo.max_steps=1",
          "--set", "smoke.max_steps=1"])
     policy = next((tmp / "sft").glob("*/sft/v1/model"))
     rows = []

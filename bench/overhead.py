@@ -1,5 +1,5 @@
 """Orchestration overhead: the default recipe through the Prefect flow (`regimen run`) vs. the same
-stages called directly as Python functions (`stages.runner.execute`), each in a fresh process.
+stages called directly as Python functions (`regimen.stages.runner.execute`), each in a fresh process.
 
     python bench/overhead.py [--config configs/default.yaml] [--set KEY=VALUE ...]
 """
@@ -20,10 +20,10 @@ from bench.common import PY, header, manifests, regimen, run, table  # noqa: E40
 def direct(config: str, store: str, sets: list[str]) -> None:
     """The stages of one cycle, called as plain functions (no Prefect), in the flow's order."""
     t0 = time.perf_counter()
-    from stages.config import load_recipe
-    from stages.policy import base_policy
-    from stages.runner import execute
-    from stages.store import Store
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.training.policy import base_policy
+    from regimen.stages.runner import execute
+    from regimen.stages.store import Store
 
     recipe = load_recipe(config, sets + [f"store={store}"])
     st = Store(recipe.store)
@@ -54,7 +54,7 @@ def main() -> None:
 
     header("orchestration overhead: Prefect flow vs. direct calls")
     tmp = Path(tempfile.mkdtemp(prefix="regimen-bench-overhead-"))
-    imp = run([PY, "-c", "import time; t=time.perf_counter(); import stages.runner, stages.sft, stages.grpo, stages.evaluate; a=time.perf_counter()-t; import flows.cycle; print('RESULT', a, time.perf_counter()-t-a)"])
+    imp = run([PY, "-c", "import time; t=time.perf_counter(); import regimen.stages.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate; a=time.perf_counter()-t; import regimen.flows.cycle; print('RESULT', a, time.perf_counter()-t-a)"])
     stage_imports, prefect_imports = map(float, result(imp["out"]))
     snippet = "from prefect import flow\nimport time\n@flow\ndef noop(): pass\nt=time.perf_counter(); noop(); print('RESULT', time.perf_counter()-t)"
     [first_start] = map(float, result(run([PY, "-c", snippet])["out"]))  # creates and migrates Prefect's database

@@ -4,7 +4,7 @@
 
 Solutions: the shipped code problems' reference solutions and, for every third one, a wrong solution
 (so both passing and failing tests are exercised). The sandboxed run scores them with
-`stages.sandbox.run_batch` (isolated, parallel, server start-up included); the naive baseline runs
+`regimen.stages.rewards.sandbox.run_batch` (isolated, parallel, server start-up included); the naive baseline runs
 one `subprocess.run([python, "-c", solution + tests])` per solution, sequentially, with no isolation
 at all. Both must agree on every score. Prints solutions/second for each and the ratio.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stages.code_rewards import load_code_problems  # noqa: E402
-from stages.sandbox import SandboxConfig, isolation_status, run_batch  # noqa: E402
+from regimen.stages.rewards.code import load_code_problems  # noqa: E402
+from regimen.stages.rewards.sandbox import SandboxConfig, isolation_status, run_batch  # noqa: E402
 
 NAIVE_HARNESS = """
 import sys

@@ -1,8 +1,11 @@
-"""The `regimen` command: run, check, reward-check, status. Thin: it parses, calls the flow or a stage
-helper, prints, and maps failures to exit codes (0 done, 1 a gate or stage stopped it, 2 bad input)."""
+"""The `regimen` command: run, check, reward-check, status, sweep, report, serve. Thin: it parses, calls the
+flow or a helper, prints, and maps failures to exit codes: 0 done, 1 a gate, a stage or the store stopped
+it, 2 bad input, 130 Ctrl-C (or a cancel), 143 SIGTERM. Prefect's own tracebacks of a failure stay in
+Prefect's logs; the terminal gets one line that says what happened and what to do."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -13,41 +16,34 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stages.errors import InputError, RegimenError
+from regimen.flows.present.fmt import num
+from regimen.stages.errors import InputError, RegimenError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Regimen: distillation-style SFT and GRPO in cycles, orchestrated by Prefect.")
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a recipe field: KEY=VALUE with a dotted key, e.g. grpo.beta=0.05")]
-
-KEY_METRICS = {
-    "sft": ["heldout_accuracy", "traces_kept", "train_loss_last"],
-    "reward-dry-run": ["mean_reward", "reward_std", "frac_reward_zero_std"],
-    "grpo-smoke": ["mean_reward", "max_reward_std", "max_abs_loss"],
-    "grpo": ["train_reward_first", "train_reward_last", "kl_last", "frac_reward_zero_std_mean", "completions_per_s"],
-    "eval": ["heldout_accuracy", "train_reward"],
-}
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.0f}" if v.is_integer() or abs(v) >= 1000 else f"{v:.3f}"
-    return str(v)
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="artifact store: a folder or an fsspec URL")]
+ExperimentOpt = Annotated[Optional[str], typer.Option("--experiment", help="experiment name in the store")]
 
 
 def summary_table(results: list[dict[str, Any]]) -> Table:
+    from regimen.stages import registry
+
     table = Table(title="regimen run", show_lines=False)
     for col in ("stage", "version", "cycle", "", "wall s", "key metrics"):
         table.add_column(col)
     for r in results:
         metrics = r.get("metrics") or {}
-        shown = ", ".join(f"{k}={_fmt(metrics[k])}" for k in KEY_METRICS.get(r["stage"], []) if k in metrics)
+        shown = ", ".join(f"{k}={num(metrics[k])}" for k in registry.get(r["stage"]).KEY_METRICS if k in metrics)
         if r.get("resumed_from_step"):
             shown += f", resumed_from_step={r['resumed_from_step']}"
         if r.get("verdict"):
             shown += f", verdict={r['verdict']}"
+        if r.get("damaged"):
+            shown += f", damaged versions not reused: {', '.join('v' + str(d['version']) for d in r['damaged'])}"
         where = f"{r.get('cycle')}" + (f".{r['round']}" if r.get("round") else "")
         table.add_row(r["stage"], f"v{r['version']}", where, "reused" if r["reused"] else "ran", f"{r['wall_s']:.1f}", shown)
     return table
@@ -67,73 +63,168 @@ def _print_run(results: list[dict[str, Any]], started: float) -> None:
                       + (f"; {reused} of {len(results)} stages reused" if reused else ""))
     else:
         console.print(f"wall time {total:.1f}s; all {len(results)} stages reused (nothing changed)")
-    last_eval = next((r for r in reversed(results) if r["stage"] == "eval"), None)
-    if last_eval and last_eval.get("decision"):
+    last_eval = next((r for r in reversed(results) if r.get("decision")), None)
+    if last_eval:
         console.print(f"verdict: [bold]{last_eval['verdict']}[/] — {last_eval['decision']['reason']}")
 
 
 def warm_up_prefect() -> threading.Thread:
-    """Start Prefect's temporary server (when no PREFECT_API_URL is set) in a thread, so its boot
-    overlaps the recipe's validation and the heavy imports instead of following them. Join it before
-    the flow starts: the server object is shared, and its start() is not safe to race."""
+    """Start Prefect's temporary server (when no PREFECT_API_URL is set) in a thread, so its boot overlaps
+    the recipe's validation and the heavy imports. The server dies with this process, even on SIGKILL:
+    it is started with PR_SET_PDEATHSIG, which Linux ties to the thread that started it, so that thread
+    stays alive (blocked) for the process's lifetime. Join `ready` before the flow starts."""
+    ready = threading.Event()
 
     def start() -> None:
-        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-        if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-            return
-        from prefect.server.api.server import SubprocessASGIServer
-
-        server = SubprocessASGIServer()
         try:
-            server.start()
-        except Exception:  # leave nothing half-started; the flow's own start-up will report a real problem
-            server.stop()
+            from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+            if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+                return
+            from prefect.server.api.server import SubprocessASGIServer
+
+            server = SubprocessASGIServer()
+            _die_with_parent(server)
+            try:
+                server.start()
+            except Exception:  # leave nothing half-started; the flow's own start-up will report a real problem
+                server.stop()
+                return
+        finally:
+            ready.set()
+        threading.Event().wait()  # keep this thread (the server's "parent" for PDEATHSIG) alive
 
     thread = threading.Thread(target=start, name="prefect-warm-up", daemon=True)
+    thread.ready = ready  # type: ignore[attr-defined]
     thread.start()
     return thread
+
+
+def _die_with_parent(server) -> None:
+    """Prefect's SubprocessASGIServer starts uvicorn with a bare Popen (`_run_uvicorn_command`, a private
+    method: there is no option for this); wrap it so the child asks Linux to kill it when we die."""
+    import subprocess
+
+    from regimen.stages.training.launch import die_with_parent
+
+    original = server._run_uvicorn_command
+
+    def run_with_pdeathsig():
+        real = subprocess.Popen
+
+        class Popen(real):  # type: ignore[misc, valid-type]
+            def __init__(self, *args, **kwargs):
+                kwargs.setdefault("preexec_fn", die_with_parent)
+                super().__init__(*args, **kwargs)
+
+        subprocess.Popen = Popen  # only while this one command starts; start() runs it on this thread
+        try:
+            return original()
+        finally:
+            subprocess.Popen = real
+
+    server._run_uvicorn_command = run_with_pdeathsig
+
+
+class _QuietFailures(logging.Filter):
+    """Keep Prefect's tracebacks and 'Finished in state Failed' lines off the terminal (they stay in
+    Prefect's logs, which use another handler): the CLI prints one line of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.levelno >= logging.ERROR:
+            return False
+        msg = record.getMessage()
+        return not ("Finished in state" in msg and any(s in msg for s in ("Failed", "Cancelled", "Crashed")))
+
+
+def _quiet_prefect_console() -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for name in ["prefect", *[n for n in logging.root.manager.loggerDict if n.startswith("prefect")]]:
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not any(isinstance(f, _QuietFailures) for f in handler.filters):
+                handler.addFilter(_QuietFailures())
+
+
+def resolve(config: str, set_: list[str] | None, experiment: str | None, store: str | None):
+    from regimen.stages.recipe import load_recipe, parse_set
+
+    overrides = parse_set(set_ or [])
+    if experiment:
+        overrides["experiment"] = experiment
+    if store:
+        overrides["store"] = store
+    return load_recipe(config, overrides)
 
 
 @app.command()
 def run(
     config: Annotated[str, typer.Argument(help="YAML recipe, e.g. configs/default.yaml")],
     set_: SetOpt = None,
-    store: Annotated[Optional[str], typer.Option("--store", help="artifact store: a folder or an fsspec URL")] = None,
-    experiment: Annotated[Optional[str], typer.Option("--experiment", help="experiment name in the store")] = None,
+    store: StoreOpt = None,
+    experiment: ExperimentOpt = None,
 ) -> None:
     """Run the flow `regimen-cycle` over the recipe's stages and print a summary."""
     started = time.perf_counter()
-    from stages.config import parse_set, read_yaml
+    from regimen.stages.recipe import parse_set, read_yaml
 
-    overrides = parse_set(set_ or [])
+    parse_set(set_ or [])
     read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
     server = warm_up_prefect()
     try:
-        from flows.cycle import regimen_cycle, resolve_recipe
-
-        recipe = resolve_recipe(config, experiment, overrides, store)  # validated before the flow starts: exit 2, nothing written
+        recipe = resolve(config, set_, experiment, store)  # validated and resolved once: exit 2, nothing written
+        from regimen.flows.cycle import regimen_cycle_recipe
     finally:
-        server.join()  # never leave a half-started server behind, whatever happened above
+        server.ready.wait()  # never start the flow while the server is half-started
+    _quiet_prefect_console()
     console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
+    state = regimen_cycle_recipe(recipe, return_state=True)
+    if state.is_cancelled():
+        from regimen.flows.cycle import LAST_RESULTS
+
+        _print_run(LAST_RESULTS, started)
+        raise _interrupted(state.message or "the run was cancelled")
     try:
-        results = regimen_cycle(config=config, experiment=experiment, overrides=overrides, store=store)
+        results = state.result()
     except RegimenError as exc:
         _print_run(getattr(exc, "results", []), started)
         raise
+    except BaseException as exc:  # Prefect's own ending of a run (a cancel) or an unexpected crash: one line
+        raise _as_regimen_error(exc, state) from None
     _print_run(results, started)
+
+
+def _interrupted(message: str) -> RegimenError:
+    import re
+
+    code = re.search(r"\[exit (\d+)\]$", message)
+    error = RegimenError(re.sub(r"\s*\[exit \d+\]$", "", message))
+    error.exit_code = int(code.group(1)) if code else 130
+    return error
+
+
+def _as_regimen_error(exc: BaseException, state) -> RegimenError:
+    from regimen.stages.errors import StageInterrupted
+
+    name = type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt) or name in ("CancelledRun", "TerminationSignal", "Abort") or getattr(state, "name", "") == "Cancelled":
+        return StageInterrupted("run", "a cancel" if name != "TerminationSignal" else "SIGTERM", "rerun resumes from the last finished stage")
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    error = RegimenError(f"the run failed: {name}{': ' + detail if detail else ''} (Prefect's log has the traceback)")
+    return error
 
 
 @app.command()
 def check(
     config: Annotated[str, typer.Argument(help="YAML recipe")],
     set_: SetOpt = None,
+    all_fields: Annotated[bool, typer.Option("--all", help="also list every TRL default, not only the key fields")] = False,
 ) -> None:
-    """Validate a recipe and print it resolved (TRL defaults made explicit); runs nothing."""
-    from stages.config import dump_recipe, load_recipe
+    """Validate a recipe and print it fully resolved, each value with where it came from; runs nothing."""
+    from regimen.stages.recipe import explain, load_recipe
 
     recipe = load_recipe(config, set_ or [])
-    console.print(dump_recipe(recipe), markup=False, highlight=False)
+    console.print(explain(recipe, all_fields=all_fields), markup=False, highlight=False, soft_wrap=True)
     console.print(f"# {config}: OK", markup=False)
 
 
@@ -145,7 +236,7 @@ def reward_check(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per sample")] = False,
 ) -> None:
     """Score completions with rewards, no model: the dry run of a reward on sample text."""
-    from stages.reward_check import main as reward_main
+    from regimen.stages.rewards.check import main as reward_main
 
     code = reward_main(samples, config, list(reward or []), as_json)
     raise typer.Exit(code)
@@ -156,8 +247,8 @@ def status(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     store: Annotated[str, typer.Option("--store", help="artifact store")] = "artifacts",
 ) -> None:
-    """Each stage's state: completed versions, failed attempts, running, checkpoints."""
-    from stages.status import experiment_status
+    """Each stage's state: completed (or damaged) versions, failed attempts, running, checkpoints."""
+    from regimen.flows.present.status import experiment_status
 
     rows = experiment_status(store, experiment)
     table = Table(title=f"{experiment} in {store}")
@@ -172,29 +263,28 @@ def status(
 def sweep(
     config: Annotated[str, typer.Argument(help="YAML recipe")],
     set_: SetOpt = None,
-    store: Annotated[Optional[str], typer.Option("--store", help="artifact store")] = None,
-    experiment: Annotated[Optional[str], typer.Option("--experiment", help="experiment name in the store")] = None,
+    store: StoreOpt = None,
+    experiment: ExperimentOpt = None,
 ) -> None:
     """One GRPO+eval per value of one field (--set grpo.num_generations=2,8,16) from the same SFT, then a comparison."""
-    from stages.config import parse_set
-    from stages.sweep import parse_sweep, variant
+    from regimen.flows.present.comparison import COLUMNS, parse_sweep, variant
 
     field, values, rest = parse_sweep(list(set_ or []))
-    overrides = parse_set(rest)
-    from flows.cycle import resolve_recipe
-
-    recipe = resolve_recipe(config, experiment, overrides, store)
-    for v in values:
-        variant(recipe, field, v)
-    from flows.sweep import regimen_sweep
-
-    out = regimen_sweep(config=config, field=field, values=values, experiment=experiment, overrides=overrides, store=store)
+    server = warm_up_prefect()
+    try:
+        recipe = resolve(config, rest, experiment, store)
+        variants = [variant(recipe, field, v) for v in values]  # all validated before anything runs
+        from regimen.flows.sweep import regimen_sweep
+    finally:
+        server.ready.wait()
+    _quiet_prefect_console()
+    out = regimen_sweep(recipe=recipe, field=field, values=values, variants=variants)
     table = Table(title=f"sweep over {field}")
-    cols = [field, "heldout_accuracy", "train_reward_mean", "frac_reward_zero_std_mean", "prompts_per_step", "grpo_wall_s"]
+    cols = [field, *COLUMNS]
     for c in cols:
         table.add_column(c)
     for r in out["rows"]:
-        table.add_row(*[_fmt(r[c]) for c in cols])
+        table.add_row(*[num(r.get(c)) for c in cols])
     console.print(table)
     console.print(out["note"])
     console.print(f"comparison: {out['files']['md']}\nplot: {out['files']['png']}")
@@ -206,19 +296,20 @@ def report(
     store: Annotated[str, typer.Option("--store", help="artifact store")] = "artifacts",
 ) -> None:
     """The experiment's history (cycles, rounds, verdicts, metrics) and freshly drawn plots."""
-    from stages.report import history, make_plots
-    from stages.store import Store
+    from regimen.flows.present.report import history, make_plots
+    from regimen.stages.store import Store, check_name
 
+    check_name(experiment)
     st = Store(store)
     rows = history(st, experiment)
     if not rows:
         raise InputError(f"report: no completed stages for experiment {experiment!r} in {store}")
     table = Table(title=f"{experiment}: history")
-    cols = ["label", "heldout_accuracy", "train_reward", "kl", "frac_reward_zero_std", "verdict"]
+    cols = ["label", "heldout_accuracy", "train_reward", "kl", "frac_reward_zero_std", "best_step", "verdict"]
     for c in cols:
         table.add_column(c)
     for r in rows:
-        table.add_row(*["" if r.get(c) is None else _fmt(r[c]) for c in cols])
+        table.add_row(*[num(r.get(c)) for c in cols])
     console.print(table)
     for png in make_plots(st, experiment):
         console.print(f"plot: {png}")
@@ -226,15 +317,28 @@ def report(
 
 @app.command()
 def serve(
-    config: Annotated[str, typer.Argument(help="YAML recipe the deployments run by default")],
+    config: Annotated[str, typer.Argument(help="recipe in the configs folder the deployments run by default")],
     store: Annotated[Optional[str], typer.Option("--store", help="artifact store for runs of these deployments")] = None,
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly deployment")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
+    allow: Annotated[Optional[list[str]], typer.Option("--allow", help="let UI runs also set this recipe key (a dotted key or pattern, e.g. model.name_or_path); repeatable")] = None,
 ) -> None:
     """Register and serve the deployments `on-demand` and `nightly` of the flow regimen-cycle."""
-    from flows.deploy import serve_deployments
+    from regimen.flows.deploy import serve_deployments
 
-    serve_deployments(config, store=store, cron=cron, timezone=timezone)
+    serve_deployments(config, store=store, cron=cron, timezone=timezone, allow=list(allow or []))
+
+
+@app.command("make-model")
+def make_model(
+    out: Annotated[str, typer.Argument(help="folder to write the model into (like a hub snapshot)")],
+    arch: Annotated[str, typer.Option("--arch", help="qwen3 (BPE tokenizer with a chat template) or char-llama")] = "qwen3",
+) -> None:
+    """Build a small standard-architecture causal LM locally (no download), saved with save_pretrained."""
+    from regimen.stages.training.model import build_real_shaped_model
+
+    path = build_real_shaped_model(out, arch=arch)
+    console.print(f"model saved to {path} (model.name_or_path: {path})")
 
 
 def main() -> None:
@@ -245,13 +349,19 @@ def main() -> None:
         err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(2)
     except RegimenError as exc:
-        err.print(f"stopped: {exc}", markup=False, highlight=False)
+        stopped = "interrupted" if getattr(exc, "exit_code", 1) in (130, 143) else "stopped"
+        err.print(f"{stopped}: {exc}", markup=False, highlight=False)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
+        err.print("interrupted (Ctrl-C): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint")
         sys.exit(130)
+    except OSError as exc:  # the machine, not the user: a full disk, a read-only folder
+        from regimen.stages.store.files import describe_os_error
+
+        err.print(f"stopped: {describe_os_error(exc, getattr(exc, 'filename', '') or '')}", markup=False, highlight=False)
+        sys.exit(1)
     except Exception as exc:  # click usage errors
         import click
 

@@ -3,8 +3,12 @@
 deployments for a process work pool (`prefect deploy --all`, then `prefect worker start`).
 
 The parameters a person fills in on the UI's "Custom run" form are the flow's own (config, experiment,
-overrides, store); Prefect builds their schema and descriptions from `regimen_cycle`'s signature and
-docstring, and the server refuses a run whose parameters do not fit it (HTTP 409), unknown names included.
+overrides); Prefect builds their schema and descriptions from `regimen_cycle`'s signature and docstring,
+and the server refuses a run whose parameters do not fit it (HTTP 409), unknown names included. What
+they may choose is an allow-list (`boundary.py`): a recipe from the configs folder, an experiment name,
+training hyperparameters. The store, and any key the operator widens the list with (`--allow`), are the
+operator's, passed to the flow runs through this process's environment (REGIMEN_STORE, REGIMEN_CONFIGS,
+REGIMEN_UI_ALLOW), which the runs inherit.
 
 One device, one training at a time:
 - this process starts at most one flow run at a time (`limit=1`), across both deployments; a run that
@@ -55,12 +59,11 @@ def _refuse_unknown_parameters(deployment: RunnerDeployment) -> RunnerDeployment
     return deployment
 
 
-def deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC",
-                nightly_paused: bool = False) -> list[RunnerDeployment]:
-    """The two deployments, with `config` (and `store`) as their default parameters."""
-    from flows.cycle import regimen_cycle
+def deployments(config: str, *, cron: str = DEFAULT_CRON, timezone: str = "UTC", nightly_paused: bool = False) -> list[RunnerDeployment]:
+    """The two deployments, with `config` (a recipe name inside the configs folder) as their default."""
+    from regimen.flows.cycle import regimen_cycle
 
-    defaults: dict[str, Any] = {"config": config, "store": store}
+    defaults: dict[str, Any] = {"config": config}
     common: dict[str, Any] = dict(
         parameters=defaults,
         concurrency_limit=ONE_AT_A_TIME,
@@ -87,7 +90,7 @@ def check_schedule(cron: str, timezone: str) -> None:
     """Refuse a bad cron expression or time zone before anything is registered (exit code 2)."""
     from pydantic import ValidationError
 
-    from stages.errors import InputError
+    from regimen.stages.errors import InputError
 
     try:
         CronSchedule(cron=cron, timezone=timezone)
@@ -108,21 +111,48 @@ def nightly_paused_by_a_person() -> bool:
     return bool(d.paused or (d.schedules and not any(s.active for s in d.schedules)))
 
 
-def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC") -> None:
+def operator_environment(config: str, store: str | None, allow: list[str]) -> str:
+    """Fix the operator's choices for the flow runs this process starts; returns the recipe's name
+    inside the configs folder (the deployments' default `config`)."""
+    import os
+    from pathlib import Path
+
+    from regimen.flows import boundary
+    from regimen.stages.errors import InputError
+
+    path = Path(config).resolve()
+    if not path.is_file():
+        raise InputError(f"recipe {config}: file does not exist")
+    configs = Path(os.environ.get("REGIMEN_CONFIGS") or (Path("configs") if path.is_relative_to(Path("configs").resolve()) else path.parent)).resolve()
+    if not path.is_relative_to(configs):
+        raise InputError(f"recipe {config}: must be inside the configs folder {configs} that UI runs choose from")
+    os.environ["REGIMEN_CONFIGS"] = str(configs)
+    if store:
+        os.environ["REGIMEN_STORE"] = store
+    if allow:
+        os.environ["REGIMEN_UI_ALLOW"] = ",".join(allow)
+    boundary.check_overrides({}, allow)
+    return path.relative_to(configs).as_posix()
+
+
+def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None) -> None:
     """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped."""
     from prefect import serve
     from rich.console import Console
 
-    from stages.config import load_recipe
+    from regimen.stages.recipe import load_recipe
 
     err = Console(stderr=True, soft_wrap=True)
     load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
     check_schedule(cron, timezone)
+    name = operator_environment(config, store, list(allow or []))
+    if allow:
+        err.print(f"UI runs may also set: {', '.join(allow)}", markup=False, highlight=False)
     paused = nightly_paused_by_a_person()
     if paused:
         err.print(f"{FLOW}/{NIGHTLY} was paused on the server and stays paused: resume its schedule in the UI "
                   f"or with `prefect deployment schedule resume {FLOW}/{NIGHTLY} SCHEDULE_ID`", markup=False, highlight=False)
-    serve(*deployments(config, store=store, cron=cron, timezone=timezone, nightly_paused=paused), limit=1, pause_on_shutdown=False)
+    serve(*deployments(name, cron=cron, timezone=timezone, nightly_paused=paused), limit=1, pause_on_shutdown=False)
     err.print(f"serve stopped. The schedule of {FLOW}/{NIGHTLY} is left as it is"
               + ("" if paused else ": runs due while nothing serves them show as Late and start when `regimen serve` runs again")
               + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause {FLOW}/{NIGHTLY} SCHEDULE_ID`"

@@ -3,52 +3,49 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact
 
-from flows.cycle import resolve_recipe, stage
-from flows.publish import artifact_key
-from stages.cycle import Evaluation
-from stages.plots import read_log
-from stages.policy import base_policy
-from stages.store import Store
-from stages.sweep import comparison, variant
+from regimen.flows.cycle import stage
+from regimen.flows.present.comparison import comparison
+from regimen.flows.present.plots import data_uri, read_log
+from regimen.flows.publish import artifact_key
+from regimen.stages.recipe import Recipe
+from regimen.stages.store import Store
+from regimen.stages.training.policy import base_policy
 
 
-@flow(name="regimen-sweep")
-def regimen_sweep(config: str, field: str, values: list[Any], experiment: str | None = None,
-                  overrides: dict[str, Any] | None = None, store: str | None = None) -> dict[str, Any]:
+@flow(name="regimen-sweep", validate_parameters=False)
+def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[Recipe]) -> dict[str, Any]:
     """Compare values of one recipe field (e.g. grpo.num_generations=[2, 8, 16]) from the same SFT policy."""
-    recipe = resolve_recipe(config, experiment, overrides, store)
-    variants = [variant(recipe, field, v) for v in values]  # all validated before anything runs
     st = Store(recipe.store)
     results: list[dict[str, Any]] = []
     rows, logs = [], {}
     with st.lock(recipe.experiment):
-        sft = stage("sft", recipe, {"policy": base_policy(recipe, st), "cycle": 1}, st, results)
-        stage("reward-dry-run", recipe, {"policy": sft["ref"]}, st, results)
-        baseline = [Evaluation(1, 0, sft["metrics"]["heldout_accuracy"]).__dict__]
+        policy = base_policy(recipe, st)
+        if recipe.trains_sft():
+            policy = stage("sft", recipe, {"policy": policy, "cycle": 1}, st, results)["ref"]
+        stage("reward-dry-run", recipe, {"policy": policy}, st, results)
         for value, r in zip(values, variants):
             t0 = time.perf_counter()
-            grpo = stage("grpo", r, {"policy": sft["ref"]}, st, results, 1, 1)
+            grpo = stage("grpo", r, {"policy": policy}, st, results, 1, 1)
             g = grpo["metrics"]
-            ev = stage("eval", r, {"policy": grpo["ref"], "cycle": 1, "round": 1, "history": baseline,
-                                   "train_reward": g.get("train_reward_last"), "train_reward_first": g.get("train_reward_first")}, st, results, 1, 1)
-            gs = r.grpo_settings()
+            ev = stage("eval", r, {"policy": grpo["ref"]}, st, results, 1, 1)
+            per_step = r.grpo_value("per_device_train_batch_size") * r.num_processes()
             rows.append({field: value, "heldout_accuracy": ev["metrics"]["heldout_accuracy"], "train_reward_mean": g.get("train_reward_mean"),
                          "frac_reward_zero_std_mean": g.get("frac_reward_zero_std_mean"),
-                         "prompts_per_step": gs["per_device_train_batch_size"] * r.num_processes() // gs["num_generations"],
-                         "completions_per_step": gs["per_device_train_batch_size"] * r.num_processes(),
+                         "prompts_per_step": per_step // r.grpo_value("num_generations"), "completions_per_step": per_step,
                          "grpo_wall_s": grpo["stage_wall_s"], "grpo_reused": grpo["reused"],
-                         "wall_s": time.perf_counter() - t0, "grpo_version": grpo["version"], "verdict": ev["verdict"]})
-            logs[str(value)] = read_log(st.local_path(st.find(recipe.experiment, "grpo", grpo["ref"]["fingerprint"])) / "train_log.jsonl")
+                         "wall_s": time.perf_counter() - t0, "grpo_version": grpo["version"]})
+            logs[str(value)] = read_log(Path(grpo["path"]) / "train_log.jsonl")
     completions = {row["completions_per_step"] for row in rows}
     note = (f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for every value "
-            f"(prompts per step = completions / num_generations); SFT and the dry run are shared (sft v{sft['version']}).")
+            f"(prompts per step = completions / num_generations); SFT and the dry run are shared.")
     tag = f"{field}={'_'.join(map(str, values))}".replace("/", "-")
-    files = comparison(rows, field, st.cache / recipe.experiment / "sweeps" / tag, logs, note)
-    create_markdown_artifact(markdown=files["md"].read_text(), key=artifact_key(recipe.experiment, "sweep", field), description=note)
-    create_link_artifact(link=files["png"].resolve().as_uri(), link_text="sweep.png", key=artifact_key(recipe.experiment, "sweep", field, "plot"))
+    files = comparison(rows, field, st.experiment_dir(recipe.experiment) / "sweeps" / tag, logs, note)
+    markdown = files["md"].read_text().replace("](sweep.png)", f"]({data_uri(files['png'])})")
+    create_markdown_artifact(markdown=markdown, key=artifact_key(recipe.experiment, "sweep", field), description=note)
     return {"field": field, "rows": rows, "note": note, "files": {k: str(v) for k, v in files.items()}, "results": results}

@@ -1,7 +1,10 @@
-"""What comes after an evaluation: a pure function of the evaluation history and `cycle:` settings.
+"""The cycle's decisions, as pure functions, so every branch is tested without training anything:
 
-Pure so that every branch is tested without training anything. History entries are the SFT result
-of each cycle (round 0, the baseline) and each GRPO round's evaluation (round 1, 2, ...).
+- `decide(history, cycle)`: what comes after an evaluation, from the evaluation history and `cycle:`.
+  History entries are the SFT result of each cycle (round 0, the baseline; or the base policy's dry run
+  when there is no SFT) and each GRPO round's evaluation (round 1, 2, ...).
+- `guard_in_training(train_curve, probe_curve, guard)`: the reward-hacking rule applied while GRPO
+  trains, on the training-reward curve and the held-out probe's curve.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ TARGET_REACHED = "target-reached"
 BUDGET_SPENT = "budget-spent"
 STALLED = "stalled"
 REWARD_HACKING = "reward-hacking-suspected"
-ENDS_FLOW = {TARGET_REACHED, BUDGET_SPENT, STALLED, REWARD_HACKING}
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,25 @@ def hacking_evidence(history: list[Evaluation], guard) -> dict[str, Any] | None:
     }
     if rise >= guard.train_rise and gain < guard.heldout_gain:
         return evidence
+    return None
+
+
+def guard_in_training(train_curve: list[tuple[int, float]], probe_curve: list[tuple[int, float]], guard) -> dict[str, Any] | None:
+    """The guard's rule during training: the training reward (first logged window → latest) rose by at
+    least `guard.train_rise` while the held-out probe (first probe, before training → latest) gained less
+    than `guard.heldout_gain`. Returns the evidence when it fires, else None. Needs a logged reward and
+    two probes at least (one before training, one after some)."""
+    if not train_curve or len(probe_curve) < 2:
+        return None
+    (_, start), (now_step, now) = train_curve[0], train_curve[-1]
+    (_, p0), (p_step, p_now) = probe_curve[0], probe_curve[-1]
+    rise, gain = now - start, p_now - p0
+    if rise >= guard.train_rise and gain < guard.heldout_gain:
+        return {
+            "train_reward_start": start, "train_reward_now": now, "train_reward_rise": rise, "train_reward_step": now_step,
+            "heldout_accuracy_start": p0, "heldout_accuracy_now": p_now, "heldout_gain": gain, "probe_step": p_step,
+            "train_reward_curve": [list(p) for p in train_curve], "heldout_probe_curve": [list(p) for p in probe_curve],
+        }
     return None
 
 

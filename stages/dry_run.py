@@ -9,34 +9,42 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from stages import trajectories
-from stages.data import data_identity, load_task, shuffled
-from stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
+from regimen.stages.contract import StageOutput
+from regimen.stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
+from regimen.stages.tasks import shuffled
+from regimen.stages.training import trajectories
 
-GENERATION_FIELDS = ("num_generations", "temperature", "top_p", "top_k", "min_p", "max_completion_length", "repetition_penalty", "generation_kwargs")
+NAME = "reward-dry-run"
+TRAINS = False
+KEY_METRICS = ("mean_reward", "reward_std", "frac_reward_zero_std")
+GENERATION_FIELDS = ("num_generations", "temperature", "top_p", "top_k", "min_p", "max_completion_length", "repetition_penalty", "generation_kwargs", "seed")
 
 
 def config_section(recipe) -> dict[str, Any]:
-    g = recipe.grpo_settings()
+    from regimen.stages.tasks.registry import identity
+
     return {
-        "data": data_identity(recipe.data),
-        "rewards": [r.model_dump() for r in recipe.rewards],
-        "dry_run": recipe.dry_run.model_dump(),
-        "generation": {k: g.get(k) for k in GENERATION_FIELDS if k in g},
-        "seed": g.get("seed"),
+        "data": identity(recipe.data),
+        "rewards": [r.model_dump(mode="json") for r in recipe.rewards],
+        "dry_run": recipe.dry_run.model_dump(mode="json"),
+        "generation": {k: recipe.grpo_value(k) for k in GENERATION_FIELDS},
+        "dtype": recipe.model.dtype,
     }
 
 
 def group_stats(totals: list[float], group: int) -> dict[str, float]:
-    """Mean and spread of the weighted reward, and the share of groups where every attempt scored the same."""
-    finite = [t for t in totals if not math.isnan(t)]
-    groups = [totals[i : i + group] for i in range(0, len(totals), group)]
-    zero = sum(1 for g in groups if len({round(x, 9) for x in g if not math.isnan(x)}) <= 1)
+    """Mean and spread of the weighted reward, and the share of groups where every attempt scored the same.
+    Samples no reward scored (NaN totals) are left out; a group with none scored counts as no variance."""
+    finite = [t for t in totals if math.isfinite(t)]
+    groups = [[x for x in totals[i : i + group] if math.isfinite(x)] for i in range(0, len(totals), group)]
+    zero = sum(1 for g in groups if len({round(x, 9) for x in g}) <= 1)
+    scored = [g for g in groups if g]
     return {
         "mean_reward": statistics.fmean(finite) if finite else math.nan,
         "reward_std": statistics.pstdev(finite) if len(finite) > 1 else 0.0,
-        "mean_group_std": statistics.fmean(statistics.pstdev(g) if len(g) > 1 else 0.0 for g in groups) if groups else 0.0,
+        "mean_group_std": statistics.fmean(statistics.pstdev(g) if len(g) > 1 else 0.0 for g in scored) if scored else 0.0,
         "frac_reward_zero_std": zero / len(groups) if groups else 1.0,
+        "unscored": float(len(totals) - len(finite)),
     }
 
 
@@ -58,21 +66,22 @@ def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperat
     return None
 
 
-def run(recipe, inputs: dict[str, Any], dirs) -> Any:
-    from stages.model import load_model, load_tokenizer
-    from stages.runner import StageOutput
-    from stages.sampling import generate
+def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
+    from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training.model import load_policy
+    from regimen.stages.training.sampling import generate
 
-    g = recipe.grpo_settings()
+    g = recipe.grpo_value
     cfg = recipe.dry_run
-    group = int(g["num_generations"])
+    group = int(g("num_generations"))
+    seed = int(g("seed") or 0)
     policy = inputs["policy"]["model"]
     task = load_task(recipe.data)
-    rows = shuffled(task.train, seed=int(g.get("seed", 0)))[: cfg.num_prompts]
-    model, tokenizer = load_model(policy, dtype=recipe.model.dtype), load_tokenizer(policy)
+    rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
+    model, tokenizer = load_policy(policy, recipe)
     samples = generate(model, tokenizer, [r["prompt"] for r in rows], num_return_sequences=group, do_sample=True,
-                       temperature=float(g.get("temperature", 1.0)), top_p=float(g.get("top_p", 1.0)), top_k=int(g.get("top_k") or 0),
-                       max_new_tokens=int(g["max_completion_length"]), batch_size=recipe.eval.batch_size, desc="dry run", seed=int(g.get("seed", 0)))
+                       temperature=float(g("temperature")), top_p=float(g("top_p") or 1.0), top_k=int(g("top_k") or 0),
+                       max_new_tokens=int(g("max_completion_length")), batch_size=recipe.eval.batch_size, desc="dry run", seed=seed)
     prompts = [r["prompt"] for r in rows for _ in range(group)]
     completions = [c for s in samples for c in s]
     columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k not in ("prompt", "completion")}
@@ -89,5 +98,5 @@ def run(recipe, inputs: dict[str, Any], dirs) -> Any:
     extra: dict[str, Any] = {}
     if gameable := gameable_names(fns):
         extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
-    diagnosis = diagnose(stats, cfg, prompts=len(rows), group=group, temperature=float(g.get("temperature", 1.0)))
+    diagnosis = diagnose(stats, cfg, prompts=len(rows), group=group, temperature=float(g("temperature")))
     return StageOutput(stats, status="failed" if diagnosis else "completed", diagnosis=diagnosis, extra=extra)

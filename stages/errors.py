@@ -1,4 +1,5 @@
-"""The two kinds of failure a user must tell apart: their input is wrong, or a stage said stop."""
+"""The kinds of failure a user must tell apart: their input is wrong, a stage said stop, the run was
+interrupted, or the machine failed (disk full, store not writable)."""
 
 
 class RegimenError(Exception):
@@ -22,3 +23,19 @@ class StageStopped(RegimenError):
         super().__init__(f"{stage}: {message}")
         self.stage = stage
         self.reason = message
+
+
+class StageInterrupted(RegimenError):
+    """Ctrl-C (exit 130), SIGTERM (143) or a cancel from the UI (130) while a stage ran."""
+
+    def __init__(self, stage: str, how: str, hint: str):
+        super().__init__(f"{stage}: interrupted by {how}; {hint}")
+        self.stage, self.how, self.hint = stage, how, hint
+        self.exit_code = 143 if how == "SIGTERM" else 130
+
+
+class StoreError(RegimenError):
+    """The store cannot be read or written as asked (full disk, read-only, a planted link, a damaged
+    manifest): exit 1, with the path named."""
+
+    exit_code = 1

@@ -1,163 +1,113 @@
 """Stage 4, grpo: full GRPO with `trl.GRPOTrainer` and a KL penalty (`beta > 0`).
 
-Trainer checkpoints go to the stage's work folder every `save_steps`; a rerun resumes from the last
-good one and records `resumed_from_step`. The training-reward curve is kept (`train_log.jsonl`), and
-the batches TRL scored are kept as trajectories.
+Trainer checkpoints go to the stage's work folder every `save_steps`; a rerun resumes from the last good
+one and records `resumed_from_step`. A held-out probe runs inside training (`training/probe.py`): its
+curve is logged beside the training reward, the reward-hacking guard reads both as training goes and
+stops the stage when the reward climbs while the probe does not, and the version keeps the best-probing
+policy (`probe.keep: best`, the default) rather than the last. Rewards with weight 0 are monitors: TRL
+computes and logs them, and they do not train. The training curve (`train_log.jsonl`) and the batches TRL
+scored (`trajectories.jsonl`) are kept.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from regimen.stages.contract import StageOutput
 
-from stages import trajectories
-from stages.data import data_identity, load_task
-from stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names
+NAME = "grpo"
+TRAINS = True
+KEY_METRICS = ("train_reward_first", "train_reward_last", "kl_last", "frac_reward_zero_std_mean", "best_step", "completions_per_s")
 
 
 def config_section(recipe) -> dict[str, Any]:
+    from regimen.stages.tasks.registry import identity
+
     return {
-        "data": data_identity(recipe.data),
-        "rewards": [r.model_dump() for r in recipe.rewards],
-        "grpo": recipe.grpo_settings(),
+        "data": identity(recipe.data),
+        "rewards": [r.model_dump(mode="json") for r in recipe.rewards],
+        "grpo": recipe.grpo,
         "peft": recipe.peft,
         "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
+        "probe": {**recipe.probe.model_dump(mode="json"), "guard": recipe.cycle.guard.model_dump(mode="json"),
+                  "metric": recipe.eval.metric, "max_new_tokens": recipe.max_new_tokens()},
     }
 
 
-class _Step(TrainerCallback):
-    """Tells the trajectory recorder which step a scored batch belongs to."""
-
-    def __init__(self, recorder: trajectories.Recorder):
-        self.recorder = recorder
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.recorder.step = state.global_step + 1
-
-
-class _Clock(TrainerCallback):
-    """Adds `wall_s` (seconds since this process started training) to each log entry."""
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.t0 = time.perf_counter()
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if hasattr(self, "t0") and state.log_history:
-            state.log_history[-1]["wall_s"] = round(time.perf_counter() - self.t0, 3)  # the Trainer stored a copy of `logs`
-
-
-class FaultInjection(TrainerCallback):
-    """Test hooks: `REGIMEN_FAULT=<stage>@<step>` raises after that step; `REGIMEN_KILL=<stage>@<step>`
-    SIGKILLs the process there (a crash at a known step, for resume tests and benchmarks)."""
-
-    def __init__(self, stage: str):
-        import os
-
-        def at(var: str) -> int | None:
-            name, _, step = os.environ.get(var, "").partition("@")
-            return int(step) if name == stage and step.isdigit() else None
-
-        self.fault, self.kill = at("REGIMEN_FAULT"), at("REGIMEN_KILL")
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.kill is not None and state.global_step >= self.kill:
-            import os
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.fault is not None and state.global_step >= self.fault:
-            raise RuntimeError(f"injected fault (REGIMEN_FAULT) at step {state.global_step}")
-
-
-def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.Recorder, *, stage: str = "grpo", **overrides: Any):
-    """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights."""
-    from datasets import Dataset
-    from trl import GRPOTrainer
-
-    from stages.checkpoints import MarkComplete
-    from stages.model import load_tokenizer
-    from stages.policy import peft_config
-    from stages.trl_args import grpo_args
-
-    fns = from_specs(recipe.rewards)
-    if "reward_weights" not in recipe.grpo:
-        overrides.setdefault("reward_weights", [recipe.reward_weights()[k] for k in fns])
-    if recipe.model.dtype != "float32":
-        overrides.setdefault("model_init_kwargs", {"dtype": recipe.model.dtype})
-    args = grpo_args(recipe, output_dir, **overrides)
-    task = load_task(recipe.data)
-    trainer = GRPOTrainer(
-        model=policy,
-        reward_funcs=[recorder.wrap(name, fn) for name, fn in fns.items()],
-        args=args,
-        train_dataset=Dataset.from_list(task.train),
-        processing_class=load_tokenizer(policy),
-        peft_config=peft_config(recipe),
-        callbacks=[MarkComplete(), _Step(recorder), _Clock(), FaultInjection(stage)],
-    )
-    return trainer, fns
-
-
-def curve_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
-    """Summary numbers of the training curve (the first and last logging windows, averages)."""
-    logs = [h for h in log_history if "reward" in h]
-    if not logs:
-        return {}
-    first, last = logs[0], logs[-1]
-
-    def mean(key: str) -> float:
-        vals = [h[key] for h in logs if key in h and h[key] is not None]
-        return statistics.fmean(vals) if vals else math.nan
-
-    out = {
-        "train_reward_first": first["reward"],
-        "train_reward_last": last["reward"],
-        "train_reward_mean": mean("reward"),
-        "reward_std_last": last.get("reward_std", math.nan),
-        "frac_reward_zero_std_mean": mean("frac_reward_zero_std"),
-        "frac_reward_zero_std_last": last.get("frac_reward_zero_std", math.nan),
-        "kl_last": last.get("kl", math.nan),
-        "loss_last": last.get("loss", math.nan),
-    }
-    for key in last:
-        if key.startswith("rewards/") and key.endswith("/mean"):
-            out[f"train_{key}"] = last[key]
-    return out
-
-
-def run(recipe, inputs: dict[str, Any], dirs) -> Any:
-    from stages.checkpoints import train_resumable
-    from stages.policy import save_policy
-    from stages.runner import StageOutput
+def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
+    from regimen.stages.cycle import REWARD_HACKING
+    from regimen.stages.rewards import GAMEABLE_WARNING, gameable_names
+    from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training import trajectories
+    from regimen.stages.training.checkpoints import train_resumable
+    from regimen.stages.training.grpo_trainer import build_trainer, curve_metrics
+    from regimen.stages.training.model import load_tokenizer
+    from regimen.stages.training.policy import is_main_process, save_policy
+    from regimen.stages.training.probe import HeldoutProbe, probe_rows, restore_best
 
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder()
-    trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder)
+    task = load_task(recipe.data)
+    probe = HeldoutProbe(recipe, probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed), load_tokenizer(policy), dirs.checkpoints,
+                          progress=getattr(dirs, "progress", None))
+    trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe])
+    probe.trainer = trainer
     t0 = time.perf_counter()
     resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps)
     train_s = time.perf_counter() - t0
-    save_policy(trainer, trainer.processing_class, Path(dirs.out) / "model", merge=recipe.model.merge_lora)
     history = trainer.state.log_history
-    with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
-        for h in history:
-            fh.write(json.dumps(h) + "\n")
-    trajectories.write(dirs.out, recorder.rows())
-    steps_run = trainer.state.global_step - resumed
+    curve = HeldoutProbe.curve(history)
+    last_step = trainer.state.global_step
+    extra: dict[str, Any] = {"resumed_from_step": resumed, "heldout_probe": curve}
+    best = probe.best()
     metrics = curve_metrics(history)
+    steps_run = last_step - resumed
     metrics.update({
-        "steps": float(trainer.state.global_step),
+        "steps": float(last_step),
         "steps_run": float(steps_run),
         "beta": float(trainer.args.beta),
         "train_s": train_s,
+        "probe_s": probe.probe_s,
         "completions_per_s": steps_run * trainer.args.generation_batch_size / trainer.args.steps_per_generation / train_s if train_s > 0 and steps_run else 0.0,
     })
-    extra: dict[str, Any] = {"resumed_from_step": resumed}
+    if curve:
+        metrics["probe_first"] = curve[0]["heldout_accuracy"]
+        metrics["probe_last"] = curve[-1]["heldout_accuracy"]
+    if best is not None:
+        metrics["best_step"] = float(best["step"])
+        metrics["best_probe_accuracy"] = float(best["heldout_accuracy"])
+        extra.update({"best_step": best["step"], "best_probe_accuracy": best["heldout_accuracy"]})
+    if is_main_process(trainer):
+        with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
+            for h in history:
+                fh.write(json.dumps(h) + "\n")
+        trajectories.write(dirs.out, recorder.rows())
     if gameable := gameable_names(fns):
         extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
+    if probe.fired:
+        extra["guard_fired_at_step"] = probe.fired["step"]
+        extra["guard_evidence"] = probe.fired
+        metrics["guard_fired_at_step"] = float(probe.fired["step"])
+        if recipe.cycle.guard.action == "stop":
+            reason = (f"{REWARD_HACKING}: at GRPO step {probe.fired['step']} of {trainer.args.max_steps} the training reward had risen "
+                      f"{probe.fired['train_reward_rise']:+.3f} (from {probe.fired['train_reward_start']:.3f} to {probe.fired['train_reward_now']:.3f}) "
+                      f"while held-out probe accuracy changed {probe.fired['heldout_gain']:+.3f} (from {probe.fired['heldout_accuracy_start']:.3f} "
+                      f"to {probe.fired['heldout_accuracy_now']:.3f}); training stopped. Read the trajectories (high reward, wrong answer) and fix the reward")
+            return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
+        extra["guard_warning"] = probe.warning
+    kept = "last"
+    if recipe.probe.keep == "best" and best is not None and not probe.sharded:
+        if best["step"] != last_step and restore_best(trainer.accelerator.unwrap_model(trainer.model), probe.best_dir) is not None:
+            kept = "best"
+        elif best["step"] == last_step:
+            kept = "best"
+    elif recipe.probe.keep == "best" and probe.sharded:
+        extra["note"] = "the model is sharded (FSDP/DeepSpeed): the version keeps the last step, not the best-probing one"
+    save_policy(trainer, trainer.processing_class, Path(dirs.out) / "model", merge=recipe.model.merge_lora)
+    shutil.rmtree(probe.best_dir, ignore_errors=True)
+    extra["kept"] = kept
     return StageOutput(metrics, extra=extra)

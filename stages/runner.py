@@ -1,51 +1,31 @@
-"""Run one stage through the store: reuse a completed version with the same fingerprint, or run the
-stage in a staging folder and commit it as a new version (or record a failed attempt).
+"""Run one stage through the store: reuse an intact completed version with the same fingerprint, or run
+the stage in a staging folder and commit it as a new version (or record a failed attempt).
 
-The fingerprint hashes the stage's name, its part of the recipe, its inputs' digests and the code
-version. That single key is how a re-triggered flow (UI retry, CLI rerun, nightly run) resumes without
-redoing finished stages, and it doubles as Prefect's task cache key.
+The fingerprint (`fingerprint.py`) is computed once per stage call by the caller or here; it is how a
+re-triggered flow (UI retry, CLI rerun, nightly run) resumes without redoing finished stages, and it
+doubles as Prefect's task cache key. A version whose files no longer match their digests is reported
+and never reused: the stage runs again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
+import contextlib
 import json
+import logging
+import shutil
 import time
 import traceback
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from stages.config import STAGES, Recipe
-from stages.errors import RegimenError, StageStopped
-from stages.store import Store, fingerprint, now_iso
+from regimen.stages import registry
+from regimen.stages.contract import StageDirs, StageOutput
+from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
+from regimen.stages.fingerprint import code_version, digest, input_digests
+from regimen.stages.store import Store, now_iso
 
-STAGE_MODULES = {
-    "sft": "stages.sft",
-    "reward-dry-run": "stages.dry_run",
-    "grpo-smoke": "stages.smoke",
-    "grpo": "stages.grpo",
-    "eval": "stages.evaluate",
-}
-TRAINING_STAGES = {"sft", "grpo-smoke", "grpo"}
-
-
-@dataclass
-class StageOutput:
-    """What a stage returns. Files are whatever it wrote into `dirs.out`."""
-
-    metrics: dict[str, float]
-    status: str = "completed"  # or "failed": a gate's verdict, with a diagnosis
-    diagnosis: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # more manifest fields (verdict, resumed_from_step, ...)
-
-
-@dataclass
-class StageDirs:
-    out: Path  # staging folder: becomes the version (model/, metrics.json, trajectories.jsonl)
-    checkpoints: Path  # resumable work folder for Trainer checkpoints, kept across attempts
+log = logging.getLogger("regimen.runner")
 
 
 @dataclass
@@ -54,6 +34,7 @@ class StageResult:
     reused: bool
     wall_s: float
     path: Path
+    damaged: list[dict[str, Any]] | None = None  # versions with this fingerprint that failed their digest check
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -65,96 +46,83 @@ class StageResult:
         return ref
 
 
-@cache
-def code_version() -> str:
-    """Package version plus a digest of the stage code, so a code change invalidates reuse."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        pkg = version("regimen-rl")
-    except PackageNotFoundError:
-        pkg = "0+unknown"
-    h = hashlib.sha256()
-    for p in sorted(Path(__file__).parent.rglob("*.py")):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return f"{pkg}+{h.hexdigest()[:12]}"
-
-
-def stage_module(stage: str):
-    if stage not in STAGE_MODULES:
-        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
-    return importlib.import_module(STAGE_MODULES[stage])
-
-
-def input_digests(inputs: dict[str, Any]) -> dict[str, Any]:
-    """Inputs as they enter the fingerprint: references by digest, never by local path."""
-    out: dict[str, Any] = {}
-    for key, value in inputs.items():
-        if isinstance(value, dict) and "fingerprint" in value:
-            out[key] = {"stage": value.get("stage"), "fingerprint": value["fingerprint"]}
-        elif isinstance(value, list):
-            out[key] = [input_digests(v) if isinstance(v, dict) else v for v in value]
-        else:
-            out[key] = value
-    return out
-
-
-def stage_fingerprint(stage: str, recipe: Recipe, inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    section = stage_module(stage).config_section(recipe)
-    launch = launch_info(stage, recipe)
-    key = fingerprint({"stage": stage, "config": section, "inputs": input_digests(inputs), "code": code_version(), "launch": launch})
-    return key, section
-
-
-def launch_info(stage: str, recipe: Recipe) -> dict[str, Any]:
-    if stage in TRAINING_STAGES:
+def launch_info(stage: str, recipe) -> dict[str, Any]:
+    if registry.trains(stage):
         return {"launcher": recipe.launcher, "num_processes": recipe.num_processes()}
     return {"launcher": "inprocess", "num_processes": 1}
 
 
+def stage_key(stage: str, recipe, inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(fingerprint, config section) of `stage` for this recipe and these inputs."""
+    module = registry.get(stage)
+    section = module.config_section(recipe)
+    key = digest({"stage": stage, "config": section, "inputs": input_digests(inputs),
+                  "code": code_version(module.__name__), "launch": launch_info(stage, recipe)})
+    return key, section
+
+
 def execute(
     stage: str,
-    recipe: Recipe,
+    recipe,
     inputs: dict[str, Any],
     store: Store,
     *,
+    key: tuple[str, dict[str, Any]] | None = None,
     experiment: str | None = None,
     cycle: int = 1,
     round_: int = 1,
     reuse: bool = True,
+    slot: Callable[[], Any] | None = None,
+    progress: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> StageResult:
-    """Reuse or run `stage`; raise StageStopped when a gate fails or the stage raises."""
+    """Reuse or run `stage`; raise StageStopped when a gate fails or the stage raises. `slot`, when given,
+    makes a context manager held while the stage computes (never while it is reused)."""
     t0 = time.perf_counter()
     experiment = experiment or recipe.experiment
-    key, section = stage_fingerprint(stage, recipe, inputs)
-    if reuse and (found := store.find(experiment, stage, key)):
-        return StageResult(found, True, time.perf_counter() - t0, store.local_path(found))
+    fp, section = key or stage_key(stage, recipe, inputs)
+    damaged: list[dict[str, Any]] = []
+    if reuse:
+        found, damaged = store.find_intact(experiment, stage, fp)
+        for d in damaged:
+            log.warning("%s v%s is damaged (%s): not reused; the stage runs again", stage, d["version"], ", ".join(d["problems"][:3]))
+        if found:
+            return StageResult(found, True, time.perf_counter() - t0, store.local_path(found))
 
+    with (slot() if slot else contextlib.nullcontext()):
+        return _run(stage, recipe, inputs, store, experiment, fp, section, cycle, round_, damaged, t0, progress)
+
+
+def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: str, fp: str, section: dict[str, Any],
+         cycle: int, round_: int, damaged: list[dict[str, Any]], t0: float, progress) -> StageResult:
+    module = registry.get(stage)
     manifest: dict[str, Any] = {
         "experiment": experiment,
         "stage": stage,
         "cycle": cycle,
         "round": round_,
-        "fingerprint": key,
+        "fingerprint": fp,
         "inputs": inputs,
         "config": section,
         "launch": launch_info(stage, recipe),
-        "code_version": code_version(),
+        "code_version": code_version(module.__name__),
         "started_at": now_iso(),
     }
-    dirs = StageDirs(out=store.staging_dir(experiment, stage), checkpoints=store.work_dir(experiment, stage, key))
-    module = stage_module(stage)
-    with store.running(experiment, stage, {"fingerprint": key, "cycle": cycle, "round": round_, "checkpoints": str(dirs.checkpoints)}):
+    dirs = StageDirs(out=store.staging_dir(experiment, stage), checkpoints=store.work_dir(experiment, stage, fp), progress=progress)
+    with store.running(experiment, stage, {"fingerprint": fp, "cycle": cycle, "round": round_, "checkpoints": str(dirs.checkpoints)}):
         try:
-            output: StageOutput = launch(stage, module, recipe, inputs, dirs)
+            output: StageOutput = _launch(stage, module, recipe, inputs, dirs)
         except RegimenError as exc:
-            store.record_failure(dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
+            _record_failure(store, dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
             raise
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised as the stage's failure
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            store.record_failure(dirs.out, {**manifest, "finished_at": now_iso()}, detail)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            interrupted = interruption(exc)
+            if interrupted:
+                detail = f"interrupted ({interrupted})"
+            _record_failure(store, dirs.out, {**manifest, "finished_at": now_iso(), "interrupted": bool(interrupted)}, detail)
+            if interrupted:
+                raise StageInterrupted(stage, interrupted, resume_hint(dirs.checkpoints)) from exc
+            if isinstance(exc, SystemExit):
                 raise
             raise StageStopped(stage, f"the stage raised {detail}") from exc
     wall = time.perf_counter() - t0
@@ -162,24 +130,44 @@ def execute(
     manifest.update(output.extra)
     manifest.update({"metrics": output.metrics, "finished_at": now_iso(), "wall_s": round(wall, 3)})
     if output.status != "completed":
-        store.record_failure(dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
+        _record_failure(store, dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
         raise StageStopped(stage, output.diagnosis or "the stage reported failure")
     committed = store.commit(dirs.out, manifest)
-    _clean_work(dirs.checkpoints)
-    return StageResult(committed, False, wall, store.local_path(committed))
+    shutil.rmtree(dirs.checkpoints, ignore_errors=True)  # checkpoints are only for resuming
+    return StageResult(committed, False, wall, store.local_path(committed), damaged or None)
 
 
-def launch(stage: str, module, recipe: Recipe, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:
+def interruption(exc: BaseException) -> str | None:
+    """'Ctrl-C', 'SIGTERM' or 'cancelled' when `exc` is an interruption rather than a failure."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "Ctrl-C"
+    name = type(exc).__name__
+    if name == "TerminationSignal":  # prefect.exceptions.TerminationSignal: SIGTERM while a flow runs
+        return "SIGTERM"
+    if name in ("CancelledError", "Abort"):
+        return "cancelled"
+    return None
+
+
+def resume_hint(checkpoints: Path) -> str:
+    from regimen.stages.training.checkpoints import last_checkpoint
+
+    last = last_checkpoint(checkpoints)
+    return f"rerun resumes from step {last[0]}" if last else "rerun starts the stage over (no checkpoint yet)"
+
+
+def _record_failure(store: Store, staging: Path, manifest: dict[str, Any], error: str) -> None:
+    """Keep the failed attempt; recording is best-effort and never hides the stage's own error."""
+    try:
+        store.record_failure(staging, manifest, error)
+    except Exception as exc:  # noqa: BLE001 - e.g. a full disk while recording: say so, keep the real error
+        log.error("could not record the failed attempt of %s (%s); the stage's error was: %s", manifest["stage"], exc, error)
+
+
+def _launch(stage: str, module, recipe, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:
     """Run the stage in this process, or under `accelerate launch` for training stages when asked."""
-    if recipe.launcher == "accelerate" and stage in TRAINING_STAGES:
-        from stages.launchers import run_with_accelerate
+    if recipe.launcher == "accelerate" and module.TRAINS:
+        from regimen.stages.training.launch import run_with_accelerate
 
         return run_with_accelerate(stage, recipe, inputs, dirs)
     return module.run(recipe, inputs, dirs)
-
-
-def _clean_work(path: Path) -> None:
-    """Checkpoints are only for resuming: once the version is committed they are dead weight."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

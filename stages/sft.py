@@ -1,41 +1,48 @@
-"""Stage 1, sft: distillation-style SFT with `trl.SFTTrainer` on the teacher's traces
-(prompt/completion rows, loss on the completion only), then the held-out accuracy of the result."""
+"""Stage 1, sft: distillation-style SFT with `trl.SFTTrainer` on the teacher's traces (prompt/completion
+rows, loss on the completion only; conversations as prompt messages + an assistant turn, so TRL applies
+the chat template and trains on the assistant turn only), then the held-out accuracy of the result."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from stages import trajectories
-from stages.data import data_identity, load_task
-from stages.errors import StageStopped
+from regimen.stages.contract import StageOutput
+from regimen.stages.errors import StageStopped
+
+NAME = "sft"
+TRAINS = True
+KEY_METRICS = ("heldout_accuracy", "traces_kept", "train_loss_last")
 
 
 def config_section(recipe) -> dict[str, Any]:
+    from regimen.stages.tasks.registry import identity
+
     section = {
-        "model": recipe.model.model_dump(),
-        "data": data_identity(recipe.data),
-        "teacher": recipe.teacher.model_dump(),
-        "sft": recipe.sft_settings(),
+        "model": recipe.model.model_dump(mode="json"),
+        "data": identity(recipe.data),
+        "teacher": recipe.teacher.model_dump(mode="json"),
+        "sft": recipe.sft,
         "peft": recipe.peft,
-        "eval": {"max_new_tokens": recipe.eval.max_new_tokens or recipe.grpo_settings().get("max_completion_length"), "metric": recipe.eval.metric},
+        "eval": {"max_new_tokens": recipe.max_new_tokens(), "metric": recipe.eval.metric},
     }
-    if recipe.teacher.kind != "oracle":
-        section["rewards"] = [r.model_dump() for r in recipe.rewards]
+    if recipe.teacher.kind not in ("oracle", "weak") or recipe.eval.metric != "exact_match":
+        section["rewards"] = [r.model_dump(mode="json") for r in recipe.rewards]
     return section
 
 
-def run(recipe, inputs: dict[str, Any], dirs) -> Any:
+def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from stages.checkpoints import MarkComplete, train_resumable
-    from stages.evaluate import heldout_eval
-    from stages.model import load_model, load_tokenizer
-    from stages.policy import peft_config, save_policy
-    from stages.runner import StageOutput
-    from stages.teacher import traces
-    from stages.trl_args import sft_args
+    from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training import trajectories
+    from regimen.stages.training.args import device_for, sft_args
+    from regimen.stages.training.checkpoints import MarkComplete, train_resumable
+    from regimen.stages.training.heldout import heldout_eval
+    from regimen.stages.training.model import load_model, load_tokenizer
+    from regimen.stages.training.policy import is_main_process, peft_config, save_policy
+    from regimen.stages.training.teacher import as_sft_rows, teacher_accuracy, traces
 
     policy = inputs["policy"]["model"]
     task = load_task(recipe.data)
@@ -46,14 +53,19 @@ def run(recipe, inputs: dict[str, Any], dirs) -> Any:
     tokenizer = load_tokenizer(policy)
     model = load_model(policy, dtype=recipe.model.dtype)
     args = sft_args(recipe, dirs.checkpoints)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(as_sft_rows(rows)), processing_class=tokenizer,
                          peft_config=peft_config(recipe), callbacks=[MarkComplete()])
     resumed = train_resumable(trainer, dirs.checkpoints, args.max_steps)
     model = save_policy(trainer, tokenizer, Path(dirs.out) / "model", merge=recipe.model.merge_lora)
-    metrics, heldout_rows = heldout_eval(model, tokenizer, recipe, task, desc="held-out eval (after SFT)")
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    metrics.update(counts)
-    metrics.update({"train_loss_last": losses[-1] if losses else float("nan"), "steps": float(trainer.state.global_step)})
+    metrics: dict[str, float] = {**counts, "train_loss_last": losses[-1] if losses else float("nan"), "steps": float(trainer.state.global_step)}
+    if not is_main_process(trainer):  # under accelerate launch, rank 0 measures; the others are done
+        return StageOutput(metrics, extra={"resumed_from_step": resumed})
+    model.to(device_for(recipe))
+    heldout_metrics, heldout_rows = heldout_eval(model, tokenizer, recipe, task.heldout, desc="held-out eval (after SFT)")
+    metrics.update(heldout_metrics)
+    if (acc := teacher_accuracy(recipe, task)) is not None:
+        metrics["teacher_heldout_accuracy"] = acc
     sample = [{"kind": "trace", "prompt": r["prompt"], "completion": r["completion"]} for r in rows[:10]]
     trajectories.write(dirs.out, sample + [{"kind": "heldout", **r} for r in heldout_rows[: recipe.eval.trajectories]])
     return StageOutput(metrics, extra={"resumed_from_step": resumed})

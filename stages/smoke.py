@@ -9,12 +9,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from stages import trajectories
-from stages.grpo import build_trainer, config_section as grpo_section
+from regimen.stages.contract import StageOutput
+
+NAME = "grpo-smoke"
+TRAINS = True
+KEY_METRICS = ("mean_reward", "max_reward_std", "max_abs_loss")
 
 
 def config_section(recipe) -> dict[str, Any]:
-    return {**grpo_section(recipe), "smoke": recipe.smoke.model_dump()}
+    from regimen.stages.tasks.registry import identity
+
+    return {
+        "data": identity(recipe.data),
+        "rewards": [r.model_dump(mode="json") for r in recipe.rewards],
+        "grpo": recipe.grpo,
+        "peft": recipe.peft,
+        "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
+        "smoke": recipe.smoke.model_dump(mode="json"),
+    }
 
 
 def verdict(logs: list[dict[str, Any]]) -> str | None:
@@ -34,13 +46,14 @@ def verdict(logs: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def run(recipe, inputs: dict[str, Any], dirs) -> Any:
-    from stages.runner import StageOutput
+def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
+    from regimen.stages.training import trajectories
+    from regimen.stages.training.grpo_trainer import build_trainer
 
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder(keep_first=recipe.smoke.max_steps, keep_last=0)
     scratch = Path(dirs.checkpoints) / "smoke"
-    trainer, _ = build_trainer(recipe, policy, scratch, recorder, stage="grpo-smoke", max_steps=recipe.smoke.max_steps,
+    trainer, _ = build_trainer(recipe, policy, scratch, recorder, stage=NAME, max_steps=recipe.smoke.max_steps,
                                logging_steps=1, save_strategy="no")
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]

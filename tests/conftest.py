@@ -26,7 +26,7 @@ def tiny_recipe() -> Path:
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
     """Run `regimen ARGS` in this process; returns (exit code, stdout, stderr)."""
-    from flows.cli import main
+    from regimen.flows.cli import main
 
     old = sys.argv
     sys.argv = ["regimen", *args]

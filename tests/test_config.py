@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from conftest import TINY, run_cli
-from stages.config import load_recipe, parse_set
-from stages.errors import InputError
+from regimen.stages.recipe import load_recipe, parse_set
+from regimen.stages.errors import InputError
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -38,7 +38,7 @@ BAD = {
     "wrong-type": ("grpo: {learning_rate: fast}\n", ["grpo.learning_rate"]),
     "wrong-type-section": ("dry_run: {num_prompts: many}\n", ["dry_run.num_prompts"]),
     "num-generations": ("grpo: {num_generations: 1, per_device_train_batch_size: 8}\n", ["num_generations", "at least 2"]),
-    "beta-negative": ("grpo: {beta: -0.1}\n", ["beta", ">= 0"]),
+    "beta-negative": ("grpo: {beta: -0.1}\n", ["beta", "> 0"]),
     "beta-zero": ("grpo: {beta: 0.0}\n", ["beta", "> 0"]),
     "batch-divisible": ("grpo: {num_generations: 8, per_device_train_batch_size: 12}\n", ["divisible by num_generations", "12"]),
     "model-path": ("model: {name_or_path: ./no/such/model}\n", ["model.name_or_path", "does not exist"]),
@@ -86,12 +86,36 @@ def test_batch_rule_counts_processes():
         load_recipe(TINY, ["grpo.num_generations=8", "grpo.per_device_train_batch_size=4", "launcher=accelerate", "accelerate.num_processes=3"])
 
 
-def test_check_prints_resolved_recipe(capsys):
+def test_check_prints_resolved_recipe_with_where_each_value_came_from(capsys):
     code, out, _ = run_cli(["check", str(TINY)], capsys)
     assert code == 0
-    resolved = yaml.safe_load(out.split("# ")[0])
+    resolved = yaml.safe_load(out.rsplit("\n# ", 1)[0])
     assert resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == "none"
     assert resolved["experiment"] == "tiny-test"
+    lines = out.splitlines()
+    assert "  beta: 0.04  # recipe" in lines  # tiny.yaml sets it
+    assert any(l.startswith("  report_to: none  # TRL default") for l in lines)
+    assert any(l.startswith("  ddp_find_unused_parameters: false  # Regimen:") for l in lines)
+    assert "  max_new_tokens: 4  # from grpo.max_completion_length" in lines
+
+
+def test_a_recipe_with_only_model_and_data_trains_with_trl_defaults(tmp_path, capsys):
+    """The tiny task's tuned values are in its recipes, not in the code: a bare recipe gets TRL's."""
+    from trl import GRPOConfig, SFTConfig
+
+    recipe = write(tmp_path, "model: {name_or_path: tiny}\ndata: {task: addition}\n")
+    r = load_recipe(recipe)
+    assert r.grpo_value("learning_rate") == GRPOConfig.learning_rate == 1e-6
+    assert r.grpo_value("max_completion_length") == GRPOConfig.max_completion_length == 512
+    assert r.sft_value("learning_rate") == SFTConfig.learning_rate
+    assert r.sft_value("max_steps") == -1 and r.grpo_value("num_train_epochs") == 3.0
+    assert r.grpo_value("beta") == 0.04  # Regimen's one documented difference: a KL penalty always
+    assert r.max_new_tokens() == 512
+    code, out, _ = run_cli(["check", str(recipe)], capsys)
+    assert code == 0
+    assert "  learning_rate: 1.0e-06  # TRL default" in out.splitlines() or "  learning_rate: 1e-06  # TRL default" in out.splitlines()
+    assert "  max_completion_length: 512  # TRL default" in out.splitlines()
+    assert any(l.startswith("  beta: 0.04  # Regimen:") for l in out.splitlines())
 
 
 def test_default_and_shipped_configs_validate():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from stages.config import CycleSection, GuardSection
-from stages.cycle import (BACK_TO_SFT, BUDGET_SPENT, CONTINUE, REWARD_HACKING, STALLED, TARGET_REACHED, Evaluation, decide,
+from regimen.stages.recipe.schema import CycleSection, GuardSection
+from regimen.stages.cycle import (BACK_TO_SFT, BUDGET_SPENT, CONTINUE, REWARD_HACKING, STALLED, TARGET_REACHED, Evaluation, decide,
                           hacking_evidence)
 
 

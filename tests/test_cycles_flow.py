@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, run_cli
-from stages.store import Store
+from regimen.stages.store import Store
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def two_cycles(tmp_path_factory):
-    from flows.cycle import regimen_cycle
+    from regimen.flows.cycle import regimen_cycle
 
     store = tmp_path_factory.mktemp("cycles")
     results = regimen_cycle(config=str(TINY), store=str(store), experiment="cycles",
@@ -44,7 +44,7 @@ def test_report_prints_history_and_draws_plots(two_cycles, capsys):
 
 @pytest.mark.parametrize("kind", ["model", "self"])
 def test_teacher_model_and_self_distillation_record_traces(two_cycles, kind):
-    from flows.cycle import regimen_cycle
+    from regimen.flows.cycle import regimen_cycle
 
     store, _ = two_cycles
     teacher = str(store / "cycles" / "grpo" / "v1" / "model")  # a checkpoint the pipeline produced

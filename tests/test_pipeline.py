@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, run_cli
-from stages.config import STAGES
-from stages.store import Store
+from regimen.stages.registry import NAMES as STAGES
+from regimen.stages.store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ def versions(store: Path, experiment="tiny-test"):
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
-    from flows.cycle import regimen_cycle
+    from regimen.flows.cycle import regimen_cycle
 
     store = tmp_path_factory.mktemp("store")
     results = regimen_cycle(config=str(TINY), store=str(store))
@@ -58,7 +58,7 @@ def test_all_five_stages_complete_with_intact_files(first_run):
 
 
 def test_identical_rerun_reuses_every_stage(first_run):
-    from flows.cycle import regimen_cycle
+    from regimen.flows.cycle import regimen_cycle
 
     store, _ = first_run
     before = versions(store)
@@ -68,7 +68,7 @@ def test_identical_rerun_reuses_every_stage(first_run):
 
 
 def test_changing_a_grpo_field_reruns_grpo_and_eval_only(first_run):
-    from flows.cycle import regimen_cycle
+    from regimen.flows.cycle import regimen_cycle
 
     store, _ = first_run
     results = regimen_cycle(config=str(TINY), store=str(store), overrides={"grpo.beta": 0.08})

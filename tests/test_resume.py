@@ -17,8 +17,8 @@ import pytest
 pytest.register_assert_rewrite("prefect_ops")
 from conftest import TINY, run_cli  # noqa: E402
 from prefect_ops import ROOT, bin_path, stop, tail  # noqa: E402
-from stages.checkpoints import MARKER, complete_checkpoints  # noqa: E402
-from stages.store import Store  # noqa: E402
+from regimen.stages.training.checkpoints import MARKER, complete_checkpoints  # noqa: E402
+from regimen.stages.store import Store  # noqa: E402
 
 pytest_plugins = ["prefect_ops"]
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def crash(prefect_server, tmp_path_factory):
     info["steps_at_kill"] = max(progress(tmp / "killed.log"), info["good_step"])
     info["grpo_entries_after_kill"] = sorted(p.name for p in (store / EXP / "grpo").iterdir())
     info["before"] = snapshot(store)
-    from stages.status import experiment_status
+    from regimen.flows.present.status import experiment_status
 
     info["status_after_kill"] = {r["stage"]: r for r in experiment_status(str(store), EXP)}
 
@@ -151,8 +151,8 @@ def test_last_checkpoint_at_max_steps_finishes_the_stage_without_an_extra_step(c
     they are (resume_from_checkpoint would train one more step)."""
     from safetensors.torch import load_file
 
-    from stages.config import load_recipe
-    from stages.runner import StageResult, execute, stage_fingerprint
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.runner import StageResult, execute, stage_fingerprint
 
     store = Store(crash["store"])
     step = crash["good_step"]

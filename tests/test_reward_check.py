@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from stages import sandbox
-from stages.errors import InputError
-from stages.reward_check import main
+from regimen.stages.rewards import sandbox
+from regimen.stages.errors import InputError
+from regimen.stages.rewards.check import main
 
 SAMPLES = [
     {"prompt": "Q: 2+2=", "completion": "4", "answer": "4"},
@@ -108,9 +108,9 @@ def _fake_config(monkeypatch, specs):
         def options(self):
             return self._options
 
-    module = types.ModuleType("stages.config")
+    module = types.ModuleType("regimen.stages.recipe")
     module.load_recipe = lambda path: types.SimpleNamespace(rewards=[Spec(*s[:2], **(s[2] if len(s) > 2 else {})) for s in specs])
-    monkeypatch.setitem(sys.modules, "stages.config", module)
+    monkeypatch.setitem(sys.modules, "regimen.stages.recipe", module)
 
 
 def test_rewards_from_a_recipe(tmp_path, capsys, monkeypatch):
@@ -130,7 +130,7 @@ def test_rewards_from_a_recipe(tmp_path, capsys, monkeypatch):
 
 
 def test_recipe_needs_stages_config(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "stages.config", None)  # as if the module did not exist
+    monkeypatch.setitem(sys.modules, "regimen.stages.recipe", None)  # as if the module did not exist
     with pytest.raises(InputError, match="--reward"):
         main(write(tmp_path, SAMPLES), "recipe.yaml", [], False)
 

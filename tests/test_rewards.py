@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from stages.errors import InputError
-from stages.rewards import answer, completion_text, digits, format_, format_reward, get_reward, is_gameable, known_rewards, normalize_answer, score, weighted_total
+from regimen.stages.errors import InputError
+from regimen.stages.rewards.text import format_
+from regimen.stages.rewards import answer, completion_text, digits, format_reward, get_reward, is_gameable, known_rewards, normalize_answer, score, weighted_total
 
 
 def test_normalize_answer():
@@ -64,14 +65,14 @@ def test_registry():
         get_reward("no_such_reward")
     with pytest.raises(InputError, match="takes no options"):
         get_reward("answer", pattern="x")
-    fn = get_reward("stages.rewards:digits")
+    fn = get_reward("regimen.stages.rewards:digits")
     assert fn is digits
     with pytest.raises(InputError, match="cannot load"):
-        get_reward("stages.rewards:nope")
+        get_reward("regimen.stages.rewards:nope")
 
 
 def test_score_checks_lengths():
     out = score({"answer": get_reward("answer")}, ["", ""], ["4", "5"], {"answer": ["4", "4"]})
     assert out == {"answer": [1.0, 0.0]}
-    with pytest.raises(ValueError, match="returned 1 values for 2"):
+    with pytest.raises(InputError, match="returned 1 values for 2"):
         score({"bad": lambda prompts, completions, **kw: [1.0]}, ["", ""], ["a", "b"], {})

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from stages import sandbox
-from stages.sandbox import SandboxConfig, SandboxResult, SandboxUnavailable, run_batch, run_tests
+from regimen.stages.rewards import sandbox
+from regimen.stages.rewards.sandbox import SandboxConfig, SandboxResult, SandboxUnavailable, run_batch, run_tests
 
 ISOLATED, WHY = sandbox.isolation_status()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason=f"isolated sandbox unavailable: {WHY}")

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stages.store import MANIFEST, ExperimentBusy, Store, digest_tree, fingerprint, sha256_file
+from regimen.stages.errors import InputError, StoreError
+from regimen.stages.fingerprint import digest as fingerprint
+from regimen.stages.store import MANIFEST, ExperimentBusy, Store, sha256_file
 
 
 def manifest(stage="sft", key="k1", **extra):
@@ -103,7 +105,7 @@ def test_fsspec_memory_store_keeps_the_same_contract(tmp_path):
     assert store.verify(m) == []
     local = store.local_path(m)
     assert (local / "model" / "w.bin").read_text() == "remote"
-    assert digest_tree(local) == m["files"]
+    assert {p.relative_to(local).as_posix(): sha256_file(p) for p in local.rglob('*') if p.is_file() and p.name != MANIFEST} == m["files"]
     store.record_failure(stage_files(store), manifest(key="f"), "nope")
     assert store.failures("exp", "sft")[0]["error"] == "nope"
     m2 = store.commit(stage_files(store, "two"), manifest(key="r2"))
@@ -119,7 +121,7 @@ def test_taking_the_lock_sweeps_staging_left_by_a_killed_run(tmp_path):
 
 
 def test_latest_policy_skips_evaluations_that_suspected_hacking(tmp_path):
-    from stages.policy import latest_policy
+    from regimen.stages.training.policy import latest_policy
 
     store = Store(tmp_path)
     good = store.commit(stage_files(store, "good"), manifest(stage="sft", key="g1"))
@@ -130,6 +132,96 @@ def test_latest_policy_skips_evaluations_that_suspected_hacking(tmp_path):
         store.commit(d, manifest(stage="grpo", key=key))
         e = store.staging_dir("exp", "eval")
         (e / "metrics.json").write_text("{}")
-        store.commit(e, manifest(stage="eval", key="e" + key, verdict=verdict, inputs={"policy": {"fingerprint": key}}))
+        ev = store.commit(e, manifest(stage="eval", key="e" + key, inputs={"policy": {"fingerprint": key}}))
+        store.record_decision("exp", {"eval_version": ev["version"], "verdict": verdict})
     assert good["version"] == 1
     assert latest_policy(store, "exp")["fingerprint"] == "g1"
+
+
+def test_truncated_file_makes_a_version_damaged_and_not_reused(tmp_path):
+    store = Store(tmp_path)
+    m = store.commit(stage_files(store, "weights" * 100), manifest(key="same"))
+    assert store.check(m) == []
+    with open(tmp_path / "exp/sft/v1/model/w.bin", "r+b") as fh:
+        fh.truncate(10)
+    found, damaged = store.find_intact("exp", "sft", "same")
+    assert found is None
+    assert damaged[0]["version"] == 1 and "model/w.bin" in damaged[0]["problems"][0]
+
+
+def test_same_size_change_is_caught_by_the_full_hash_when_mtime_moved(tmp_path):
+    store = Store(tmp_path)
+    m = store.commit(stage_files(store, "aaaa"), manifest(key="same"))
+    path = tmp_path / "exp/sft/v1/model/w.bin"
+    path.write_text("bbbb")  # same size, new mtime
+    assert store.check(m) == ["model/w.bin: sha256 differs from the manifest"]
+    path.write_text("aaaa")  # content restored: the full hash says intact again
+    assert store.check(m) == []
+
+
+def test_malformed_manifest_is_reported_not_a_crash(tmp_path):
+    store = Store(tmp_path)
+    store.commit(stage_files(store), manifest(key="k"))
+    (tmp_path / "exp/sft/v1" / MANIFEST).write_text('{"status": "completed"}')
+    assert store.versions("exp", "sft") == []
+    assert store.malformed("exp", "sft") == [str(tmp_path / "exp/sft/v1" / MANIFEST)]
+    (tmp_path / "exp/sft/v1" / MANIFEST).write_text("not json")
+    assert store.versions("exp", "sft") == [] and store.malformed("exp", "sft")
+
+
+def test_a_planted_symlink_in_the_store_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "victim.txt"
+    target.write_text("precious")
+    store = Store(tmp_path / "store")
+    store.local_stage_dir("exp", "sft")
+    (tmp_path / "store/exp/sft/running.json").symlink_to(target)
+    with pytest.raises(StoreError, match="symbolic link"):
+        with store.running("exp", "sft", {"x": 1}):
+            pass
+    assert target.read_text() == "precious"
+    # a linked stage folder is refused before anything is written through it
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "store/exp/grpo").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.staging_dir("exp", "grpo")
+    assert list(elsewhere.iterdir()) == []
+    # the lock's owner file
+    (tmp_path / "store/exp/.lock.owner").symlink_to(target)
+    with pytest.raises(StoreError, match="symbolic link"):
+        with store.lock("exp"):
+            pass
+    assert target.read_text() == "precious"
+
+
+def test_experiment_names_are_checked(tmp_path):
+    store = Store(tmp_path)
+    for bad in ("../escape", "a" * 300, "", "-x", "a/b"):
+        with pytest.raises(InputError, match="experiment"):
+            store.versions(bad, "sft")
+
+
+def test_the_lock_holds_across_machines_on_a_shared_store(tmp_path):
+    url = "memory://regimen-lease"
+    one, two = Store(url, cache_dir=tmp_path / "machine1"), Store(url, cache_dir=tmp_path / "machine2")
+    with one.lock("exp"):
+        with pytest.raises(ExperimentBusy, match="already being run"):
+            with two.lock("exp"):
+                pass
+    with two.lock("exp"):  # released: the other machine may run it now
+        pass
+
+
+def test_an_expired_lease_of_a_crashed_holder_is_taken_over(tmp_path):
+    import json as _json
+    import time as _time
+
+    url = "memory://regimen-lease-expired"
+    store = Store(url, cache_dir=tmp_path / "m1")
+    store.fs.pipe_file(store._join("exp", ".lease.json"), _json.dumps({"owner": "pid 1 on crashed", "token": "x", "expires": _time.time() - 1}).encode())
+    with store.lock("exp"):
+        assert _json.loads(store.fs.cat_file(store._join("exp", ".lease.json")))["token"] != "x"
+    store.fs.pipe_file(store._join("exp", ".lease.json"), _json.dumps({"owner": "pid 2 on alive", "token": "y", "expires": _time.time() + 60}).encode())
+    with pytest.raises(ExperimentBusy, match="pid 2 on alive"):
+        with Store(url, cache_dir=tmp_path / "m2").lock("exp"):
+            pass

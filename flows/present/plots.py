@@ -1,0 +1,116 @@
+"""PNG plots people would rather look at than read: GRPO's training curves per step (training reward,
+trained and monitored rewards side by side, the held-out probe, reward std, frac_reward_zero_std, KL),
+held-out accuracy per evaluation across cycles, and a sweep's curves (matplotlib, headless Agg backend).
+`data_uri` turns a PNG into the `data:image/png;base64,...` form that Prefect's markdown artifacts render."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: Path) -> Path:
+    plt = _plt()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.png")  # a fresh name: never written through a planted link
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(out)  # rename replaces a link planted at `out`, never its target
+    return out
+
+
+def data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(png).read_bytes()).decode()
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _points(log: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
+    return [(h["step"], h[key]) for h in log if key in h and "step" in h and h[key] is not None]
+
+
+def training_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str) -> Path:
+    """Per run: training reward with each reward's mean (monitors dashed) and the held-out probe; reward
+    std; frac_reward_zero_std; KL."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), sharex=True)
+    ax = axes[0][0]
+    for name, log in runs.items():
+        if pts := _points(log, "reward"):
+            line, = ax.plot(*zip(*pts), label=f"{name}: training reward", linewidth=1.6)
+            color = line.get_color()
+            rewards = sorted({k for h in log for k in h if k.startswith("rewards/") and k.endswith("/mean")})
+            for i, key in enumerate(rewards):
+                if len(rewards) > 1 and (rp := _points(log, key)):
+                    ax.plot(*zip(*rp), linestyle=[":", "-."][i % 2], color=color, alpha=0.7, linewidth=1.1, label=f"{name}: {key[8:-5]}")
+            if probe := _points(log, "heldout_probe"):
+                ax.plot(*zip(*probe), marker="o", linestyle="--", color=color, label=f"{name}: held-out probe")
+    ax.set_title("training reward (per reward) and held-out probe")
+    ax.set_ylim(-0.02, 1.02)
+    for ax, (key, label) in zip(list(axes.flat)[1:], (("reward_std", "reward std"), ("frac_reward_zero_std", "frac_reward_zero_std"), ("kl", "KL to reference"))):
+        for name, log in runs.items():
+            if pts := _points(log, key):
+                ax.plot(*zip(*pts), label=name, linewidth=1.4)
+        ax.set_title(label)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("GRPO step")
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    return _save(fig, out)
+
+
+def heldout_accuracy(points: list[dict[str, Any]], out: Path, title: str, target: float | None = None) -> Path:
+    """Held-out accuracy per evaluation (SFT results and GRPO rounds), labelled by cycle.round."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    xs = list(range(len(points)))
+    ax.plot(xs, [p["heldout_accuracy"] for p in points], marker="o", color="tab:blue", label="held-out accuracy")
+    train = [(i, p["train_reward"]) for i, p in enumerate(points) if p.get("train_reward") is not None]
+    if train:
+        ax.plot(*zip(*train), marker="s", linestyle="--", color="tab:orange", label="training reward (last window)")
+    if target is not None:
+        ax.axhline(target, color="tab:green", linestyle=":", label=f"target {target}")
+    ax.set_xticks(xs, [p["label"] for p in points], rotation=30, ha="right")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def sweep_curves(logs: dict[str, list[dict[str, Any]]], key: str, out: Path) -> Path:
+    """A sweep: training reward and frac_reward_zero_std per step, one line per value."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, log in logs.items():
+        for ax, metric in zip(axes, ("reward", "frac_reward_zero_std")):
+            if pts := _points(log, metric):
+                ax.plot(*zip(*pts), label=f"{key}={name}", linewidth=1.4)
+    for ax, title in zip(axes, ("training reward", "frac_reward_zero_std (groups that teach nothing)")):
+        ax.set_title(title)
+        ax.set_xlabel("GRPO step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return _save(fig, out)

@@ -1,0 +1,65 @@
+"""What `regimen status` shows: per stage, its completed versions (and any damaged or malformed ones),
+failed attempts, a run in progress or interrupted, and the last good Trainer checkpoint in its work folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from regimen.stages import registry
+from regimen.stages.errors import InputError
+from regimen.stages.store import Store, check_name
+from regimen.stages.training.checkpoints import last_checkpoint
+
+
+def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
+    check_name(experiment)
+    store = Store(store_url)
+    if store.local and not (Path(store.root) / experiment).is_dir() and not (store.cache / experiment).is_dir():
+        raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
+    if not store.local and not store.fs.exists(store._join(experiment)):
+        raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
+    verdicts = store.verdicts_by_eval(experiment)
+    rows = []
+    for stage in registry.NAMES:
+        versions, malformed = store._scan(experiment, stage)
+        failures = store.failures(experiment, stage)
+        running = store.running_info(experiment, stage)
+        damaged = [f"v{m['version']} ({'; '.join(p)})" for m in versions if (p := store.check(m))]
+        work = Path(store.cache) / experiment / stage / "work"
+        ckpts = [c for d in sorted(work.glob("*")) if d.is_dir() and not d.is_symlink() and (c := last_checkpoint(d))] if work.is_dir() else []
+        latest = versions[-1] if versions else None
+        last_fail = failures[-1] if failures else None
+        if running and not running.get("stale"):
+            state = "running"
+        elif running or (last_fail and last_fail.get("interrupted") and (not latest or str(last_fail.get("failed_at", "")) > str(latest.get("finished_at", "")))):
+            state = "interrupted"
+        elif last_fail and (not latest or str(last_fail.get("failed_at", "")) > str(latest.get("finished_at", ""))):
+            state = "failed"
+        elif latest:
+            state = "completed"
+        else:
+            state = "not run"
+        detail = []
+        if damaged:
+            detail.append("DAMAGED " + ", ".join(damaged) + ": not reused; the next run repeats the stage")
+        if malformed:
+            detail.append("malformed manifest(s): " + ", ".join(malformed))
+        if state in ("failed", "interrupted") and last_fail:
+            detail.append(str(last_fail.get("error", ""))[:160])
+        if running and running.get("stale"):
+            detail.append(f"interrupted run (pid {running.get('pid')} gone)")
+        for step, _ckpt in ckpts:
+            detail.append(f"has checkpoint at step {step}")
+        if stage == "eval" and latest and (v := verdicts.get(latest["version"])):
+            detail.append(f"verdict {v.get('verdict')}")
+        rows.append({
+            "stage": stage,
+            "state": state,
+            "latest": f"v{latest['version']}" if latest else "-",
+            "cycle": str(latest.get("cycle", "")) if latest else "-",
+            "finished": str((latest or {}).get("finished_at", "-"))[:19],
+            "detail": ("; ".join(detail) + (f" ({len(versions)} versions, {len(failures)} failed attempts)" if versions or failures else "")).strip(),
+            "damaged": damaged,
+        })
+    return rows

@@ -1,0 +1,49 @@
+"""The stage contract: what every stage is, takes and returns.
+
+A stage is a module with a name, the part of the recipe that can change its result, whether it trains
+(training stages may run under `accelerate launch`), the metrics a person looks at first, and
+
+    run(recipe, inputs, dirs) -> StageOutput
+
+`inputs` are references to earlier artifacts (`{"policy": {"stage", "version", "fingerprint", "model"}}`);
+`dirs.out` becomes the version folder, `dirs.checkpoints` is the resumable work folder. Stages import
+shared pieces (training, rewards, tasks), never each other and never the runner; `registry.py` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass
+class StageOutput:
+    """What a stage returns. Files are whatever it wrote into `dirs.out`."""
+
+    metrics: dict[str, float]
+    status: str = "completed"  # or "failed": a gate's verdict, with a diagnosis
+    diagnosis: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more manifest fields (resumed_from_step, warning, ...)
+
+
+@dataclass
+class StageDirs:
+    out: Path  # staging folder: becomes the version (model/, metrics.json, trajectories.jsonl)
+    checkpoints: Path  # resumable work folder for Trainer checkpoints, kept across attempts
+    progress: Callable[[str, dict[str, Any]], None] | None = None  # live updates for whoever watches (the flow shows them in the UI)
+
+
+class Stage(Protocol):
+    """What the registry holds: a stage module satisfies this structurally."""
+
+    NAME: str  # as the store, the flow and the CLI name it
+    TRAINS: bool  # runs a Trainer (and so may run under `launcher: accelerate`)
+    KEY_METRICS: tuple[str, ...]  # shown first in summaries
+
+    def config_section(self, recipe: Any) -> dict[str, Any]:
+        """The part of the resolved recipe that can change this stage's result (enters its fingerprint)."""
+
+    def run(self, recipe: Any, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:
+        """Do the work; write files into `dirs.out`."""

@@ -1,0 +1,141 @@
+"""A stage's fingerprint, and the version of the code that can change its result.
+
+fingerprint = sha256 of: the stage's name, its part of the resolved recipe, its inputs' digests (never
+local paths), how it is launched, and `code_version(stage)`. A completed, intact version with the same
+fingerprint is reused; that is how a rerun, a UI retry or a nightly run resumes.
+
+`code_version(stage)` hashes the source of the stage's module and of every module of `regimen.stages` it
+imports, transitively (imports are read with `ast`, including those inside functions, plus module names
+written as strings such as `_BUILTIN_MODULES`), the package `__init__` of each, the files a module lists in
+`CODE_FILES`, and the versions of the libraries that compute results (TRL, transformers, torch, peft,
+accelerate, datasets). Left out on purpose, because they cannot change what a stage computes:
+- presentation (`regimen.flows`: tables, plots, report, status), which stages never import;
+- the contract, errors, registry, runner, store and this module (they move results, not make them);
+- the recipe module: its effect on a stage enters the fingerprint as the resolved section itself.
+So a typo fixed in a plot reruns nothing, and an edit to `grpo.py` reruns GRPO and what consumes it.
+
+Written here rather than taken from `modulefinder`: that one imports nothing but also follows every
+third-party import (torch, transformers: seconds per stage) and does not see imports inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+PACKAGE = "regimen.stages"
+NOT_RESULT = ("regimen.stages.contract", "regimen.stages.errors", "regimen.stages.registry", "regimen.stages.runner",
+              "regimen.stages.fingerprint", "regimen.stages.store", "regimen.stages.recipe")
+LIBRARIES = ("trl", "transformers", "torch", "peft", "accelerate", "datasets")
+_MODULE_STRING = re.compile(r"^regimen\.stages(\.\w+)+$")
+
+
+def digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _excluded(name: str) -> bool:
+    return any(name == x or name.startswith(x + ".") for x in NOT_RESULT)
+
+
+@functools.cache
+def _origin(name: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec and spec.origin and spec.origin.endswith(".py") else None
+
+
+def _imports(name: str, path: str) -> tuple[set[str], list[str]]:
+    """Modules of our package that `name` imports (statically), and the CODE_FILES it declares."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    is_pkg = path.endswith("__init__.py")
+    package = name if is_pkg else name.rpartition(".")[0]
+    found: set[str] = set()
+    files: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import submodule`
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value):
+            found.add(node.value)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CODE_FILES" for t in node.targets):
+            files += list(ast.literal_eval(node.value))
+    ours = {m for m in found if m.startswith(PACKAGE + ".") and _origin(m)}
+    return ours, [str(Path(path).parent / f) for f in files]
+
+
+def closure(module: str) -> list[str]:
+    """The source files whose content can change what `module` computes (sorted)."""
+    seen: set[str] = set()
+    files: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or _excluded(name) or name == PACKAGE:
+            continue
+        seen.add(name)
+        path = _origin(name)
+        if path is None:
+            continue
+        files.add(path)
+        parent = name.rpartition(".")[0]
+        if parent.startswith(PACKAGE + "."):
+            todo.append(parent)  # its __init__ runs on import
+        deps, extra = _imports(name, path)
+        files.update(extra)
+        todo += sorted(deps)
+    return sorted(files)
+
+
+@functools.cache
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = version(lib)
+        except PackageNotFoundError:
+            out[lib] = "absent"
+    return out
+
+
+@functools.cache
+def code_version(module: str) -> str:
+    """A short digest of the code that can change `module`'s result (see the module doc)."""
+    h = hashlib.sha256()
+    root = Path(_origin(PACKAGE) or __file__).parent
+    for path in closure(module):
+        p = Path(path)
+        rel = p.relative_to(root).as_posix() if p.is_relative_to(root) else p.name
+        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(json.dumps(library_versions(), sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def input_digests(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Inputs as they enter the fingerprint: references by digest, never by local path."""
+    out: dict[str, Any] = {}
+    for key, value in inputs.items():
+        if isinstance(value, dict) and "fingerprint" in value:
+            out[key] = {"stage": value.get("stage"), "fingerprint": value["fingerprint"]}
+        elif isinstance(value, list):
+            out[key] = [input_digests(v) if isinstance(v, dict) else v for v in value]
+        else:
+            out[key] = value
+    return out

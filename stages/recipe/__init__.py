@@ -1,0 +1,257 @@
+"""The recipe: one YAML file per model and task, read, overridden and validated once, at the door, into
+one frozen, fully resolved `Recipe` that the CLI hands to the flow and every stage reads.
+
+- `schema.py`: the sections (pydantic, `extra="forbid"`, frozen); `sft:`/`grpo:` against TRL's dataclasses.
+- `defaults.py`: where TRL values come from (the recipe, Regimen's short list with reasons, or TRL).
+- here: reading YAML, `--set` overrides, error messages that name the field and line, and `explain`
+  (what `regimen check` prints: every value with where it came from).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from regimen.stages.errors import InputError
+from regimen.stages.recipe import defaults
+from regimen.stages.recipe.schema import Recipe, RewardSpec
+
+__all__ = ["Recipe", "RewardSpec", "load_recipe", "recipe_from_dict", "parse_set", "apply_overrides", "read_yaml", "explain", "raw_of"]
+
+_YAML11_WORDS = {"yes", "no", "on", "off", "y", "n"}
+_KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`--set a.b=VALUE` items into a mapping; VALUE is read as YAML (so 0.05, true, [1, 2] are typed)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not _KEY.fullmatch(key):
+            raise InputError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. --set grpo.beta=0.05")
+        if raw.strip().lower() in _YAML11_WORDS:  # `save_strategy=no` means the string "no", as TRL's CLI reads it
+            out[key] = raw.strip()
+            continue
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key] = raw
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys into a (copied) raw recipe mapping."""
+    data = copy.deepcopy(data)
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise InputError(f"override {str(key)[:80]!r}: expected a dotted key such as grpo.beta")
+        parts = key.split(".")
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise InputError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"recipe {p}: file does not exist")
+    if not p.is_file():
+        raise InputError(f"recipe {p}: not a file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"recipe {p}: cannot read it ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(f"recipe {p}:{where}: YAML syntax error: {problem}") from None
+    if data is None:
+        raise InputError(f"recipe {p}: file is empty")
+    if not isinstance(data, dict):
+        raise InputError(f"recipe {p}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _loc(err: dict[str, Any]) -> tuple:
+    """The error's location without pydantic's union tags (`data.addition.max_operand` -> `data.max_operand`)."""
+    from regimen.stages.tasks.registry import TASKS
+
+    loc = tuple(err["loc"])
+    if len(loc) > 1 and loc[0] == "data" and loc[1] in TASKS:
+        loc = (loc[0], *loc[2:])
+    return loc
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = _loc(err)
+        where = ".".join(str(p) for p in loc if p != "__root__")
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            section = ".".join(str(p) for p in loc[:-1])
+            allowed = _allowed_fields(loc[:-1], err)
+            msg = f"unknown {'field' if section else 'section'}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        elif err["type"] == "union_tag_invalid":
+            from regimen.stages.tasks.registry import TASKS
+
+            where, msg = "data.task", f"unknown task {err.get('input', {}).get('task') if isinstance(err.get('input'), dict) else err.get('input')!r}; tasks: {', '.join(TASKS)}"
+        elif err["type"] not in ("value_error", "assertion_error") and "input" in err and not isinstance(err["input"], dict):
+            shown = repr(err["input"])
+            msg = f"{msg} (got {shown[:80] + '...' if len(shown) > 80 else shown})"
+        lines.append(f"{where}: {msg}" if where else msg)
+    return f"recipe {source}: " + "; ".join(lines)
+
+
+def _allowed_fields(loc: tuple, err: dict[str, Any]) -> list[str]:
+    from regimen.stages.tasks.registry import TASKS
+
+    if loc[:1] == ("data",) and len(err["loc"]) > 1 and err["loc"][1] in TASKS:
+        return list(TASKS[err["loc"][1]].Options.model_fields)
+    model: Any = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None)
+        if ann is None:
+            return []
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            args = getattr(ann, "__args__", ())
+            model = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if model is None:
+                return []
+    return list(model.model_fields)
+
+
+def trl_check(recipe: Recipe) -> None:
+    """Build TRL's own config objects once, so TRL's cross-field validation runs before training."""
+    from regimen.stages.training.args import grpo_args, sft_args
+
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for section, build in (("sft", sft_args), ("grpo", grpo_args)):
+            try:
+                build(recipe, tmp)
+            except (ValueError, TypeError) as exc:
+                raise InputError(f"recipe: {section}: TRL rejects these settings: {exc}") from None
+
+
+def raw_of(recipe: Recipe) -> dict[str, Any]:
+    """The mapping the recipe was validated from (after overrides): what the recipe itself set."""
+    return copy.deepcopy(recipe._raw or recipe.model_dump(mode="json"))
+
+
+def recipe_from_dict(data: dict[str, Any], source: str = "<dict>", *, check_trl: bool = False) -> Recipe:
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(format_validation_error(source, exc)) from None
+    except (ValueError, TypeError) as exc:  # raised outside pydantic's wrapping (e.g. a reward module's import)
+        raise InputError(f"recipe {source}: {exc}") from None
+    recipe._raw = copy.deepcopy(data)
+    if check_trl:
+        trl_check(recipe)
+    return recipe
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | list[str] | None = None, *, check_trl: bool = True) -> Recipe:
+    """Read, override, validate and resolve a recipe; any problem is an InputError naming the field or line."""
+    if isinstance(overrides, list):
+        overrides = parse_set(overrides)
+    data = apply_overrides(read_yaml(path), overrides or {})
+    return recipe_from_dict(data, str(path), check_trl=check_trl)
+
+
+# ---------------------------------------------------------------------------------------------
+# `regimen check`: the resolved recipe with where every value came from
+
+
+def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
+    """The resolved recipe as YAML, each value commented `# recipe`, `# Regimen: why` or `# TRL default`."""
+    raw = raw_of(recipe)
+    dumped = recipe.model_dump(mode="json")
+    lines: list[str] = []
+
+    def emit(indent: int, key: str, value: Any, origin: str) -> None:
+        flow = isinstance(value, (dict, list))
+        text = yaml.safe_dump({key: value}, default_flow_style=False if not flow else None, width=10_000, sort_keys=False).strip()
+        if flow:
+            text = f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
+        lines.append(f"{'  ' * indent}{text}  # {origin}")
+
+    def walk(indent: int, node: dict[str, Any], given: Any) -> None:
+        for key, value in node.items():
+            here = given.get(key, _MISSING) if isinstance(given, dict) else _MISSING
+            if isinstance(value, dict) and value and not isinstance(here, list) and key not in ("args", "columns"):
+                lines.append(f"{'  ' * indent}{key}:")
+                walk(indent + 1, value, here if isinstance(here, dict) else {})
+            else:
+                emit(indent, key, value, "recipe" if here is not _MISSING else "Regimen default")
+
+    for section, value in dumped.items():
+        given = raw.get(section, _MISSING)
+        if section in ("sft", "grpo"):
+            lines.append(f"{section}:  # TRL {defaults.trl_class(section).__name__} fields")
+            given = given if isinstance(given, dict) else {}
+            shown = set()
+            for key, val in value.items():
+                if key in given:
+                    emit(1, key, val, "recipe")
+                else:
+                    emit(1, key, val, f"Regimen: {defaults.REGIMEN_DEFAULTS[section][key][1]}")
+                shown.add(key)
+            names = defaults.trl_fields(section) if all_fields else defaults.KEY_FIELDS[section]
+            for key in names:
+                if key not in shown and key not in defaults.RESERVED:
+                    emit(1, key, _plain(defaults.trl_default(section, key)), "TRL default")
+            if not all_fields:
+                lines.append(f"  # ... and {len(defaults.trl_fields(section)) - len(shown | set(names))} more TRL defaults (regimen check --all)")
+        elif section == "eval" and isinstance(value, dict):
+            lines.append("eval:")
+            for key, val in value.items():
+                if key == "max_new_tokens" and val is None:
+                    emit(1, key, recipe.max_new_tokens(), "from grpo.max_completion_length")
+                else:
+                    emit(1, key, val, "recipe" if isinstance(given, dict) and key in given else "Regimen default")
+        elif isinstance(value, dict) and value:
+            lines.append(f"{section}:")
+            walk(1, value, given if isinstance(given, dict) else {})
+        elif isinstance(value, list) and section == "rewards":
+            lines.append(f"rewards:  # {'recipe' if given is not _MISSING else 'Regimen default'}")
+            for item in value:
+                lines.append("  - " + yaml.safe_dump(item, default_flow_style=True, width=10_000, sort_keys=False).strip())
+        else:
+            emit(0, section, value, "recipe" if given is not _MISSING else "Regimen default")
+    return "\n".join(lines) + "\n"
+
+
+_MISSING = object()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "value"):  # enums
+        return value.value
+    if isinstance(value, (str, int, float, bool, type(None), list, dict)):
+        return value
+    return str(value)

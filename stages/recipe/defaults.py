@@ -1,0 +1,97 @@
+"""Where a recipe's TRL values come from: the recipe, Regimen (a short list, each with its reason), or
+TRL's own `SFTConfig` / `GRPOConfig` defaults (everything else).
+
+Regimen's defaults are deliberately few. The values tuned for the embedded tiny model (learning rates,
+step counts, 6-token completions) live in `configs/default.yaml` and the other tiny recipes, where a
+reader sees them; a recipe that sets only `model` and `data` trains with TRL's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+REGIMEN_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
+    "sft": {
+        "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step"),
+    },
+    "grpo": {
+        "beta": (0.04, "Regimen always trains GRPO with a KL penalty that limits drift (TRL's default 0.0 has none)"),
+        "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step"),
+    },
+}
+
+# Fields Regimen sets itself: a recipe value would be ignored or break the stage's file layout.
+RESERVED = {"output_dir", "resume_from_checkpoint", "do_train", "do_eval", "overwrite_output_dir"}
+
+# What `regimen check` shows of TRL's defaults without --all: the fields a person tunes first.
+KEY_FIELDS = {
+    "sft": ("max_steps", "num_train_epochs", "learning_rate", "lr_scheduler_type", "warmup_steps", "per_device_train_batch_size",
+            "gradient_accumulation_steps", "max_length", "completion_only_loss", "assistant_only_loss", "gradient_checkpointing",
+            "bf16", "logging_steps", "save_steps", "seed", "report_to"),
+    "grpo": ("max_steps", "num_train_epochs", "learning_rate", "lr_scheduler_type", "per_device_train_batch_size", "gradient_accumulation_steps",
+             "num_generations", "max_completion_length", "temperature", "top_p", "beta", "loss_type", "scale_rewards", "use_vllm",
+             "gradient_checkpointing", "bf16", "logging_steps", "save_steps", "seed", "report_to"),
+}
+
+
+@functools.cache
+def trl_class(section: str) -> type:
+    if section == "sft":
+        from trl.trainer.sft_config import SFTConfig
+
+        return SFTConfig
+    from trl.trainer.grpo_config import GRPOConfig
+
+    return GRPOConfig
+
+
+@functools.cache
+def trl_fields(section: str) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(trl_class(section)) if f.init}
+
+
+def trl_default(section: str, key: str) -> Any:
+    f = trl_fields(section)[key]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def coerce(section: str, values: dict[str, Any], fields: dict[str, dataclasses.Field], class_name: str) -> dict[str, Any]:
+    """Check names against the dataclass and values against its field types (YAML gives strings and ints)."""
+    out = {}
+    for key, value in values.items():
+        if key in RESERVED:
+            raise ValueError(f"{section}.{key} is set by Regimen (checkpoints live in the stage's work folder)")
+        if key not in fields:
+            close = [n for n in fields if n.startswith(key[:4])][:5]
+            hint = f"; did you mean one of {close}?" if close else ""
+            raise ValueError(f"{section}.{key} is not a field of {class_name}{hint}")
+        if key == "save_total_limit" and value is not None and value < 2:
+            raise ValueError(f"{section}.save_total_limit must be at least 2 (or unset): with 1 the Trainer deletes the last good checkpoint before the new one is known to be complete")
+        ftype = fields[key].type
+        try:
+            out[key] = TypeAdapter(ftype).validate_python(value) if not isinstance(ftype, str) else value
+        except ValidationError as exc:
+            if value is False:  # YAML reads a bare `no` as False; TRL's strategies spell it "no"
+                try:
+                    out[key] = TypeAdapter(ftype).validate_python("no")
+                    continue
+                except ValidationError:
+                    pass
+            msg = exc.errors()[0]["msg"]
+            raise ValueError(f"{section}.{key}: {msg} (got {value!r})") from None
+        except Exception:  # a type pydantic cannot build a validator for: let TRL judge it
+            out[key] = value
+    return out
+
+
+def resolve_trl(section: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Regimen's defaults under the recipe's own (already coerced) values."""
+    return {**{k: v for k, (v, _) in REGIMEN_DEFAULTS[section].items()}, **given}

@@ -1,0 +1,274 @@
+"""The recipe's sections: pydantic models with `extra="forbid"` (a typo is an error that names the field),
+frozen once validated. `sft:` and `grpo:` take TRL's own field names and are checked against TRL's
+dataclasses; `data:` is validated by the chosen task's own options (`tasks/registry.py`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from regimen.stages.recipe import defaults
+from regimen.stages.tasks import registry as tasks
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TinyModel(Section):
+    """The embedded model's shape (used when `model.name_or_path: tiny`): a tiny Llama, ~0.5M params."""
+
+    hidden_size: int = Field(128, gt=0)
+    intermediate_size: int = Field(512, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    max_position_embeddings: int = Field(64, gt=8)
+    seed: int = 0
+
+
+def looks_like_path(v: str) -> bool:
+    return v.startswith(("/", "./", "../", "~")) or v.count("/") > 1
+
+
+def check_model_ref(v: str) -> str:
+    """A local folder must exist and hold a config.json; anything else must look like a hub id."""
+    if v == "tiny":
+        return v
+    p = Path(v).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ValueError(f"model folder {v!r} has no config.json (not a saved transformers model)")
+        return v
+    if looks_like_path(v) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", v):
+        raise ValueError(f"model path {v!r} does not exist (give an existing folder or a hub id like 'org/name')")
+    return v
+
+
+class ModelSection(Section):
+    name_or_path: str = Field("tiny", description="hub id, local folder, or 'tiny' for the embedded model")
+    tiny: TinyModel = TinyModel()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    merge_lora: bool = Field(True, description="with peft: merge the adapter into the saved policy so later stages load a plain model")
+
+    @field_validator("name_or_path")
+    @classmethod
+    def _exists_if_path(cls, v: str) -> str:
+        return check_model_ref(v)
+
+
+DataSection = Annotated[Union[tasks.options_models()], Field(discriminator="task")]  # type: ignore[valid-type]
+
+
+class TeacherSection(Section):
+    """Where SFT's traces come from: the task's exact solver (`oracle`), the task's weak solver (`weak`,
+    right on a known part of the task), a teacher model (rejection sampling), the current policy itself
+    (reward-filtered self-distillation), or nobody (`none`: no SFT, the cycle starts at the dry run)."""
+
+    kind: Literal["oracle", "weak", "model", "self", "none"] = "oracle"
+    name_or_path: str | None = None
+    samples_per_prompt: int = Field(4, ge=1, description="model/self: completions generated per prompt")
+    min_reward: float = Field(1.0, description="model/self: keep a trace only when its total reward is at least this")
+    temperature: float = Field(1.0, gt=0)
+    max_prompts: int | None = Field(None, gt=0, description="cap the prompts sent to a model teacher (default: all)")
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> TeacherSection:
+        if self.kind == "model":
+            if not self.name_or_path:
+                raise ValueError("teacher.kind 'model' needs teacher.name_or_path")
+            check_model_ref(self.name_or_path)
+        return self
+
+
+class RewardSpec(Section):
+    name: str = Field(description="a registered reward (answer, format, unit_tests, ...) or 'pkg.module:function'")
+    weight: float = Field(1.0, ge=0, description="0 makes it a monitor: computed and logged, never trained on")
+    pattern: str | None = Field(None, description="format: the regex the whole completion must match")
+    args: dict[str, Any] = Field({}, description="options of a configurable reward, e.g. unit_tests: {timeout_s: 5}")
+
+    def options(self) -> dict[str, Any]:
+        return {**self.args, **({"pattern": self.pattern} if self.pattern is not None else {})}
+
+    @property
+    def key(self) -> str:
+        """The name its values are reported under (a dotted path's function name for custom ones)."""
+        return self.name.rsplit(":", 1)[-1]
+
+
+class DryRunSection(Section):
+    """The gate before RL: sample the policy, score it, and stop when GRPO could learn nothing."""
+
+    num_prompts: int = Field(32, gt=0, description="prompts sampled, num_generations completions each")
+    min_mean_reward: float = Field(0.05, description="below this the task is hopeless for this policy")
+    max_mean_reward: float = Field(0.95, description="above this the task is trivial: nothing left to learn")
+    max_frac_zero_std: float = Field(0.8, ge=0, le=1, description="most groups without variance teach nothing")
+
+
+class SmokeSection(Section):
+    """A few GRPO steps with the full recipe: some step must show reward variation and finite loss."""
+
+    max_steps: int = Field(4, gt=0)
+
+
+class ProbeSection(Section):
+    """The held-out probe inside GRPO: greedy accuracy on a small held-out sample every `steps` steps, which
+    the reward-hacking guard watches during training and which picks the checkpoint the version keeps."""
+
+    steps: int = Field(50, ge=0, description="probe every this many GRPO steps (0: no probe, the guard speaks after the round)")
+    prompts: int = Field(64, gt=0, description="held-out prompts per probe (greedy)")
+    keep: Literal["best", "last"] = Field("best", description="the GRPO version holds the best-probing checkpoint, or the last")
+
+
+class EvalSection(Section):
+    batch_size: int = Field(64, gt=0, description="held-out prompts per generate() call (greedy)")
+    max_new_tokens: int | None = Field(None, gt=0, description="default: grpo.max_completion_length as resolved")
+    trajectories: int = Field(50, ge=0, description="held-out samples written to trajectories.jsonl")
+    metric: str = Field("exact_match", description="'exact_match' against the `answer` column, or a reward name (1.0 counts as correct)")
+
+
+class GuardSection(Section):
+    """Reward-hacking guard: training reward rose, held-out accuracy did not."""
+
+    train_rise: float = Field(0.2, description="a rise of the training reward at least this large ...")
+    heldout_gain: float = Field(0.02, description="... with held-out accuracy gaining less than this is suspicious")
+    action: Literal["stop", "warn"] = "stop"
+
+
+class CycleSection(Section):
+    max_cycles: int = Field(1, ge=1, description="SFT → ... → eval cycles at most")
+    max_rounds: int = Field(1, ge=1, description="GRPO rounds (each followed by eval) per cycle at most")
+    target: float = Field(0.95, description="held-out accuracy that ends the flow")
+    min_delta: float = Field(0.02, ge=0, description="held-out gain that counts as progress")
+    patience: int = Field(1, ge=1, description="evaluations without progress before going back to SFT")
+    start_from: Literal["base", "latest"] = Field("base", description="cycle 1 starts from the base model or the latest good policy")
+    guard: GuardSection = GuardSection()
+
+
+ACCELERATE_FLAGS = {
+    "--mixed_precision", "--gpu_ids", "--num_machines", "--machine_rank", "--main_process_ip", "--dynamo_backend",
+    "--same_network", "--rdzv_backend", "--max_restarts", "--monitor_interval", "--deepspeed_config_file",
+    "--zero_stage", "--gradient_accumulation_steps", "--use_fsdp", "--use_deepspeed", "--fsdp_version",
+    "--num_cpu_threads_per_process", "--debug", "--quiet", "-q",
+}
+
+
+class AccelerateSection(Section):
+    num_processes: int = Field(2, ge=1)
+    config_file: str | None = None
+    main_process_port: int = Field(0, ge=0, le=65535)
+    extra_args: list[str] = Field([], description="more `accelerate launch` options (only known ones: no program or script)")
+
+    @field_validator("config_file")
+    @classmethod
+    def _config_exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"accelerate config file {v!r} does not exist")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _known_flags(cls, v: list[str]) -> list[str]:
+        """Only `--flag` / `--flag=value` / `--flag value` of accelerate's own launch options: nothing that
+        could name another program (`--no_python`, `-m`, a script path)."""
+        expect_value = False
+        for arg in v:
+            if expect_value and not arg.startswith("-"):
+                expect_value = False
+                continue
+            flag = arg.split("=", 1)[0]
+            if flag not in ACCELERATE_FLAGS:
+                raise ValueError(f"accelerate.extra_args: {arg!r} is not an allowed accelerate launch option (allowed: {', '.join(sorted(ACCELERATE_FLAGS))})")
+            expect_value = "=" not in arg and flag not in ("--debug", "--quiet", "-q", "--same_network", "--use_fsdp", "--use_deepspeed")
+        return v
+
+
+class Recipe(Section):
+    experiment: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    model: ModelSection = ModelSection()
+    data: DataSection = Field(default_factory=lambda: tasks.TASKS["addition"].Options())  # type: ignore[valid-type]
+    teacher: TeacherSection = TeacherSection()
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="answer")], min_length=1)
+    sft: dict[str, Any] = Field({}, validate_default=True, description="TRL SFTConfig fields, resolved: the recipe's over Regimen's defaults")
+    peft: dict[str, Any] | None = None
+    dry_run: DryRunSection = DryRunSection()
+    smoke: SmokeSection = SmokeSection()
+    grpo: dict[str, Any] = Field({}, validate_default=True, description="TRL GRPOConfig fields, resolved: the recipe's over Regimen's defaults")
+    probe: ProbeSection = ProbeSection()
+    eval: EvalSection = EvalSection()
+    cycle: CycleSection = CycleSection()
+    store: str = "artifacts"
+    launcher: Literal["inprocess", "accelerate"] = "inprocess"
+    accelerate: AccelerateSection = AccelerateSection()
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)  # what the recipe itself set (for `regimen check`)
+
+    @field_validator("sft")
+    @classmethod
+    def _sft_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return defaults.resolve_trl("sft", defaults.coerce("sft", v, defaults.trl_fields("sft"), "TRL's SFTConfig"))
+
+    @field_validator("grpo")
+    @classmethod
+    def _grpo_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return defaults.resolve_trl("grpo", defaults.coerce("grpo", v, defaults.trl_fields("grpo"), "TRL's GRPOConfig"))
+
+    @field_validator("peft")
+    @classmethod
+    def _peft_fields(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        import dataclasses
+
+        from peft import LoraConfig
+
+        return defaults.coerce("peft", v, {f.name: f for f in dataclasses.fields(LoraConfig) if f.init}, "peft's LoraConfig")
+
+    @model_validator(mode="after")
+    def _rules(self) -> Recipe:
+        g = self.grpo_value
+        if g("num_generations") < 2:
+            raise ValueError("grpo.num_generations must be at least 2: GRPO compares attempts within a group")
+        if g("beta") <= 0:
+            raise ValueError("grpo.beta must be > 0: Regimen's GRPO stage always trains with a KL penalty that limits drift")
+        procs = self.num_processes()
+        per_step = g("per_device_train_batch_size") * procs * (g("steps_per_generation") or g("gradient_accumulation_steps") or 1)
+        if g("generation_batch_size"):
+            per_step = g("generation_batch_size")
+        if per_step % g("num_generations"):
+            raise ValueError(
+                f"grpo: the completions per generation batch ({per_step} = per_device_train_batch_size "
+                f"{g('per_device_train_batch_size')} x {procs} process(es) x steps_per_generation) must be divisible by "
+                f"num_generations ({g('num_generations')}) so every prompt gets a whole group")
+        from regimen.stages.rewards import check_specs
+
+        names = check_specs(self.rewards)
+        if not any(r.weight > 0 for r in self.rewards):
+            raise ValueError("rewards: every reward has weight 0 (monitors only); at least one must train (weight > 0)")
+        if self.eval.metric != "exact_match" and self.eval.metric not in names:
+            raise ValueError(f"eval.metric {self.eval.metric!r} must be 'exact_match' or one of the recipe's rewards: {', '.join(names)}")
+        if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
+            raise ValueError(f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none")
+        return self
+
+    # -- resolved values ----------------------------------------------------------------------
+    def grpo_value(self, key: str) -> Any:
+        """A GRPO setting as TRL will see it: the recipe's, Regimen's, else TRL's default."""
+        return self.grpo[key] if key in self.grpo else defaults.trl_default("grpo", key)
+
+    def sft_value(self, key: str) -> Any:
+        return self.sft[key] if key in self.sft else defaults.trl_default("sft", key)
+
+    def max_new_tokens(self) -> int:
+        """Completion length outside TRL (dry run, evaluation, teacher, probe): eval.max_new_tokens, else GRPO's."""
+        return int(self.eval.max_new_tokens or self.grpo_value("max_completion_length"))
+
+    def num_processes(self) -> int:
+        return self.accelerate.num_processes if self.launcher == "accelerate" else 1
+
+    def reward_weights(self) -> dict[str, float]:
+        return {s.key: s.weight for s in self.rewards}
+
+    def trains_sft(self) -> bool:
+        return self.teacher.kind != "none"

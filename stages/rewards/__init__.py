@@ -1,0 +1,18 @@
+"""Rewards: plain functions with TRL's signature `f(prompts, completions, **columns) -> list[float | None]`,
+registered by name, each with a weight in the recipe (0: a monitor, logged and never trained on).
+
+- `registry.py`: `register`, `get_reward`, `from_specs`, `score` (checks each value), `weighted_total`;
+- `text.py`: `answer`, `format`, and the gameable-on-purpose `digits`;
+- `code.py`: `unit_tests` (judged in the sandbox, `sandbox.py`) and the gameable-on-purpose `code_block`;
+- `check.py`: `regimen reward-check`, a reward's dry run on sample text.
+
+Adding a reward: write the function in a module here (or anywhere: `pkg.module:function` in a recipe)
+and decorate it with `@register("name")`; importing this package registers the built-in ones.
+"""
+
+from regimen.stages.rewards import code, text  # noqa: F401  (their import registers the built-in rewards)
+from regimen.stages.rewards.registry import (  # noqa: F401
+    GAMEABLE_WARNING, RewardFn, check_specs, check_values, completion_text, from_specs, gameable_names, get_reward, is_gameable,
+    known_rewards, preflight, register, register_factory, score, weighted_total,
+)
+from regimen.stages.rewards.text import answer, digits, first_line, format_reward, normalize_answer  # noqa: F401

@@ -1,0 +1,214 @@
+"""`regimen reward-check`: score sample completions with rewards, no model involved.
+
+The dry run of a reward on text that practitioners recommend before any training: a person writes or
+collects completions (JSONL, one object per line with `completion`, optionally `prompt`, plus the
+columns the rewards read, such as `answer` or `tests`) and sees what each reward pays for them.
+
+Without `--json`: a table of the first rows and a summary per reward (mean, std, min, max, how many
+None). With `--json`: exactly one JSON line per sample on stdout, the sample's fields plus
+`"rewards": {name: value}`; notes and warnings go to stderr. Gameable rewards are announced loudly
+either way. Samples are scored in batches, so `unit_tests` runs each batch in parallel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from regimen.stages import rewards as rewards_module
+from regimen.stages.tasks import read_jsonl
+from regimen.stages.errors import InputError
+from regimen.stages.rewards import RewardFn, get_reward, is_gameable, score, weighted_total
+
+BATCH_SIZE = 512
+TABLE_ROWS = 20
+# Keys of a sample that are not passed to rewards as dataset columns.
+_NOT_COLUMNS = {"prompt", "completion", "rewards", "prompts", "completions"}
+
+
+def _check_sample(path: Path, line_no: int, row: dict[str, Any]) -> None:
+    completion = row["completion"]
+    if not (isinstance(completion, str) or (isinstance(completion, list) and all(isinstance(m, dict) for m in completion))):
+        raise InputError(f"{path}:{line_no}: field 'completion' must be a string or a list of chat messages, got {type(completion).__name__}")
+    prompt = row.get("prompt")
+    if prompt is not None and not isinstance(prompt, (str, list)):
+        raise InputError(f"{path}:{line_no}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}")
+
+
+def _recipe_rewards(config: str) -> dict[str, tuple[RewardFn, float]]:
+    """The recipe's rewards, by name, with their weights. Assumes `regimen.stages.recipe.load_recipe(path)`
+    returns an object whose `.rewards` items have `.name`, `.weight` and `.options()` (a dict of the
+    reward's extra keyword arguments)."""
+    try:
+        config_module = importlib.import_module("regimen.stages.recipe")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("regimen.stages.recipe",):
+            raise
+        raise InputError(f"--config {config}: recipes cannot be read by this version (no regimen.stages.recipe); name the rewards with --reward") from None
+    recipe = config_module.load_recipe(config)
+    out: dict[str, tuple[RewardFn, float]] = {}
+    for item in getattr(recipe, "rewards", None) or []:
+        name = str(item.name)
+        options = item.options() if callable(getattr(item, "options", None)) else {}
+        weight = getattr(item, "weight", 1.0)
+        key = report_name(name)
+        if key in out:
+            raise InputError(f"--config {config}: reward {key!r} is listed twice")
+        out[key] = (get_reward(name, **(options or {})), float(1.0 if weight is None else weight))
+    if not out:
+        raise InputError(f"--config {config}: the recipe lists no rewards; name them with --reward")
+    return out
+
+
+def report_name(name: str) -> str:
+    """The name a reward's values are reported under: a dotted path's function name, as in training logs."""
+    return name.rsplit(":", 1)[-1]
+
+
+def resolve_rewards(rewards: list[str], config: str | None) -> tuple[dict[str, RewardFn], dict[str, float] | None]:
+    """Reward functions by name, and their weights when a recipe gives them. `--reward` names win;
+    a recipe given beside them lends its options and weights to the rewards it also lists."""
+    from_recipe = _recipe_rewards(config) if config else {}
+    if rewards:
+        fns: dict[str, RewardFn] = {}
+        weights: dict[str, float] = {}
+        for name in rewards:
+            key = report_name(name)
+            if key in fns:
+                continue
+            if key in from_recipe:
+                fns[key], weights[key] = from_recipe[key]
+            else:
+                fns[key], weights[key] = get_reward(name), 1.0
+        return fns, (weights if config else None)
+    if config:
+        return {k: fn for k, (fn, _) in from_recipe.items()}, {k: w for k, (_, w) in from_recipe.items()}
+    raise InputError("reward-check: name at least one reward with --reward NAME, or give a recipe with --config")
+
+
+def _gameable_warning(names: list[str]) -> str:
+    template = getattr(rewards_module, "GAMEABLE_WARNING", None)
+    if template:
+        return template.format(names=", ".join(names))
+    return f"WARNING: reward(s) {', '.join(names)} are GAMEABLE: they pay for form, not substance; a high score does not mean better answers."
+
+
+def _fmt(value: float | None) -> str:
+    return "None" if value is None else f"{value:.3f}"
+
+
+def _clip(value: Any, width: int = 60) -> str:
+    from regimen.stages.rewards import completion_text
+
+    text = value if isinstance(value, str) else completion_text(value) if isinstance(value, list) else "" if value is None else str(value)
+    text = text.replace("\r", "").replace("\n", " ⏎ ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _json_value(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def main(samples: str, config: str | None, rewards: list[str], as_json: bool) -> int:
+    """Score every sample in `samples` with the chosen rewards and print a table or JSON lines.
+    Returns 0; raises InputError (exit 2) on bad input, naming the file, line and field."""
+    path = Path(samples)
+    rows = list(read_jsonl(path, required=("completion",)))
+    for line_no, row in rows:
+        _check_sample(path, line_no, row)
+    fns, weights = resolve_rewards(list(rewards or []), config)
+    started = time.monotonic()
+
+    console = None
+    if not as_json:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+    gameable = [name for name, fn in fns.items() if is_gameable(fn)]
+    if gameable:
+        if console is not None:
+            console.print(_gameable_warning(gameable), style="bold red", soft_wrap=True)
+        else:
+            print(_gameable_warning(gameable), file=sys.stderr)
+
+    values: dict[str, list[float | None]] = {name: [] for name in fns}
+    for start in range(0, len(rows), BATCH_SIZE):
+        chunk = rows[start : start + BATCH_SIZE]
+        samples_ = [row for _, row in chunk]
+        keys = sorted({k for row in samples_ for k in row} - _NOT_COLUMNS)
+        columns = {k: [row.get(k) for row in samples_] for k in keys}
+        prompts = [row.get("prompt", "") for row in samples_]
+        completions = [row["completion"] for row in samples_]
+        try:
+            batch = score(fns, prompts, completions, columns)
+        except InputError as exc:
+            raise InputError(f"{path} (lines {chunk[0][0]}-{chunk[-1][0]}): {exc}") from None
+        except Exception as exc:  # a reward that chokes on this file's data
+            raise InputError(f"{path} (lines {chunk[0][0]}-{chunk[-1][0]}): a reward failed: {type(exc).__name__}: {exc}") from exc
+        for name in fns:
+            values[name].extend(batch[name])
+        if as_json:
+            out = sys.stdout
+            for i, row in enumerate(samples_):
+                record = {**row, "rewards": {name: _json_value(batch[name][i]) for name in fns}}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
+
+    elapsed = time.monotonic() - started
+    if as_json:
+        print(f"reward-check: scored {len(rows)} samples with {', '.join(fns)} in {elapsed:.2f} s", file=sys.stderr)
+        return 0
+    assert console is not None
+    _print_report(console, path, rows, fns, values, weights, gameable, elapsed)
+    return 0
+
+
+def _print_report(console, path: Path, rows, fns, values, weights, gameable, elapsed: float) -> None:
+    from rich.table import Table
+
+    totals = weighted_total(values, weights) if weights else None
+    table = Table(title=f"{path.name}: first {min(TABLE_ROWS, len(rows))} of {len(rows)} samples", show_lines=False)
+    table.add_column("line", justify="right")
+    table.add_column("prompt", overflow="fold")
+    table.add_column("completion", overflow="fold")
+    for name in fns:
+        table.add_column(name + (" (!)" if name in gameable else ""), justify="right")
+    if totals is not None:
+        table.add_column("total", justify="right")
+    for i, (line_no, row) in enumerate(rows[:TABLE_ROWS]):
+        cells = [str(line_no), _clip(row.get("prompt"), 40), _clip(row["completion"])]
+        cells += [_fmt(values[name][i]) for name in fns]
+        if totals is not None:
+            cells.append(_fmt(totals[i]) if math.isfinite(totals[i]) else "None")
+        table.add_row(*cells)
+    console.print(table)
+
+    summary = Table(title="summary")
+    for col in ("reward", "weight", "mean", "std", "min", "max", "scored", "None"):
+        summary.add_column(col, justify="left" if col == "reward" else "right")
+    for name in fns:
+        scored = [v for v in values[name] if v is not None and math.isfinite(v)]
+        nones = len(values[name]) - len(scored)
+        stats = [statistics.fmean(scored), statistics.pstdev(scored), min(scored), max(scored)] if scored else [None] * 4
+        summary.add_row(
+            name + (" (GAMEABLE)" if name in gameable else ""),
+            "-" if not weights else f"{weights[name]:g}",
+            *(("-" if s is None else f"{s:.3f}") for s in stats),
+            str(len(scored)),
+            str(nones),
+        )
+    if totals is not None:
+        finite = [t for t in totals if math.isfinite(t)]
+        stats = [statistics.fmean(finite), statistics.pstdev(finite), min(finite), max(finite)] if finite else [None] * 4
+        summary.add_row("weighted total", "", *(("-" if s is None else f"{s:.3f}") for s in stats), str(len(finite)), str(len(totals) - len(finite)))
+    console.print(summary)
+    if gameable:
+        console.print(_gameable_warning(gameable), style="bold red", soft_wrap=True)
+    console.print(f"scored {len(rows)} samples with {len(fns)} reward(s) in {elapsed:.2f} s")

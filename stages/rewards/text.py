@@ -1,0 +1,87 @@
+"""Text rewards: `answer` (exact match after normalisation), `format` (a pattern the completion must
+match) and the gameable-on-purpose `digits`."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from regimen.stages.errors import InputError
+from regimen.stages.rewards.registry import RewardFn, completion_text, register, register_factory
+
+_NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
+
+
+def normalize_answer(text: Any) -> str | float | None:
+    """Strip, unify whitespace and case; numbers become floats so `85`, ` 85.0` and `+85` agree."""
+    if text is None:
+        return None
+    s = " ".join(str(text).strip().split())
+    if not s:
+        return None
+    candidate = s.replace(",", "") if re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?", s) else s
+    if _NUMBER.match(candidate):
+        value = float(candidate)
+        return value if math.isfinite(value) else None
+    return s.lower()
+
+
+def first_line(text: str) -> str:
+    """The answer a model commits to: its first non-empty line (later lines are rambling)."""
+    for line in text.strip().splitlines():
+        if line.strip():
+            return line
+    return ""
+
+
+@register("answer")
+def answer(prompts: list[Any], completions: list[Any], answer: list[Any] | None = None, **_: Any) -> list[float | None]:
+    """1.0 when the completion's first line equals the `answer` column after normalisation
+    (numbers compared as numbers), else 0.0; None when the reference is missing or empty."""
+    refs = answer if answer is not None else [None] * len(completions)
+    scores: list[float | None] = []
+    for completion, ref in zip(completions, refs):
+        want = normalize_answer(ref)
+        if want is None:
+            scores.append(None)
+            continue
+        got = normalize_answer(first_line(completion_text(completion)))
+        scores.append(1.0 if got is not None and got == want else 0.0)
+    return scores
+
+
+def format_reward(pattern: str = r"[^\n]+", *, name: str = "format") -> RewardFn:
+    """An easy reward: 1.0 when the whole (stripped) completion matches `pattern`, else 0.0.
+    It gives a struggling policy some signal beside a hard correctness reward; alone it is gameable."""
+    try:
+        regex = re.compile(pattern, re.DOTALL)
+    except re.error as exc:
+        raise InputError(f"rewards: format pattern {pattern!r} is not a valid regular expression: {exc}") from None
+
+    def fmt(prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
+        return [1.0 if regex.fullmatch(completion_text(c).strip()) else 0.0 for c in completions]
+
+    fmt.__name__ = name
+    fmt.gameable = False  # type: ignore[attr-defined]
+    return fmt
+
+
+@register("format")
+def format_(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
+    """Default format check: the completion is a single line of text (no rambling past one line).
+    Recipes usually configure their own pattern: `{name: format, pattern: '^\\d+$'}`."""
+    return format_reward(r"[^\n]+")(prompts, completions, **columns)
+
+
+register_factory("format", format_reward)
+
+
+@register("digits", gameable=True)
+def digits(prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
+    """GAMEABLE ON PURPOSE: pays 1.0 for any digits-shaped answer, right or wrong. It is the
+    arithmetic task's version of `code_block`: a training curve that climbs to its ceiling while
+    held-out accuracy does not move. Use it to see the reward-hacking guard fire, never to train."""
+    return [1.0 if re.fullmatch(r"\d+", first_line(completion_text(c)).strip()) else 0.0 for c in completions]
+
+

@@ -1,0 +1,405 @@
+"""The versioned artifact store: `<store>/<experiment>/<stage>/v<N>/` with files and `manifest.json`.
+
+Versions are never overwritten. A stage writes into a staging folder that is renamed into place only
+when complete, so a crash leaves no half-written version; a folder counts as a version only when its
+manifest is well-formed and says `completed`. Failed attempts are kept beside the versions (`failed/`),
+never as one. The cycle's verdicts are kept beside the evaluations (`<experiment>/decisions/`).
+
+Reuse checks integrity: `find_intact` returns a version only when its files match the manifest (size and
+mtime first; the full sha256 when either differs), and reports damaged ones. The store never follows a
+link it did not make (`files.py`). The root is a local folder or any fsspec URL (`s3://bucket/regimen`,
+`memory://x`); for remote roots, stages work in a local cache and the finished folder is uploaded, then
+moved into place; the experiment lock is then a lease in the store (`lock.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from regimen.stages.errors import InputError, StoreError
+from regimen.stages.store import files
+from regimen.stages.store.lock import ExperimentBusy, file_lock, lease
+
+__all__ = ["Store", "ExperimentBusy", "MANIFEST", "now_iso", "sha256_file", "check_name"]
+
+MANIFEST = "manifest.json"
+_VERSION = re.compile(r"^v(\d+)$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_REQUIRED = {"experiment": str, "stage": str, "version": int, "fingerprint": str, "files": dict, "status": str}
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def check_name(name: str, what: str = "experiment") -> str:
+    """Experiment names become folder names: letters, digits, `_.-`, at most 100 characters."""
+    if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+        shown = name if len(str(name)) <= 60 else f"{str(name)[:57]}..."
+        raise InputError(f"{what} {shown!r}: use 1-100 letters, digits, '_', '.' or '-', starting with a letter or digit")
+    return name
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stats(root: Path) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """Relative path → sha256, and → [size, mtime_ns], for every file under `root` but the manifest."""
+    digests, stats = {}, {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_symlink():
+            raise StoreError(f"{p}: a stage wrote a symbolic link into its version folder; versions hold plain files only")
+        if p.is_file() and p.name != MANIFEST:
+            rel = p.relative_to(root).as_posix()
+            st = p.stat()
+            digests[rel] = sha256_file(p)
+            stats[rel] = [st.st_size, st.st_mtime_ns]
+    return digests, stats
+
+
+def well_formed(manifest: Any) -> bool:
+    return isinstance(manifest, dict) and all(isinstance(manifest.get(k), t) and not isinstance(manifest.get(k), bool) for k, t in _REQUIRED.items())
+
+
+class Store:
+    """A store rooted at a local folder or an fsspec URL."""
+
+    def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None):
+        self.url = str(root)
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        if self.local:
+            self.root = str(Path(self.root).expanduser().resolve())
+            self.cache = Path(self.root)
+        else:
+            key = hashlib.sha256(self.url.encode()).hexdigest()[:12]
+            base = Path(cache_dir or os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen"))
+            self.cache = base / f"store-{key}"
+        try:
+            self.cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"store {self.url}: cannot create {self.cache}: {files.describe_os_error(exc, self.cache)}") from None
+
+    # -- paths -------------------------------------------------------------------------------
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def stage_path(self, experiment: str, stage: str) -> str:
+        return self._join(check_name(experiment), stage)
+
+    def version_path(self, experiment: str, stage: str, version: int) -> str:
+        return self._join(check_name(experiment), stage, f"v{version}")
+
+    def local_stage_dir(self, experiment: str, stage: str) -> Path:
+        """Where work for this stage happens on this machine (the store itself when local)."""
+        return files.ensure_dir(self.cache, self.cache / check_name(experiment) / stage)
+
+    def work_dir(self, experiment: str, stage: str, key: str) -> Path:
+        """A resumable work folder (Trainer checkpoints) for one fingerprint of one stage."""
+        return files.ensure_dir(self.cache, self.local_stage_dir(experiment, stage) / "work" / key[:16])
+
+    def experiment_dir(self, experiment: str) -> Path:
+        """A local folder for the experiment's presentation files (plots, sweeps)."""
+        return files.ensure_dir(self.cache, self.cache / check_name(experiment))
+
+    # -- reading -----------------------------------------------------------------------------
+    def _read_json(self, path: str) -> Any:
+        try:
+            if self.local:
+                return json.loads(files.read_text(Path(self.root), Path(path)))
+            with self.fs.open(path, "r") as fh:
+                return json.load(fh)
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError, StoreError):
+            return None
+        except OSError:
+            return None
+
+    def _entries(self, path: str) -> list[str]:
+        try:
+            return [e.rstrip("/") for e in self.fs.ls(path, detail=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {path}: {files.describe_os_error(exc, path)}") from None
+
+    def _scan(self, experiment: str, stage: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """Completed versions' manifests (oldest first) and folders whose manifest is malformed."""
+        found, malformed = [], []
+        for entry in self._entries(self.stage_path(experiment, stage)):
+            m = _VERSION.match(entry.rsplit("/", 1)[-1])
+            if not m:
+                continue
+            if self.local and Path(entry).is_symlink():
+                malformed.append(f"{entry} (a symbolic link)")
+                continue
+            manifest = self._read_json(f"{entry}/{MANIFEST}")
+            if manifest is None and not self.fs.exists(f"{entry}/{MANIFEST}"):
+                continue  # a version being moved into place
+            if not well_formed(manifest) or manifest["version"] != int(m.group(1)) or manifest["stage"] != stage:
+                malformed.append(f"{entry}/{MANIFEST}")
+                continue
+            if manifest["status"] == "completed":
+                found.append(manifest)
+        return sorted(found, key=lambda m: m["version"]), malformed
+
+    def versions(self, experiment: str, stage: str) -> list[dict[str, Any]]:
+        """Completed versions' manifests, oldest first (malformed ones are left out; see `malformed`)."""
+        return self._scan(experiment, stage)[0]
+
+    def malformed(self, experiment: str, stage: str) -> list[str]:
+        return self._scan(experiment, stage)[1]
+
+    def latest(self, experiment: str, stage: str) -> dict[str, Any] | None:
+        versions = self.versions(experiment, stage)
+        return versions[-1] if versions else None
+
+    def find_intact(self, experiment: str, stage: str, key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The newest completed version with this fingerprint whose files match the manifest, and the
+        damaged ones passed over on the way ({version, problems})."""
+        damaged = []
+        for manifest in reversed(self.versions(experiment, stage)):
+            if manifest.get("fingerprint") != key:
+                continue
+            problems = self.check(manifest)
+            if not problems:
+                return manifest, damaged
+            damaged.append({"version": manifest["version"], "problems": problems})
+        return None, damaged
+
+    def find(self, experiment: str, stage: str, key: str) -> dict[str, Any] | None:
+        return self.find_intact(experiment, stage, key)[0]
+
+    def check(self, manifest: dict[str, Any]) -> list[str]:
+        """Problems with a version's files (empty: intact). Fast path: size and mtime as recorded at
+        commit; a file whose size differs is damaged; one whose mtime differs is hashed."""
+        base = self.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        stats = manifest.get("file_stats") or {}
+        problems = []
+        for rel, digest in manifest["files"].items():
+            path = f"{base}/{rel}"
+            try:
+                if self.local:
+                    p = Path(path)
+                    if p.is_symlink():
+                        problems.append(f"{rel}: replaced by a symbolic link")
+                        continue
+                    st = p.stat()
+                    size, mtime = st.st_size, st.st_mtime_ns
+                else:
+                    info = self.fs.info(path)
+                    size, mtime = info.get("size"), None
+            except (FileNotFoundError, NotADirectoryError):
+                problems.append(f"{rel}: missing")
+                continue
+            expected = stats.get(rel)
+            if expected and size != expected[0]:
+                problems.append(f"{rel}: size {size} != {expected[0]} recorded")
+                continue
+            if expected and (mtime is None or mtime == expected[1]):
+                continue
+            if self._sha256(path) != digest:
+                problems.append(f"{rel}: sha256 differs from the manifest")
+        return problems
+
+    def _sha256(self, path: str) -> str:
+        h = hashlib.sha256()
+        with self.fs.open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+        return h.hexdigest()
+
+    def verify(self, manifest: dict[str, Any]) -> list[str]:
+        """Files whose sha256 no longer matches the manifest (empty list: intact); always hashes."""
+        base = self.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        bad = []
+        for rel, digest in manifest.get("files", {}).items():
+            try:
+                if self._sha256(f"{base}/{rel}") != digest:
+                    bad.append(rel)
+            except (FileNotFoundError, NotADirectoryError):
+                bad.append(rel)
+        return bad
+
+    def local_path(self, manifest: dict[str, Any]) -> Path:
+        """A local folder holding this version's files (downloaded once for remote stores)."""
+        remote = self.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        if self.local:
+            return Path(remote)
+        target = self.cache / manifest["experiment"] / manifest["stage"] / "versions" / f"v{manifest['version']}-{manifest['fingerprint'][:12]}"
+        if not (target / MANIFEST).exists():
+            files.ensure_dir(self.cache, target.parent)
+            tmp = target.with_name(target.name + f".{uuid.uuid4().hex[:6]}")
+            self.fs.get(remote.rstrip("/") + "/", str(tmp), recursive=True)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    # -- writing -----------------------------------------------------------------------------
+    def staging_dir(self, experiment: str, stage: str) -> Path:
+        """A fresh local folder for a run's outputs; `commit` turns it into a version."""
+        d = self.local_stage_dir(experiment, stage) / f".staging-{uuid.uuid4().hex[:12]}"
+        try:
+            d.mkdir()
+        except OSError as exc:
+            raise StoreError(f"cannot create {d}: {files.describe_os_error(exc, d)}") from None
+        return d
+
+    def next_version(self, experiment: str, stage: str) -> int:
+        names = [e.rsplit("/", 1)[-1] for e in self._entries(self.stage_path(experiment, stage))]
+        used = [int(m.group(1)) for n in names if (m := _VERSION.match(n))]
+        return max(used, default=0) + 1
+
+    def commit(self, staging: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Digest the staged files, write the manifest last, and move the folder into place as v<N>."""
+        experiment, stage = manifest["experiment"], manifest["stage"]
+        digests, stats = _stats(staging)
+        manifest = {**manifest, "status": "completed", "files": digests, "file_stats": stats}
+        try:
+            for _ in range(100):
+                version = self.next_version(experiment, stage)
+                manifest["version"] = version
+                (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False, default=str))
+                target = self.version_path(experiment, stage, version)
+                if self.local:
+                    files.check_no_links(Path(self.root), Path(target).parent)
+                    try:
+                        os.rename(staging, target)  # atomic; fails if target exists (as a folder with content)
+                        return manifest
+                    except OSError:
+                        if not os.path.lexists(target):
+                            raise
+                        continue
+                remote_staging = self._join(experiment, stage, f".staging-{uuid.uuid4().hex[:12]}")
+                self.fs.put(str(staging).rstrip("/") + "/", remote_staging, recursive=True)
+                if self.fs.exists(target):
+                    self.fs.rm(remote_staging, recursive=True)
+                    continue
+                self.fs.mv(remote_staging, target, recursive=True)
+                shutil.rmtree(staging, ignore_errors=True)
+                return manifest
+        except OSError as exc:
+            raise StoreError(f"cannot commit {experiment}/{stage}: {files.describe_os_error(exc, staging)}") from None
+        raise StoreError(f"could not allocate a version for {experiment}/{stage}")
+
+    def record_failure(self, staging: Path | None, manifest: dict[str, Any], error: str) -> str:
+        """Keep a failed attempt beside the versions (with whatever it wrote, e.g. trajectories)."""
+        experiment, stage = manifest["experiment"], manifest["stage"]
+        name = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        record = {**manifest, "status": "failed", "error": error, "failed_at": now_iso()}
+        text = json.dumps(record, indent=1, default=str)
+        if staging is not None and staging.exists():
+            files.write_text(self.cache, staging / "error.json", text)
+            if self.local:
+                target = files.ensure_dir(self.cache, Path(self.stage_path(experiment, stage)) / "failed") / name
+                os.rename(staging, target)
+                return str(target)
+            self.fs.put(str(staging).rstrip("/") + "/", self._join(experiment, stage, "failed", name), recursive=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            return self._join(experiment, stage, "failed", name)
+        path = self._join(experiment, stage, "failed", name, "error.json")
+        if self.local:
+            files.write_text(Path(self.root), Path(path), text)
+            return path
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(path, "w") as fh:
+            fh.write(text)
+        return path
+
+    def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
+        entries = sorted(self._entries(self._join(check_name(experiment), stage, "failed")))
+        return [r for e in entries if isinstance(r := self._read_json(f"{e}/error.json"), dict)]
+
+    # -- the cycle's verdicts ----------------------------------------------------------------
+    def record_decision(self, experiment: str, record: dict[str, Any]) -> str:
+        """Keep one verdict of the cycle (it names the evaluation it judged); never overwritten."""
+        name = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:6]}.json"
+        path = self._join(check_name(experiment), "decisions", name)
+        text = json.dumps({**record, "recorded_at": now_iso()}, indent=1, default=str)
+        if self.local:
+            files.write_text(Path(self.root), Path(path), text)
+        else:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            with self.fs.open(path, "w") as fh:
+                fh.write(text)
+        return path
+
+    def decisions(self, experiment: str) -> list[dict[str, Any]]:
+        """Every recorded verdict, oldest first."""
+        entries = sorted(self._entries(self._join(check_name(experiment), "decisions")))
+        return [r for e in entries if e.endswith(".json") and isinstance(r := self._read_json(e), dict)]
+
+    def verdicts_by_eval(self, experiment: str) -> dict[int, dict[str, Any]]:
+        """The newest verdict recorded for each eval version."""
+        out: dict[int, dict[str, Any]] = {}
+        for d in self.decisions(experiment):
+            if isinstance(d.get("eval_version"), int):
+                out[d["eval_version"]] = d
+        return out
+
+    # -- running markers and locks -----------------------------------------------------------
+    def _running_file(self, experiment: str, stage: str) -> Path:
+        return self.local_stage_dir(experiment, stage) / "running.json"
+
+    @contextmanager
+    def running(self, experiment: str, stage: str, info: dict[str, Any]) -> Iterator[None]:
+        marker = self._running_file(experiment, stage)
+        files.write_text(self.cache, marker, json.dumps({**info, "pid": os.getpid(), "since": now_iso()}))
+        try:
+            yield
+        finally:
+            files.unlink(self.cache, marker)
+
+    def running_info(self, experiment: str, stage: str) -> dict[str, Any] | None:
+        marker = self.cache / check_name(experiment) / stage / "running.json"
+        try:
+            info = json.loads(files.read_text(self.cache, marker))
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, StoreError, OSError):
+            return None
+        if not isinstance(info, dict):
+            return None
+        try:
+            os.kill(int(info["pid"]), 0)
+        except (ProcessLookupError, ValueError, KeyError, TypeError):
+            return {**info, "stale": True}
+        except PermissionError:
+            pass
+        return info
+
+    def _sweep_staging(self, experiment: str) -> None:
+        """Staging folders left by a killed run (only ever half-written: nobody else writes while we hold the lock)."""
+        for d in (self.cache / experiment).glob("*/.staging-*"):
+            if not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
+
+    @contextmanager
+    def lock(self, experiment: str) -> Iterator[None]:
+        """One run per experiment at a time, on this machine and across machines sharing the store."""
+        check_name(experiment)
+        with file_lock(self.cache, self.cache / experiment / ".lock", experiment=experiment, url=self.url):
+            if self.local:
+                self._sweep_staging(experiment)
+                yield
+                return
+            with lease(self.fs, self._join(experiment, ".lease.json"), experiment=experiment, url=self.url):
+                self._sweep_staging(experiment)
+                yield

@@ -1,0 +1,170 @@
+"""Locks: one run per experiment (on any store, across machines), and one computing stage per machine.
+
+Experiment lock.
+- Local store: `filelock` on `<store>/<experiment>/.lock` (an OS lock: a crashed holder's lock is
+  released by the kernel).
+- Any fsspec store (`s3://`, `gs://`, ...): a lease file `<experiment>/.lease.json` created with fsspec's
+  exclusive mode (`"xb"`: a conditional create on S3 and GCS; O_EXCL locally), holding an owner, a token
+  and an expiry that a heartbeat thread extends every `ttl/3` seconds. A second machine's create fails,
+  and it is refused with the holder named. A crashed holder stops renewing; once its lease has expired
+  the next run removes it and creates its own. The local cache also takes the file lock, so two runs on
+  one machine are refused the same way.
+
+Machine slot (`machine_slot`): a file lock in the user's cache (`$REGIMEN_CACHE`, default
+`~/.cache/regimen`) held while a stage computes (never while it is reused), so two `regimen run` on one
+machine take turns instead of oversubscribing its cores: the second one waits and says for whom.
+`REGIMEN_MACHINE_SLOTS=0` switches it off (e.g. on a GPU machine that runs several small jobs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from regimen.stages.errors import RegimenError, StoreError
+from regimen.stages.store import files
+
+log = logging.getLogger("regimen.store")
+LEASE_TTL_S = 120.0
+
+
+class ExperimentBusy(RegimenError):
+    """Another run holds this experiment's lock."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _owner() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+
+
+def _busy(experiment: str, url: str, holder: str) -> ExperimentBusy:
+    return ExperimentBusy(
+        f"experiment {experiment!r} in store {url} is already being run by another process{f' ({holder})' if holder else ''}; "
+        "wait for it to finish, or use --experiment NAME to run a separate experiment")
+
+
+@contextmanager
+def file_lock(root: Path, path: Path, *, experiment: str, url: str) -> Iterator[None]:
+    files.ensure_dir(root, path.parent)
+    files.check_no_links(root, path)
+    owner_file = path.with_suffix(".owner")
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        try:
+            holder = files.read_text(root, owner_file).strip()
+        except (OSError, StoreError):
+            holder = ""
+        raise _busy(experiment, url, holder) from None
+    try:
+        files.write_text(root, owner_file, _owner())
+        yield
+    finally:
+        files.unlink(root, owner_file)
+        lock.release()
+
+
+@contextmanager
+def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_S) -> Iterator[None]:
+    """An expiring lease in any fsspec store (see the module doc)."""
+    token = uuid.uuid4().hex
+
+    def create() -> bool:
+        record = {"owner": _owner(), "token": token, "expires": _now() + ttl_s}
+        try:
+            with fs.open(path, "xb") as fh:
+                fh.write(json.dumps(record).encode())
+            return True
+        except FileExistsError:
+            return False
+
+    if not create():
+        try:
+            current = json.loads(fs.cat_file(path))
+        except Exception:  # noqa: BLE001 - unreadable or vanished: treat as expired
+            current = {"expires": 0, "owner": "unreadable lease"}
+        if float(current.get("expires", 0)) > _now():
+            raise _busy(experiment, url, str(current.get("owner", "")))
+        log.warning("taking over an expired lease of %s (%s)", experiment, current.get("owner"))
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        if not create():
+            raise _busy(experiment, url, "another run took the expired lease first")
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(ttl_s / 3):
+            try:
+                current = json.loads(fs.cat_file(path))
+                if current.get("token") != token:
+                    log.error("the lease of %s was taken over by %s", experiment, current.get("owner"))
+                    return
+                current["expires"] = _now() + ttl_s
+                with fs.open(path, "wb") as fh:
+                    fh.write(json.dumps(current).encode())
+            except Exception as exc:  # noqa: BLE001 - keep trying until the run ends
+                log.warning("could not renew the lease of %s: %s", experiment, exc)
+
+    thread = threading.Thread(target=renew, name=f"lease-{experiment}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        try:
+            if json.loads(fs.cat_file(path)).get("token") == token:
+                fs.rm_file(path)
+        except Exception:  # noqa: BLE001 - an expired lease is harmless
+            pass
+
+
+def machine_lock_path() -> Path:
+    base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen"))
+    base.mkdir(parents=True, exist_ok=True)
+    return base / "machine-slot.lock"
+
+
+@contextmanager
+def machine_slot(label: str, *, say=None) -> Iterator[None]:
+    """Hold this machine's compute slot while `label` runs; wait (and say so) while another run holds it."""
+    if os.environ.get("REGIMEN_MACHINE_SLOTS", "1") == "0":
+        yield
+        return
+    path = machine_lock_path()
+    lock = FileLock(str(path))
+    owner = path.with_suffix(".owner")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            holder = owner.read_text().strip()
+        except OSError:
+            holder = "another run"
+        message = f"waiting for this machine's compute slot: {holder} is running (REGIMEN_MACHINE_SLOTS=0 runs both at once)"
+        (say or log.warning)(message)
+        lock.acquire()
+    try:
+        try:
+            owner.write_text(f"{label} (pid {os.getpid()})")
+        except OSError:
+            pass
+        yield
+    finally:
+        lock.release()

@@ -1,0 +1,165 @@
+"""Tasks: where a recipe's rows come from, checked at the door.
+
+A task is a module with `NAME`, `Options` (a pydantic model of its `data:` fields, `task: Literal[NAME]`),
+`load(options) -> Task` and `identity(options) -> dict` (what enters fingerprints: the options plus the
+data's digest). `registry.py` lists them; adding a task touches its module and the registry, nothing else.
+
+Rows are plain dicts with `prompt` (text, or a conversation: a list of `{role, content}` messages) and
+usually `answer`, plus any columns rewards need (`tests`, `test_list`, `entry_point`, ...). The train and
+held-out splits never share a prompt, also after whitespace and case normalisation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from regimen.stages.errors import InputError
+
+log = logging.getLogger("regimen.data")
+
+MAX_ROW_BYTES = 1 << 20
+
+
+class TaskOptions(BaseModel):
+    """Fields every task's `data:` section has."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, description="seed of generated data and of held-out splits")
+    max_prompt_chars: int = Field(8000, gt=0, description="a longer prompt is refused (it would cost memory, not teach)")
+
+
+@dataclass
+class Task:
+    """A task's rows: `train` for SFT traces and GRPO prompts, `heldout` for evaluation only."""
+
+    train: list[dict[str, Any]]
+    heldout: list[dict[str, Any]]
+    name: str
+    reference: Callable[[dict[str, Any]], str | None] = field(default=lambda row: row_reference(row))
+    """The oracle teacher's completion for a row."""
+    weak_reference: Callable[[dict[str, Any]], str | None] | None = None
+    """The task's weak teacher (right on a known part of the task), where it has one."""
+
+
+def row_reference(row: dict[str, Any]) -> str | None:
+    """A row's own reference completion: `completion`, `solution` or `answer`, the first that is set."""
+    for key in ("completion", "solution", "answer"):
+        if row.get(key) not in (None, ""):
+            return str(row[key])
+    return None
+
+
+def shuffled(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    out = list(rows)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def normalized_prompt(prompt: Any) -> str:
+    """The prompt as compared for duplicates and train/held-out overlap: whitespace and case folded."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+    return " ".join(text.split()).casefold()
+
+
+def check_prompt(prompt: Any, where: str, max_chars: int) -> None:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InputError(f"{where}: 'prompt' is empty")
+        size = len(prompt)
+    elif isinstance(prompt, list) and prompt:
+        for i, m in enumerate(prompt):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise InputError(f"{where}: 'prompt' message {i} must be {{role: str, content: str}}, got {str(m)[:80]!r}")
+        size = sum(len(m["content"]) for m in prompt)
+    else:
+        kind = "null" if prompt is None else type(prompt).__name__
+        raise InputError(f"{where}: 'prompt' must be text or a list of chat messages, got {kind}")
+    if size > max_chars:
+        raise InputError(f"{where}: 'prompt' is {size} characters, over data.max_prompt_chars={max_chars} "
+                         "(raise it if the model's context allows)")
+
+
+def check_rows(rows: list[dict[str, Any]], source: str, *, max_prompt_chars: int, need_answer: bool = False) -> None:
+    """Types per row, named by source and row: prompt text or messages, answer a string or number."""
+    if not rows:
+        raise InputError(f"{source}: no rows")
+    for i, row in enumerate(rows, 1):
+        where = f"{source}: row {i}"
+        if "prompt" not in row:
+            raise InputError(f"{where}: missing column 'prompt' (columns: {', '.join(sorted(row)) or 'none'}; map yours with data.columns)")
+        check_prompt(row["prompt"], where, max_prompt_chars)
+        if "answer" in row and row["answer"] is not None and not isinstance(row["answer"], (str, int, float)):
+            raise InputError(f"{where}: 'answer' must be text or a number, got {type(row['answer']).__name__}")
+        if need_answer and row.get("answer") in (None, ""):
+            raise InputError(f"{where}: missing 'answer' (eval.metric exact_match and the oracle teacher need it)")
+
+
+def check_split(train: list[dict[str, Any]], heldout: list[dict[str, Any]], train_source: str, heldout_source: str) -> None:
+    """Refuse held-out prompts that are also training prompts (after normalisation); report duplicates."""
+    train_keys = [normalized_prompt(r["prompt"]) for r in train]
+    seen: set[str] = set()
+    dups = sum(1 for k in train_keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+    if dups:
+        log.warning("%s: %d training prompt(s) repeat an earlier one (after whitespace and case normalisation)", train_source, dups)
+    overlap = [r for r in heldout if normalized_prompt(r["prompt"]) in seen]
+    if overlap:
+        raise InputError(f"data: {len(overlap)} held-out prompt(s) from {heldout_source} also appear in the training rows of {train_source} "
+                         f"(after whitespace and case normalisation), e.g. {str(overlap[0]['prompt'])[:80]!r}; held-out prompts must never be trained on")
+
+
+def seeded_split(rows: list[dict[str, Any]], fraction: float, seed: int, source: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, heldout): a seeded share of the rows held out."""
+    rows = shuffled(rows, seed=seed)
+    n = max(1, round(len(rows) * fraction))
+    if n >= len(rows):
+        raise InputError(f"data: {source} has too few rows ({len(rows)}) to hold out {fraction:.0%}")
+    return rows[n:], rows[:n]
+
+
+def read_jsonl(path: str | Path, *, required: tuple[str, ...] = (), max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield `(line_number, object)` for each non-blank line of a JSONL file. Raises InputError naming
+    the file, the line and the field for a missing file, an empty file, invalid JSON, a line that is
+    not an object, a line over `max_row_bytes`, or a missing required field."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    seen = False
+    with f:
+        line_no = 0
+        while True:
+            raw = f.readline(max_row_bytes + 1)
+            if not raw:
+                break
+            line_no += 1
+            if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
+                raise InputError(f"{path}:{line_no}: the line is over {max_row_bytes // 1024} KiB; rows that large would cost memory, not teach")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}:{line_no}: not UTF-8 text ({exc.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}:{line_no}: each line must be a JSON object, got {type(row).__name__}")
+            for key in required:
+                if key not in row:
+                    raise InputError(f"{path}:{line_no}: missing field {key!r}")
+            seen = True
+            yield line_no, row
+    if not seen:
+        raise InputError(f"{path}: the file holds no samples (it is empty)")

@@ -1,0 +1,143 @@
+"""Any dataset `datasets.load_dataset` reads: a hub id (where the hub is reachable), or a builder such as
+`json`, `parquet` or `csv` over local `data_files`; a split, a held-out split or a seeded held-out share,
+a column mapping into Regimen's columns, and an optional system prompt that turns text prompts into
+conversations (`[system, user]`), which every stage renders with the tokenizer's chat template.
+
+    data:
+      task: hf
+      path: parquet
+      data_files: data/train.parquet
+      split: train
+      heldout_split: null        # or a split name
+      heldout_fraction: 0.1
+      columns: {prompt: question, answer: answer}
+      system_prompt: "Answer with the number only."
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from regimen.stages.errors import InputError
+from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, seeded_split
+
+NAME = "hf"
+REGIMEN_COLUMNS = ("prompt", "answer", "tests", "test_list", "test_setup_code", "test_imports", "test", "entry_point", "completion", "solution")
+
+
+class Options(TaskOptions):
+    task: Literal["hf"] = "hf"
+    path: str = Field(description="a hub id, or a builder such as json/parquet/csv (with data_files)")
+    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(None, description="as load_dataset takes it: a path, a list, or a mapping split -> path(s)")
+    name: str | None = Field(None, description="the dataset's config name")
+    revision: str | None = Field(None, description="hub datasets: a branch, tag or commit")
+    split: str = "train"
+    heldout_split: str | None = Field(None, description="a split held out for evaluation; without it, heldout_fraction of `split`")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1)
+    columns: dict[str, str] = Field({}, description="Regimen column -> dataset column, e.g. {prompt: question}")
+    system_prompt: str | None = Field(None, description="when set, text prompts become [system, user] conversations")
+
+    @model_validator(mode="after")
+    def _local_files(self) -> Options:
+        for f in _local_paths(self.data_files):
+            if not glob.has_magic(f) and "://" not in f and not Path(f).exists():
+                raise ValueError(f"data_files {f!r} does not exist")
+        return self
+
+
+def _local_paths(data_files: Any) -> list[str]:
+    if data_files is None:
+        return []
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, list):
+        return [str(f) for f in data_files]
+    return [str(f) for v in data_files.values() for f in ([v] if isinstance(v, str) else v)]
+
+
+def _describe(opts: Options, split: str) -> str:
+    files = _local_paths(opts.data_files)
+    return f"{opts.path}{'/' + opts.name if opts.name else ''}" + (f" ({', '.join(files)})" if files else "") + f" split {split!r}"
+
+
+def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    source = _describe(opts, split)
+    try:
+        ds = datasets.load_dataset(opts.path, opts.name, data_files=opts.data_files, split=split, revision=opts.revision)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise InputError(f"data: cannot load {source}: {str(exc).splitlines()[0][:300]}") from None
+    except Exception as exc:  # noqa: BLE001 - datasets' own errors (DatasetGenerationError, arrow errors): name the source
+        cause = exc.__cause__ or exc
+        raise InputError(f"data: cannot load {source}: {type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}") from None
+    if len(ds) == 0:
+        raise InputError(f"data: {source} is empty")
+    missing = {ours: theirs for ours, theirs in opts.columns.items() if theirs not in ds.column_names}
+    if missing:
+        ours, theirs = next(iter(missing.items()))
+        raise InputError(f"data.columns.{ours}: column {theirs!r} is not in {source} (its columns: {', '.join(ds.column_names)})")
+    rename = {theirs: ours for ours, theirs in opts.columns.items() if theirs != ours}
+    rows = []
+    for row in ds.to_list():
+        out = {k: v for k, v in row.items() if k not in rename and k not in opts.columns}
+        out.update({ours: row[theirs] for ours, theirs in opts.columns.items()})
+        if opts.system_prompt is not None and isinstance(out.get("prompt"), str):
+            out["prompt"] = [{"role": "system", "content": opts.system_prompt}, {"role": "user", "content": out["prompt"]}]
+        rows.append(out)
+    check_rows(rows, source, max_prompt_chars=opts.max_prompt_chars)
+    return rows
+
+
+def load(opts: Options) -> Task:
+    train = _load_split(opts, opts.split)
+    if opts.heldout_split:
+        heldout = _load_split(opts, opts.heldout_split)
+        check_split(train, heldout, _describe(opts, opts.split), _describe(opts, opts.heldout_split))
+    else:
+        train, heldout = seeded_split(train, opts.heldout_fraction, opts.seed, _describe(opts, opts.split))
+        check_split(train, heldout, _describe(opts, opts.split), "its held-out share")
+    return Task(train, heldout, NAME)
+
+
+def identity(opts: Options) -> dict[str, Any]:
+    """The options plus the data's digest: local files by content; a hub dataset by its datasets fingerprint."""
+    ident = opts.model_dump(mode="json")
+    files = sorted({p for f in _local_paths(opts.data_files) for p in (glob.glob(f) if glob.has_magic(f) else [f]) if "://" not in p})
+    if files:
+        ident["files_sha256"] = {f: _file_digest(f) for f in files}
+    elif Path(opts.path).exists():
+        ident["files_sha256"] = {str(p): _file_digest(str(p)) for p in sorted(Path(opts.path).rglob("*")) if p.is_file()}
+    else:
+        ident["dataset_fingerprint"] = _hub_fingerprint(json.dumps(ident, sort_keys=True))
+    return ident
+
+
+def _file_digest(path: str) -> str:
+    st = Path(path).stat()
+    return _digest_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_cached(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=16)
+def _hub_fingerprint(key: str) -> str:
+    import datasets
+
+    opts = Options.model_validate({k: v for k, v in json.loads(key).items()})
+    ds = datasets.load_dataset(opts.path, opts.name, data_files=opts.data_files, split=opts.split, revision=opts.revision)
+    return str(getattr(ds, "_fingerprint", ""))

@@ -1,0 +1,116 @@
+"""A `trl.GRPOTrainer` over the task's training prompts with the recipe's rewards and weights, the
+callbacks the GRPO stages share (step counter for trajectories, wall clock, fault injection for tests),
+and the training curve's summary numbers. Used by the smoke test and by full GRPO."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from regimen.stages.training import trajectories
+
+
+class StepCounter(TrainerCallback):
+    """Tells the trajectory recorder which step a scored batch belongs to."""
+
+    def __init__(self, recorder: trajectories.Recorder):
+        self.recorder = recorder
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.recorder.step = state.global_step + 1
+
+
+class Clock(TrainerCallback):
+    """Adds `wall_s` (seconds since this process started training) to each log entry."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0 = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if hasattr(self, "t0") and state.log_history:
+            state.log_history[-1]["wall_s"] = round(time.perf_counter() - self.t0, 3)  # the Trainer stored a copy of `logs`
+
+
+class FaultInjection(TrainerCallback):
+    """Test hooks: `REGIMEN_FAULT=<stage>@<step>` raises after that step; `REGIMEN_KILL=<stage>@<step>`
+    SIGKILLs the process there (a crash at a known step, for resume tests and benchmarks)."""
+
+    def __init__(self, stage: str):
+        def at(var: str) -> int | None:
+            name, _, step = os.environ.get(var, "").partition("@")
+            return int(step) if name == stage and step.isdigit() else None
+
+        self.fault, self.kill = at("REGIMEN_FAULT"), at("REGIMEN_KILL")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.kill is not None and state.global_step >= self.kill:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault is not None and state.global_step >= self.fault:
+            raise RuntimeError(f"injected fault (REGIMEN_FAULT) at step {state.global_step}")
+
+
+def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.Recorder, *, stage: str = "grpo",
+                  callbacks: list | None = None, **overrides: Any):
+    """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from regimen.stages.rewards import from_specs
+    from regimen.stages.tasks import load_task
+    from regimen.stages.training.args import grpo_args
+    from regimen.stages.training.checkpoints import MarkComplete
+    from regimen.stages.training.model import load_tokenizer
+    from regimen.stages.training.policy import peft_config
+
+    fns = from_specs(recipe.rewards)
+    if "reward_weights" not in recipe.grpo_user:
+        overrides.setdefault("reward_weights", [recipe.reward_weights()[k] for k in fns])
+    if recipe.model.dtype != "float32":
+        overrides.setdefault("model_init_kwargs", {"dtype": recipe.model.dtype})
+    args = grpo_args(recipe, output_dir, **overrides)
+    task = load_task(recipe.data)
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=[recorder.wrap(name, fn) for name, fn in fns.items()],
+        args=args,
+        train_dataset=Dataset.from_list(task.train),
+        processing_class=load_tokenizer(policy),
+        peft_config=peft_config(recipe),
+        callbacks=[MarkComplete(), StepCounter(recorder), Clock(), FaultInjection(stage), *(callbacks or [])],
+    )
+    return trainer, fns
+
+
+def curve_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """Summary numbers of the training curve (the first and last logging windows, averages)."""
+    logs = [h for h in log_history if "reward" in h]
+    if not logs:
+        return {}
+    first, last = logs[0], logs[-1]
+
+    def mean(key: str) -> float:
+        vals = [h[key] for h in logs if key in h and h[key] is not None]
+        return statistics.fmean(vals) if vals else math.nan
+
+    out = {
+        "train_reward_first": first["reward"],
+        "train_reward_last": last["reward"],
+        "train_reward_mean": mean("reward"),
+        "reward_std_last": last.get("reward_std", math.nan),
+        "frac_reward_zero_std_mean": mean("frac_reward_zero_std"),
+        "frac_reward_zero_std_last": last.get("frac_reward_zero_std", math.nan),
+        "kl_last": last.get("kl", math.nan),
+        "loss_last": last.get("loss", math.nan),
+    }
+    for key in last:
+        if key.startswith("rewards/") and key.endswith("/mean"):
+            out[f"train_{key}"] = last[key]
+    return out

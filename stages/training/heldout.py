@@ -1,0 +1,60 @@
+"""Held-out measurement shared by SFT (the policy it made), evaluation and the probe inside GRPO: greedy
+completions for held-out prompts, exact match against `answer` (or a reward reaching 1.0), and each
+reward's held-out mean."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from regimen.stages.rewards import answer, from_specs, score
+from regimen.stages.training import trajectories
+
+METRIC_DIR = Path(__file__).parent / "metrics" / "exact_match"
+CODE_FILES = ("metrics/exact_match/exact_match.py",)
+
+
+@cache
+def exact_match_metric():
+    """The shipped exact-match module, loaded by path (never from the hub)."""
+    import evaluate
+
+    return evaluate.load(str(METRIC_DIR))
+
+
+def heldout_eval(model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: str = "held-out eval") -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy completions for `rows`; `heldout_accuracy` by `eval.metric`; each reward's held-out mean."""
+    from regimen.stages.training.sampling import generate
+
+    prompts = [r["prompt"] for r in rows]
+    completions = [c[0] for c in generate(model, tokenizer, prompts, max_new_tokens=recipe.max_new_tokens(), batch_size=recipe.eval.batch_size, desc=desc)]
+    fns = from_specs(recipe.rewards)
+    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    values = score(fns, prompts, completions, columns)
+    metrics: dict[str, float] = {}
+    if recipe.eval.metric == "exact_match":
+        refs = [str(r.get("answer", "")) for r in rows]
+        metrics["heldout_accuracy"] = float(exact_match_metric().compute(predictions=completions, references=refs)["exact_match"])
+        correct = [v or 0.0 for v in answer(None, completions, answer=refs)]
+    else:
+        vals = values[recipe.eval.metric]
+        correct = [float(v is not None and v >= 1.0) for v in vals]
+        metrics["heldout_accuracy"] = sum(correct) / len(correct)
+    for name, vals in values.items():
+        scored = [v for v in vals if v is not None]
+        metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
+    metrics["heldout_size"] = float(len(rows))
+    rendered = [_rendered(tokenizer, p) for p in prompts]
+    traj = trajectories.rows_from_batch(prompts, completions, values, answer=[r.get("answer") for r in rows], correct=correct, rendered_prompt=rendered)
+    return metrics, traj
+
+
+def _rendered(tokenizer, prompt: Any) -> str | None:
+    """What the model actually saw for a conversation (the chat template's rendering); None for text."""
+    if isinstance(prompt, str):
+        return None
+    from regimen.stages.training.sampling import encode_prompts
+
+    return encode_prompts(tokenizer, [prompt])[0]

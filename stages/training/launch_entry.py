@@ -1,0 +1,43 @@
+"""Entry point of one rank under `accelerate launch`: run the stage, rank 0 reports its output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from regimen.stages.training.launch import die_with_parent
+
+
+def main(spec_path: str) -> None:
+    die_with_parent()
+    spec = json.loads(Path(spec_path).read_text())
+    work = Path(spec["checkpoints"])
+    rank = int(os.environ.get("RANK", "0"))
+    (work / "ranks").mkdir(parents=True, exist_ok=True)
+    (work / "ranks" / f"{rank}.pid").write_text(str(os.getpid()))
+
+    from regimen.stages import registry
+    from regimen.stages.contract import StageDirs
+    from regimen.stages.recipe import recipe_from_dict
+
+    recipe = recipe_from_dict(spec["recipe"], "launch spec")
+    out = Path(spec["out"]) if rank == 0 else work / f"rank{rank}-out"
+    out.mkdir(parents=True, exist_ok=True)
+    output = registry.get(spec["stage"]).run(recipe, spec["inputs"], StageDirs(out=out, checkpoints=work))
+    if rank == 0:
+        output.extra["launch"] = {"launcher": "accelerate", "num_processes": int(os.environ.get("WORLD_SIZE", "1")),
+                                  "backend": os.environ.get("ACCELERATE_DISTRIBUTED_BACKEND") or _backend()}
+        (work / "launch_output.json").write_text(json.dumps(asdict(output), default=str))
+
+
+def _backend() -> str | None:
+    import torch.distributed as dist
+
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

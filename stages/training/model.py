@@ -1,0 +1,125 @@
+"""Model and tokenizer loading: a hub id or local folder like any TRL user, or the embedded tiny model.
+
+The embedded default cannot download anything, so it builds a character-level tokenizer and a tiny
+Llama from a spec, saves both with `save_pretrained` into a folder keyed by the spec's hash, and from
+then on every stage loads it by path exactly as it would load a real model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import string
+import uuid
+from pathlib import Path
+from typing import Any
+
+TINY = "tiny"  # model.name_or_path value that selects the embedded model
+SPECIAL_TOKENS = {"pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>"}
+CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+def tiny_spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_char_tokenizer():
+    """One token per character (WordLevel over single characters), left padding for generation."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in CHARSET:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk"]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=SPECIAL_TOKENS["pad"],
+        eos_token=SPECIAL_TOKENS["eos"],
+        bos_token=SPECIAL_TOKENS["bos"],
+        unk_token=SPECIAL_TOKENS["unk"],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    return fast
+
+
+def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
+    """Build the tiny Llama + char tokenizer from `spec` into `out_dir` (atomically)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return out_dir
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(int(spec.get("seed", 0)))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec["hidden_size"],
+        intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_attention_heads"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    staging = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "regimen_tiny_spec.json").write_text(json.dumps(spec, sort_keys=True, indent=1))
+        try:
+            os.rename(staging, out_dir)
+        except OSError:  # another process built it first
+            if not (out_dir / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def resolve_base_model(name_or_path: str, tiny_spec: dict[str, Any], cache_dir: Path) -> str:
+    """The base model as something `from_pretrained` takes: a hub id, a local folder, or the tiny
+    model built into `cache_dir`."""
+    if name_or_path == TINY:
+        return str(build_tiny_model(tiny_spec, Path(cache_dir) / f"tiny-{tiny_spec_hash(tiny_spec)}"))
+    return name_or_path
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(path: str, *, dtype: str = "float32", device: str | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    if device:
+        model.to(device)
+    return model
+
+
+def load_policy(path: str, recipe):
+    """(model, tokenizer) for generation outside TRL: on the device the Trainer uses, in the recipe's dtype."""
+    from regimen.stages.training.args import device_for
+
+    return load_model(path, dtype=recipe.model.dtype, device=device_for(recipe)), load_tokenizer(path)

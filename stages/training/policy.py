@@ -1,0 +1,77 @@
+"""The policy a training stage hands on: LoRA config from the recipe, and saving the result as a
+folder any later stage (or user) loads with `from_pretrained`, the adapter merged when asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def peft_config(recipe):
+    if not recipe.peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(**recipe.peft)
+
+
+def is_main_process(trainer) -> bool:
+    """Rank 0 under `accelerate launch` (and the only process otherwise)."""
+    return bool(trainer.is_world_process_zero())
+
+
+def save_policy(trainer, tokenizer, out: Path, *, merge: bool = True):
+    """Save the trained model (and tokenizer) to `out`; returns the model to evaluate."""
+    out = Path(out)
+    model = trainer.model
+    unwrapped = trainer.accelerator.unwrap_model(model) if hasattr(trainer, "accelerator") else model
+    if merge and hasattr(unwrapped, "merge_and_unload"):
+        unwrapped = unwrapped.merge_and_unload()
+        if trainer.is_world_process_zero():
+            unwrapped.save_pretrained(out)
+    else:
+        trainer.save_model(str(out))
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(out)
+    return unwrapped
+
+
+def base_policy(recipe, store) -> dict:
+    """The base model as an input reference: where to load it and a digest that identifies it."""
+    import hashlib
+    import json
+
+    from regimen.stages.training.model import TINY, resolve_base_model, tiny_spec_hash
+
+    name = recipe.model.name_or_path
+    if name == TINY:
+        spec = recipe.model.tiny.model_dump()
+        path = resolve_base_model(name, spec, store.cache / "_base")
+        return {"stage": "base", "model": path, "fingerprint": f"tiny-{tiny_spec_hash(spec)}"}
+    local = Path(name).expanduser()
+    if local.is_dir():
+        h = hashlib.sha256()
+        for p in sorted(local.iterdir()):
+            if p.is_file():
+                h.update(f"{p.name}:{p.stat().st_size}".encode())
+                if p.suffix == ".json":
+                    h.update(p.read_bytes())
+        return {"stage": "base", "model": str(local.resolve()), "fingerprint": f"local-{h.hexdigest()[:16]}"}
+    return {"stage": "base", "model": name, "fingerprint": "hub-" + hashlib.sha256(json.dumps(name).encode()).hexdigest()[:16]}
+
+
+def latest_policy(store, experiment: str) -> dict | None:
+    """The newest evaluated GRPO policy of this experiment (for `cycle.start_from: latest`), never one
+    whose evaluation's verdict suspected reward hacking (verdicts are kept beside the evaluations)."""
+    from regimen.stages.cycle import REWARD_HACKING
+
+    verdicts = store.verdicts_by_eval(experiment)
+    ev = next((m for m in reversed(store.versions(experiment, "eval"))
+               if verdicts.get(m["version"], {}).get("verdict") not in (REWARD_HACKING, None)), None)
+    if not ev:
+        return None
+    ref = ev["inputs"]["policy"]
+    manifest = next((m for m in store.versions(experiment, "grpo") if m["fingerprint"] == ref.get("fingerprint")), None)
+    if manifest is None or store.check(manifest):
+        return None
+    path = store.local_path(manifest)
+    return {"stage": "grpo", "version": manifest["version"], "fingerprint": manifest["fingerprint"], "path": str(path), "model": str(path / "model")}

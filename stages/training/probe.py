@@ -1,0 +1,198 @@
+"""The held-out probe inside GRPO, the in-training reward-hacking guard, and keeping the best policy.
+
+Every `probe.steps` steps (and at step 0 and the last step) the policy answers a fixed, seeded sample of
+`probe.prompts` held-out prompts greedily; the probe's accuracy is logged beside the training reward
+(`heldout_probe` entries in the Trainer's log history, hence `train_log.jsonl`, the plots and the
+checkpoints, so a resumed run keeps its curve). After each probe the guard's pure rule
+(`regimen.stages.cycle.guard_in_training`) reads both curves; when it fires the stage stops (`action:
+stop`) or records a warning and goes on (`warn`). The weights of the best-probing step (ties: the later)
+are kept in the work folder (`best/`, written under a temporary name, then renamed), so the version can
+hold the best policy rather than the last.
+
+Under `accelerate launch` the probe's prompts are split across ranks and the verdicts gathered, so the
+work is shared, not repeated. Keeping the best is for models whose weights live whole on each rank (one
+process, DDP); under FSDP or DeepSpeed the version keeps the last step, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from regimen.stages.cycle import guard_in_training
+
+log = logging.getLogger("regimen.probe")
+BEST = "best"
+
+
+def probe_rows(heldout: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+    rows = list(heldout)
+    random.Random(seed + 17).shuffle(rows)
+    return rows[:n]
+
+
+def correct_flags(recipe, completions: list[str], rows: list[dict[str, Any]]) -> list[float]:
+    """1.0 per completion that the eval metric counts as correct."""
+    from regimen.stages.rewards import answer, from_specs, score
+
+    if recipe.eval.metric == "exact_match":
+        return [v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])]
+    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    fn = {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}
+    values = score(fn, [r["prompt"] for r in rows], completions, columns)[recipe.eval.metric]
+    return [float(v is not None and v >= 1.0) for v in values]
+
+
+class HeldoutProbe(TrainerCallback):
+    def __init__(self, recipe, rows: list[dict[str, Any]], tokenizer, work_dir: Path, progress=None):
+        self.recipe, self.rows, self.tokenizer = recipe, rows, tokenizer
+        self.every = recipe.probe.steps
+        self.best_dir = Path(work_dir) / BEST
+        self.trainer = None  # set by the stage once the trainer exists
+        self.fired: dict[str, Any] | None = None
+        self.warning: str | None = None
+        self.probe_s = 0.0
+        self.sharded = False
+        self.progress = progress
+
+    # -- curves (from the Trainer's log history, which checkpoints carry) ---------------------
+    @staticmethod
+    def curve(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
+        return [{"step": h["step"], "heldout_accuracy": h["heldout_probe"]} for h in log_history if "heldout_probe" in h]
+
+    @staticmethod
+    def train_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+        return [(h["step"], h["reward"]) for h in log_history if "reward" in h and "step" in h]
+
+    def best(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.best_dir / "best.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    # -- measuring ----------------------------------------------------------------------------
+    def measure(self, model) -> float:
+        from regimen.stages.training.sampling import generate
+
+        t0 = time.perf_counter()
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        mine = self.rows[rank::world]
+        per_rank = -(-len(self.rows) // world)
+        padded = mine + self.rows[: per_rank - len(mine)]  # equal shares: sharded models need every rank in step
+        completions = [c[0] for c in generate(model, self.tokenizer, [r["prompt"] for r in padded], max_new_tokens=self.recipe.max_new_tokens(),
+                                               batch_size=self.recipe.eval.batch_size, desc="held-out probe", synced_gpus=self.sharded)]
+        flags = correct_flags(self.recipe, completions[: len(mine)], mine) if mine else []
+        if world > 1:
+            from accelerate.utils import gather_object
+
+            flags = gather_object(flags)
+        self.probe_s += time.perf_counter() - t0
+        return sum(flags) / len(flags) if flags else 0.0
+
+    def _probe(self, state, model) -> None:
+        step = state.global_step
+        if any(h.get("heldout_probe") is not None and h.get("step") == step for h in state.log_history):
+            return  # already measured (a resumed run, or the last step equals a probe step)
+        acc = self.measure(model)
+        state.log_history.append({"step": step, "heldout_probe": acc, "probe_s": round(self.probe_s, 3)})
+        train = self.train_curve(state.log_history)
+        log.info("held-out probe at step %d: %.3f%s", step, acc, f" (training reward {train[-1][1]:.3f})" if train else "")
+        if self.progress is not None and int(os.environ.get("RANK", "0")) == 0:
+            try:
+                self.progress("probe", {"step": step, "log_history": list(state.log_history)})
+            except Exception as exc:  # noqa: BLE001 - showing progress never stops training
+                log.warning("could not show the probe's progress: %s", exc)
+        best = self.best()
+        if self.recipe.probe.keep == "best" and not self.sharded and (best is None or acc >= best["heldout_accuracy"]):
+            self._save_best(model, step, acc)
+        evidence = guard_in_training(self.train_curve(state.log_history), [(p["step"], p["heldout_accuracy"]) for p in self.curve(state.log_history)],
+                                     self.recipe.cycle.guard)
+        if evidence and self.fired is None:
+            self.fired = {"step": step, **evidence}
+            if self.recipe.cycle.guard.action == "warn":
+                self.warning = (f"reward-hacking guard (warn): at step {step} the training reward had risen {evidence['train_reward_rise']:+.3f} "
+                                f"while held-out probe accuracy changed {evidence['heldout_gain']:+.3f}")
+                log.warning(self.warning)
+
+    def _save_best(self, model, step: int, acc: float) -> None:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+        from safetensors.torch import save_file
+
+        tmp = self.best_dir.with_name(f".{BEST}-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        save_file(snapshot(model), str(tmp / "weights.safetensors"))
+        (tmp / "best.json").write_text(json.dumps({"step": step, "heldout_accuracy": acc}))
+        old = self.best_dir.with_name(f".{BEST}-old-{uuid.uuid4().hex[:8]}")
+        if self.best_dir.exists():
+            os.rename(self.best_dir, old)
+        os.rename(tmp, self.best_dir)
+        shutil.rmtree(old, ignore_errors=True)
+
+    # -- Trainer hooks -------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.sharded = bool(self.trainer is not None and (getattr(self.trainer, "is_fsdp_enabled", False) or getattr(self.trainer, "is_deepspeed_enabled", False)))
+        if self.every and model is not None:
+            self._probe(state, self._unwrap(model))
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and model is not None and state.global_step % self.every == 0:
+            self._probe(state, self._unwrap(model))
+            if self.fired and self.recipe.cycle.guard.action == "stop":
+                control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.every and model is not None and not self.fired_and_stopped():
+            self._probe(state, self._unwrap(model))
+
+    def fired_and_stopped(self) -> bool:
+        return bool(self.fired and self.recipe.cycle.guard.action == "stop")
+
+    def _unwrap(self, model):
+        if self.trainer is not None:
+            return self.trainer.accelerator.unwrap_model(model)
+        return model
+
+
+def snapshot(model) -> dict[str, Any]:
+    """The trainable state as CPU tensors: a LoRA model's adapter, else every weight."""
+    try:
+        from peft import PeftModel, get_peft_model_state_dict
+
+        if isinstance(model, PeftModel):
+            return {k: v.detach().to("cpu").clone().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    except ImportError:
+        pass
+    return {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
+
+
+def restore_best(model, best_dir: Path) -> dict[str, Any] | None:
+    """Load the kept best weights into `model`; returns best.json's record (None when there is none)."""
+    from safetensors.torch import load_file
+
+    try:
+        record = json.loads((Path(best_dir) / "best.json").read_text())
+        state = load_file(str(Path(best_dir) / "weights.safetensors"))
+    except (OSError, ValueError):
+        return None
+    try:
+        from peft import PeftModel, set_peft_model_state_dict
+
+        if isinstance(model, PeftModel):
+            set_peft_model_state_dict(model, state)
+            return record
+    except ImportError:
+        pass
+    model.load_state_dict(state, strict=False)
+    return record

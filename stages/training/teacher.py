@@ -1,0 +1,88 @@
+"""SFT traces for distillation-style SFT: from the task's reference solver (`oracle`), from the task's weak
+solver (`weak`: right on a known part of the task), from a teacher model by rejection sampling (`model`),
+or from the current policy itself (`self`: reward-filtered self-distillation, for when no stronger model
+exists). And the teacher's own held-out accuracy, so a student can be seen to beat its teacher."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from regimen.stages.rewards import from_specs, score, weighted_total
+from regimen.stages.tasks import Task, shuffled
+
+
+def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """(prompt, completion) rows for SFT and counts of generated and kept traces.
+    Each cycle draws the prompts in a fresh order (seeded by the cycle), so cycle N+1 sees new traces first."""
+    t = recipe.teacher
+    rows = shuffled(task.train, seed=recipe.data.seed * 7919 + cycle)
+    if t.kind in ("oracle", "weak"):
+        solve = task.reference if t.kind == "oracle" else task.weak_reference
+        kept = [{"prompt": r["prompt"], "completion": ref} for r in rows if (ref := solve(r)) is not None]
+        return kept, {"traces_generated": float(len(rows)), "traces_kept": float(len(kept))}
+    if t.max_prompts:
+        rows = rows[: t.max_prompts]
+    source = t.name_or_path if t.kind == "model" else policy_path
+    return _rejection_sample(recipe, rows, source)
+
+
+def as_sft_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TRL's prompt-completion rows; a conversation's completion becomes an assistant message, so
+    SFTTrainer applies the chat template and computes the loss on the assistant turn only."""
+    out = []
+    for r in rows:
+        if isinstance(r["prompt"], list):
+            out.append({"prompt": r["prompt"], "completion": [{"role": "assistant", "content": r["completion"]}]})
+        else:
+            out.append({"prompt": r["prompt"], "completion": r["completion"]})
+    return out
+
+
+def teacher_accuracy(recipe, task: Task) -> float | None:
+    """The teacher's own held-out accuracy by the recipe's eval metric (None for `self` and `none`)."""
+    t = recipe.teacher
+    rows = task.heldout
+    if t.kind in ("oracle", "weak"):
+        solve = task.reference if t.kind == "oracle" else task.weak_reference
+        completions = [solve(r) or "" for r in rows]
+        from regimen.stages.rewards import answer
+
+        if recipe.eval.metric == "exact_match":
+            return sum(v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])) / len(rows)
+        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+        values = score({recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}, [r["prompt"] for r in rows], completions, columns)
+        return sum(1.0 for v in values[recipe.eval.metric] if v is not None and v >= 1.0) / len(rows)
+    if t.kind == "model":
+        from regimen.stages.training.heldout import heldout_eval
+        from regimen.stages.training.model import load_policy
+
+        model, tokenizer = load_policy(t.name_or_path, recipe)
+        metrics, _ = heldout_eval(model, tokenizer, recipe, rows, desc="teacher's held-out accuracy")
+        return metrics["heldout_accuracy"]
+    return None
+
+
+def _rejection_sample(recipe, rows: list[dict[str, Any]], source: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    from regimen.stages.training.model import load_policy
+    from regimen.stages.training.sampling import generate
+
+    t = recipe.teacher
+    model, tokenizer = load_policy(source, recipe)
+    prompts = [r["prompt"] for r in rows]
+    samples = generate(model, tokenizer, prompts, num_return_sequences=t.samples_per_prompt, do_sample=True,
+                       temperature=t.temperature, max_new_tokens=recipe.max_new_tokens(), batch_size=recipe.eval.batch_size,
+                       desc=f"teacher ({t.kind})", seed=recipe.data.seed)
+    flat_prompts = [p for p, group in zip(prompts, samples) for _ in group]
+    flat = [c for group in samples for c in group]
+    columns = {k: [r.get(k) for r in rows for _ in range(t.samples_per_prompt)] for k in rows[0] if k not in ("prompt", "completion")}
+    fns = from_specs(recipe.rewards)
+    totals = weighted_total(score(fns, flat_prompts, flat, columns), recipe.reward_weights())
+    kept, seen = [], set()
+    for prompt, completion, total in zip(flat_prompts, flat, totals):
+        key = (str(prompt), completion)
+        if not math.isnan(total) and total >= t.min_reward and key not in seen:
+            seen.add(key)
+            kept.append({"prompt": prompt, "completion": completion})
+    del model
+    return kept, {"traces_generated": float(len(flat)), "traces_kept": float(len(kept))}

@@ -1,0 +1,96 @@
+"""Trajectories: what the model actually wrote, with each reward's value, for a person to read.
+
+Every stage writes `trajectories.jsonl` (one object per sample: prompt, completion, rewards, and
+context such as the step or the reference answer). Reading these is how reward hacking gets caught.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from regimen.stages.rewards import completion_text
+
+FILE = "trajectories.jsonl"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def rows_from_batch(prompts: list[Any], completions: list[Any], rewards: dict[str, list[float | None]], **context: list[Any]) -> list[dict[str, Any]]:
+    rows = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        row = {"prompt": prompt, "completion": completion_text(completion), "rewards": {k: _clean(v[i]) for k, v in rewards.items()}}
+        for key, values in context.items():
+            row[key] = _clean(values[i])
+        rows.append(row)
+    return rows
+
+
+def write(path: Path, rows: list[dict[str, Any]]) -> None:
+    path = Path(path)
+    if path.is_dir():
+        path = path / FILE
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+
+
+def read(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / FILE
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                rows.append(json.loads(line))
+                if limit is not None and len(rows) >= limit:
+                    break
+    return rows
+
+
+class Recorder:
+    """Wraps reward functions so the batches TRL scores during GRPO are kept as trajectories.
+
+    TRL calls each reward function in turn on the same batch; the first wrapper opens a batch record
+    and each adds its values. Only a bounded sample of batches is kept (first ones and the latest).
+    """
+
+    def __init__(self, keep_first: int = 2, keep_last: int = 2, rows_per_batch: int = 32):
+        self.keep_first, self.keep_last, self.rows_per_batch = keep_first, keep_last, rows_per_batch
+        self.batches: list[dict[str, Any]] = []
+        self.step = 0
+
+    def wrap(self, name: str, fn):
+        recorder = self
+
+        def wrapped(prompts, completions, **kwargs):
+            values = fn(prompts=prompts, completions=completions, **kwargs)
+            recorder._add(name, prompts, completions, values, kwargs)
+            return values
+
+        wrapped.__name__ = getattr(fn, "__name__", name)
+        wrapped.gameable = getattr(fn, "gameable", False)  # type: ignore[attr-defined]
+        return wrapped
+
+    def _add(self, name, prompts, completions, values, kwargs) -> None:
+        n = self.rows_per_batch
+        if not self.batches or self.batches[-1]["completions_id"] != id(completions):
+            self.batches.append({"completions_id": id(completions), "step": self.step, "prompts": list(prompts[:n]),
+                                 "completions": list(completions[:n]), "answer": list(kwargs.get("answer", [None] * len(prompts))[:n]), "rewards": {}})
+            if len(self.batches) > self.keep_first + self.keep_last:
+                del self.batches[self.keep_first]
+        self.batches[-1]["rewards"][name] = [None if v is None else float(v) for v in values[:n]]
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for b in self.batches:
+            k = len(b["completions"])
+            out += rows_from_batch(b["prompts"], b["completions"], b["rewards"], step=[b["step"]] * k, answer=b["answer"])
+        return out

@@ -1,0 +1,161 @@
+"""The house: one top-level import name, no import cycles, stages that never import each other (nor the
+runner, nor flows, nor Prefect), and per-stage code versions that ignore presentation code."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from regimen.stages import registry
+from regimen.stages import fingerprint as fp
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"regimen.stages": ROOT / "stages", "regimen.flows": ROOT / "flows"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for prefix, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if "metrics" in parts:  # a shipped metric module, loaded by path
+                continue
+            out[".".join([prefix, *parts])] = path
+    return out
+
+
+MODULES = modules()
+
+
+def edges(name: str, path: Path) -> set[str]:
+    """Modules of ours that `name` imports anywhere in its code (top level or inside functions)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in MODULES)
+    return found - {name}
+
+
+GRAPH = {name: edges(name, path) for name, path in MODULES.items()}
+
+
+def test_the_import_graph_has_no_cycle():
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(GRAPH[n]):
+            if state.get(m) == 1:
+                cycle = path[path.index(m):] + [m]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if m not in state:
+                visit(m)
+        path.pop()
+        state[n] = 2
+
+    for n in sorted(GRAPH):
+        if n not in state:
+            visit(n)
+
+
+def test_stages_never_import_each_other_the_runner_flows_or_prefect():
+    stage_modules = {s.__name__ for s in registry.ORDER}
+    assert len(stage_modules) == 5
+    for name in stage_modules:
+        deps = GRAPH[name]
+        assert not deps & (stage_modules | {"regimen.stages.runner", "regimen.stages.registry"}), (name, deps)
+    for name, path in MODULES.items():
+        if name.startswith("regimen.stages"):
+            assert not any(d.startswith("regimen.flows") for d in GRAPH[name]), name
+            text = path.read_text()
+            assert "import prefect" not in text and "from prefect" not in text, name
+
+
+def test_one_registry_names_every_stage_and_every_task():
+    from regimen.stages.tasks.registry import TASKS
+
+    assert registry.NAMES == ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
+    for stage in registry.ORDER:
+        assert isinstance(stage.TRAINS, bool) and stage.KEY_METRICS and callable(stage.run) and callable(stage.config_section)
+    assert set(TASKS) >= {"addition", "code", "jsonl", "hf"}
+    for task in TASKS.values():
+        assert task.Options.model_fields["task"].default == task.NAME and callable(task.load) and callable(task.identity)
+
+
+def test_pyproject_lists_every_package_folder():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {n for n, p in MODULES.items() if p.name == "__init__.py"}
+    assert listed == on_disk
+
+
+@pytest.mark.slow
+def test_the_built_wheel_has_one_top_level_name(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True)
+    [wheel] = tmp_path.glob("regimen_rl-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        top = [n for n in zf.namelist() if n.endswith("top_level.txt")]
+        assert top and zf.read(top[0]).decode().split() == ["regimen"]
+        names = zf.namelist()
+    assert not any(n.startswith(("stages/", "flows/")) for n in names)
+    assert "regimen/stages/tasks/problems/code_problems.jsonl" in names
+    assert "regimen/stages/training/metrics/exact_match/exact_match.py" in names
+
+
+def test_code_versions_cover_what_changes_results_and_nothing_that_presents():
+    closures = {s.NAME: {Path(p).relative_to(ROOT).as_posix() for p in fp.closure(s.__name__)} for s in registry.ORDER}
+    for name, files in closures.items():
+        assert not any(f.startswith("flows/") for f in files), name
+        assert "stages/runner.py" not in files and "stages/store/__init__.py" not in files, name
+    assert "stages/grpo.py" in closures["grpo"]
+    assert all("stages/grpo.py" not in closures[n] for n in ("sft", "reward-dry-run", "grpo-smoke", "eval"))
+    assert "stages/training/grpo_trainer.py" in closures["grpo-smoke"] and "stages/training/grpo_trainer.py" in closures["grpo"]
+    assert "stages/rewards/code.py" in closures["eval"]  # registered by import, so a change to it reruns scoring stages
+    assert "stages/training/metrics/exact_match/exact_match.py" in closures["eval"]
+
+
+def test_an_edit_to_grpo_changes_only_grpos_code_version(tmp_path, monkeypatch):
+    before = {s.NAME: fp.code_version(s.__name__) for s in registry.ORDER}
+    edited = tmp_path / "grpo.py"
+    edited.write_text((ROOT / "stages" / "grpo.py").read_text() + "\n# an edit\n")
+    presentation = tmp_path / "plots.py"
+    presentation.write_text((ROOT / "flows/present/plots.py").read_text() + "\n# a typo fixed\n")
+    real = fp._origin.__wrapped__
+
+    def origin(name: str):
+        if name == "regimen.stages.grpo":
+            return str(edited)
+        if name == "regimen.flows.present.plots":
+            return str(presentation)
+        return real(name)
+
+    fp.code_version.cache_clear()
+    fp._origin.cache_clear()
+    monkeypatch.setattr(fp, "_origin", origin)
+    try:
+        after = {s.NAME: fp.code_version(s.__name__) for s in registry.ORDER}
+    finally:
+        fp.code_version.cache_clear()
+    assert after["grpo"] != before["grpo"]
+    assert {k: v for k, v in after.items() if k != "grpo"} == {k: v for k, v in before.items() if k != "grpo"}
