@@ -138,11 +138,15 @@ class _QuietFailures(logging.Filter):
 
 
 def _quiet_prefect_console() -> None:
+    from prefect.logging.configuration import ensure_logging_setup
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    for name in ["prefect", *[n for n in logging.root.manager.loggerDict if n.startswith("prefect")]]:
-        for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, PrefectConsoleHandler) and not any(isinstance(f, _QuietFailures) for f in handler.filters):
+    ensure_logging_setup()  # Prefect configures its handlers lazily; make them exist, then filter them
+    loggers = [logging.getLogger(), *[logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("prefect")]]
+    for logger in loggers:
+        for handler in logger.handlers:
+            terminal = isinstance(handler, PrefectConsoleHandler) or type(handler) in (logging.StreamHandler,) or type(handler).__name__ == "_SafeStreamHandler"
+            if terminal and not any(isinstance(f, _QuietFailures) for f in handler.filters):
                 handler.addFilter(_QuietFailures())
 
 
@@ -209,9 +213,12 @@ def _as_regimen_error(exc: BaseException, state) -> RegimenError:
     name = type(exc).__name__
     if isinstance(exc, KeyboardInterrupt) or name in ("CancelledRun", "TerminationSignal", "Abort") or getattr(state, "name", "") == "Cancelled":
         return StageInterrupted("run", "a cancel" if name != "TerminationSignal" else "SIGTERM", "rerun resumes from the last finished stage")
+    if isinstance(exc, OSError):
+        from regimen.stages.store.files import describe_os_error
+
+        return RegimenError(f"the run failed: {describe_os_error(exc, exc.filename or '')}")
     detail = str(exc).splitlines()[0] if str(exc) else ""
-    error = RegimenError(f"the run failed: {name}{': ' + detail if detail else ''} (Prefect's log has the traceback)")
-    return error
+    return RegimenError(f"the run failed: {name}{': ' + detail if detail else ''} (Prefect's log has the traceback)")
 
 
 @app.command()
@@ -332,12 +339,16 @@ def serve(
 @app.command("make-model")
 def make_model(
     out: Annotated[str, typer.Argument(help="folder to write the model into (like a hub snapshot)")],
-    arch: Annotated[str, typer.Option("--arch", help="qwen3 (BPE tokenizer with a chat template) or char-llama")] = "qwen3",
+    arch: Annotated[str, typer.Option("--arch", help="qwen3 or llama (either with a byte-level BPE tokenizer and a chat template)")] = "qwen3",
+    hidden_size: Annotated[int, typer.Option("--hidden-size")] = 64,
+    layers: Annotated[int, typer.Option("--layers")] = 2,
 ) -> None:
     """Build a small standard-architecture causal LM locally (no download), saved with save_pretrained."""
     from regimen.stages.training.model import build_real_shaped_model
 
-    path = build_real_shaped_model(out, arch=arch)
+    if arch not in ("qwen3", "llama"):
+        raise InputError(f"--arch {arch!r}: use qwen3 or llama")
+    path = build_real_shaped_model(out, arch=arch, hidden_size=hidden_size, num_layers=layers)
     console.print(f"model saved to {path} (model.name_or_path: {path})")
 
 

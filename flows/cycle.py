@@ -117,11 +117,20 @@ def regimen_cycle_recipe(recipe: Recipe) -> list[dict[str, Any]]:
 LAST_RESULTS: list[dict[str, Any]] = []  # what the last run in this process did (the CLI prints it after an interruption)
 
 
+@task(name="preflight")
+def preflight(recipe: Recipe) -> dict[str, Any]:
+    """Data and rewards checked before anything trains or anything is written (`stages/preflight.py`)."""
+    from regimen.stages import preflight as checks
+
+    return checks.check(recipe)
+
+
 def run_cycles(recipe: Recipe):
     """The cycles under the experiment's lock. An interruption (Ctrl-C, SIGTERM, a cancel) ends the run
     as Cancelled in Prefect, with what was interrupted and how a rerun resumes as its message."""
     from prefect.states import Cancelled
 
+    preflight(recipe)
     st = Store(recipe.store)
     results: list[dict[str, Any]] = []
     LAST_RESULTS[:] = []

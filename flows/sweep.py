@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from regimen.flows.cycle import stage
+from regimen.flows.cycle import preflight, stage
 from regimen.flows.present.comparison import comparison
 from regimen.flows.present.plots import data_uri, read_log
 from regimen.flows.publish import artifact_key
@@ -21,6 +21,7 @@ from regimen.stages.training.policy import base_policy
 @flow(name="regimen-sweep", validate_parameters=False)
 def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[Recipe]) -> dict[str, Any]:
     """Compare values of one recipe field (e.g. grpo.num_generations=[2, 8, 16]) from the same SFT policy."""
+    preflight(recipe)
     st = Store(recipe.store)
     results: list[dict[str, Any]] = []
     rows, logs = [], {}

@@ -108,6 +108,8 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
         "started_at": now_iso(),
     }
     dirs = StageDirs(out=store.staging_dir(experiment, stage), checkpoints=store.work_dir(experiment, stage, fp), progress=progress)
+    device = _device(recipe, module)
+    manifest["device"] = device["device"]
     with store.running(experiment, stage, {"fingerprint": fp, "cycle": cycle, "round": round_, "checkpoints": str(dirs.checkpoints)}):
         try:
             output: StageOutput = _launch(stage, module, recipe, inputs, dirs)
@@ -115,7 +117,7 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
             _record_failure(store, dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
             raise
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised as the stage's failure
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            detail = _out_of_space(dirs, store) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
             interrupted = interruption(exc)
             if interrupted:
                 detail = f"interrupted ({interrupted})"
@@ -124,17 +126,37 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
                 raise StageInterrupted(stage, interrupted, resume_hint(dirs.checkpoints)) from exc
             if isinstance(exc, SystemExit):
                 raise
+            if detail.startswith("no space left"):
+                raise StageStopped(stage, detail) from exc
             raise StageStopped(stage, f"the stage raised {detail}") from exc
     wall = time.perf_counter() - t0
     (dirs.out / "metrics.json").write_text(json.dumps(output.metrics, indent=1))
     manifest.update(output.extra)
     manifest.update({"metrics": output.metrics, "finished_at": now_iso(), "wall_s": round(wall, 3)})
+    if device["cuda"]:
+        import torch
+
+        manifest["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     if output.status != "completed":
         _record_failure(store, dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
         raise StageStopped(stage, output.diagnosis or "the stage reported failure")
     committed = store.commit(dirs.out, manifest)
     shutil.rmtree(dirs.checkpoints, ignore_errors=True)  # checkpoints are only for resuming
     return StageResult(committed, False, wall, store.local_path(committed), damaged or None)
+
+
+def _device(recipe, module) -> dict[str, Any]:
+    """Where this stage computes (recorded in its manifest); on CUDA the peak-memory counter is reset."""
+    if recipe.launcher == "accelerate" and module.TRAINS:
+        return {"device": f"accelerate launch x{recipe.num_processes()}", "cuda": False}
+    from regimen.stages.training.args import device_for
+
+    device = device_for(recipe)
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    return {"device": device, "cuda": device.startswith("cuda")}
 
 
 def interruption(exc: BaseException) -> str | None:
@@ -146,6 +168,17 @@ def interruption(exc: BaseException) -> str | None:
         return "SIGTERM"
     if name in ("CancelledError", "Abort"):
         return "cancelled"
+    return None
+
+
+def _out_of_space(dirs: StageDirs, store: Store) -> str | None:
+    """A write failure is often the disk (torch reports it as 'file write failed'): say so plainly."""
+    for path in (dirs.checkpoints, dirs.out, store.cache):
+        try:
+            if shutil.disk_usage(path).free < 256 * 1024:
+                return f"no space left on the device holding {path} (free some space; a rerun resumes from the last complete checkpoint)"
+        except OSError:
+            continue
     return None
 
 

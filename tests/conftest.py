@@ -10,6 +10,8 @@ os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="regimen-hf-datasets-"))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("REGIMEN_CACHE", tempfile.mkdtemp(prefix="regimen-cache-"))
 

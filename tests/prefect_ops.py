@@ -115,9 +115,12 @@ class Server:
         r.raise_for_status()
         return {d["name"]: d for d in r.json()}
 
-    def create_run(self, deployment: str, parameters: dict[str, Any]) -> httpx.Response:
+    def create_run(self, deployment: str, parameters: dict[str, Any], job_variables: dict[str, Any] | None = None) -> httpx.Response:
         dep = self.deployments()[deployment]
-        return self.post(f"/deployments/{dep['id']}/create_flow_run", {"parameters": parameters})
+        body: dict[str, Any] = {"parameters": parameters}
+        if job_variables:
+            body["job_variables"] = job_variables
+        return self.post(f"/deployments/{dep['id']}/create_flow_run", body)
 
     def run(self, run_id: str) -> dict:
         r = self.get(f"/flow_runs/{run_id}")
@@ -241,7 +244,7 @@ def scenario(prefect_server, ops_dirs, faulty_serve):
     the run via the API; serve again without the fault; while the retry trains, let a nightly run arrive."""
     store, logs = ops_dirs
     sc = Scenario(prefect_server, store, logs, serve_visible_s=faulty_serve.visible_s)
-    params = {"config": "tests/tiny.yaml", "experiment": EXPERIMENT, "store": str(store)}
+    params = {"config": "tiny.yaml", "experiment": EXPERIMENT}  # served from tests/: the recipe's folder; the store is serve's
     t = time.monotonic()
 
     def lap(name: str) -> None:

@@ -45,10 +45,10 @@ def test_serve_registers_on_demand_and_nightly_with_cron_and_timezone(prefect_se
     assert sched["schedule"]["cron"] == CRON and sched["schedule"]["timezone"] == TIMEZONE and sched["active"]
     for d in deps.values():
         assert not d["paused"]
-        assert d["parameters"]["config"] == "tests/tiny.yaml"
+        assert d["parameters"]["config"] == "tiny.yaml"  # a name inside the folder UI runs choose from (here tests/)
         assert d["enforce_parameter_schema"] is True
         props = d["parameter_openapi_schema"]["properties"]
-        assert set(props) == {"config", "experiment", "overrides", "store"}
+        assert set(props) == {"config", "experiment", "overrides"}  # the store is the operator's, not a UI parameter
         assert all(p.get("description") for p in props.values()), props  # what the Custom run form shows
         assert d["global_concurrency_limit"]["limit"] == 1
         assert d["concurrency_options"]["collision_strategy"] == "ENQUEUE"
@@ -61,6 +61,7 @@ def test_serve_registers_on_demand_and_nightly_with_cron_and_timezone(prefect_se
     ({"config": 42}, "config"),
     ({"experiment": ["a", "b"]}, "experiment"),
     ({"overide": {"grpo.beta": 0.1}}, "overide"),       # a typo: unknown parameters are refused too
+    ({"store": "/tmp/elsewhere"}, "store"),              # the store is not a UI parameter
 ])
 def test_invalid_parameters_are_refused_with_409_and_no_run(prefect_server, faulty_serve, parameters, field):
     before = prefect_server.post("/flow_runs/count").json()
@@ -72,14 +73,53 @@ def test_invalid_parameters_are_refused_with_409_and_no_run(prefect_server, faul
 
 def test_a_recipe_that_fails_validation_fails_the_run_at_once_with_its_message(prefect_server, faulty_serve, ops_dirs):
     store, _ = ops_dirs
-    r = prefect_server.create_run("on-demand", {"config": "tests/tiny.yaml", "experiment": "bad", "store": str(store),
-                                                "overrides": {"grpo.no_such_field": 1}})
+    r = prefect_server.create_run("on-demand", {"config": "tiny.yaml", "experiment": "bad", "overrides": {"grpo.no_such_field": 1}})
     assert r.status_code == 201, r.text
     run = prefect_server.wait_run(r.json()["id"], timeout=90, logs=[faulty_serve.log])
     assert run["state"]["type"] == "FAILED"
     assert "no_such_field" in run["state"]["message"]
     assert ts(run["end_time"]) - ts(run["start_time"]) < timedelta(seconds=20)
     assert not (store / "bad").exists()  # nothing written
+
+
+HOSTILE = {  # what a UI user may try; each is refused before anything runs, naming the key
+    "launcher-shell": ({"overrides": {"launcher": "accelerate", "accelerate.num_processes": 1,
+                                      "accelerate.extra_args": ["--no_python", "/bin/sh", "-c", "touch {pwned}"]}}, "'launcher'"),
+    "extra-args": ({"overrides": {"accelerate.extra_args": ["--no_python", "/bin/sh", "-c", "touch {pwned}"]}}, "'accelerate.extra_args'"),
+    "reward-path": ({"overrides": {"rewards": [{"name": "os:system"}]}}, "'rewards'"),
+    "reward-item": ({"overrides": {"rewards.0.name": "subprocess:getoutput"}}, "not a dotted recipe key"),
+    "model-path": ({"overrides": {"model.name_or_path": "/etc"}}, "'model.name_or_path'"),
+    "data-file": ({"overrides": {"data.train_file": "/etc/shadow"}}, "'data.train_file'"),
+    "store-override": ({"overrides": {"store": "{outside}"}}, "'store'"),
+    "teacher": ({"overrides": {"teacher.name_or_path": "/root"}}, "'teacher.name_or_path'"),
+    "peft": ({"overrides": {"peft": {"r": 8}}}, "'peft'"),
+    "hub-push": ({"overrides": {"grpo.push_to_hub": True}}, "'grpo.push_to_hub'"),
+    "logger": ({"overrides": {"sft.report_to": "wandb"}}, "'sft.report_to'"),
+    "vllm-url": ({"overrides": {"grpo.vllm_server_base_url": "http://evil:8000"}}, "'grpo.vllm_server_base_url'"),
+    "config-abs": ({"config": "/etc/passwd"}, "configs folder"),
+    "config-up": ({"config": "../pyproject.toml"}, "configs folder"),
+    "config-not-yaml": ({"config": "conftest.py"}, "no such recipe"),
+}
+
+
+def test_hostile_ui_parameters_are_refused_before_anything_runs(prefect_server, faulty_serve, ops_dirs, tmp_path):
+    store, _ = ops_dirs
+    pwned, outside = tmp_path / "pwned", tmp_path / "outside-store"
+    ids = {}
+    for name, (params, _) in HOSTILE.items():
+        body = {"config": "tiny.yaml", "experiment": f"hostile-{name}", **params}
+        body = json.loads(json.dumps(body).replace("{pwned}", str(pwned)).replace("{outside}", str(outside)))
+        r = prefect_server.create_run("on-demand", body)
+        assert r.status_code == 201, (name, r.text)
+        ids[name] = r.json()["id"]
+    for name, run_id in ids.items():
+        run = prefect_server.wait_run(run_id, timeout=120, logs=[faulty_serve.log])
+        message = run["state"]["message"] or ""
+        assert run["state"]["type"] == "FAILED", (name, run["state"])
+        assert HOSTILE[name][1] in message, (name, message)
+        assert "root:" not in message  # nothing read back from a file it names
+        assert not (store / f"hostile-{name}").exists(), name  # nothing written, not even a lock
+    assert not pwned.exists() and not outside.exists()
 
 
 # -- fail, stop serve, retry ------------------------------------------------------------------------
@@ -141,6 +181,16 @@ def test_a_nightly_run_due_during_a_training_run_is_queued_not_dropped(scenario)
     assert ts(queued["end_time"]) - ts(queued["start_time"]) < timedelta(seconds=60)
 
 
+def test_an_honest_custom_run_with_a_hyperparameter_still_works(scenario):
+    server = scenario.server
+    r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": "honest", "overrides": {"grpo.beta": 0.08}})
+    assert r.status_code == 201, r.text
+    run = server.wait_run(r.json()["id"], timeout=240, logs=[scenario.serve.log])
+    assert run["state"]["type"] == "COMPLETED", (run["state"], tail(scenario.serve.log))
+    grpo = json.loads((scenario.store / "honest" / "grpo" / "v1" / "manifest.json").read_text())
+    assert grpo["config"]["grpo"]["beta"] == 0.08
+
+
 # -- auth --------------------------------------------------------------------------------------------
 
 def test_basic_auth_refuses_unauthenticated_requests_and_accepts_the_auth_string(prefect_server, faulty_serve):
@@ -182,7 +232,8 @@ def test_prefect_yaml_deploys_the_same_deployments_and_a_worker_runs_them(scenar
     [sched] = deps["nightly"]["schedules"]
     assert sched["schedule"]["cron"] == "0 2 * * *" and sched["schedule"]["timezone"] == "UTC"
     # one run through `prefect worker start`, from another folder: the pull step sets the project root
-    r = server.create_run("on-demand", {"config": "tests/tiny.yaml", "experiment": EXPERIMENT, "store": str(scenario.store)})
+    r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": EXPERIMENT},
+                          job_variables={"env": {"REGIMEN_CONFIGS": str(ROOT / "tests"), "REGIMEN_STORE": str(scenario.store)}})
     assert r.status_code == 201, r.text
     log = tmp_path / "worker.log"
     with open(log, "wb") as fh:

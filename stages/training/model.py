@@ -123,3 +123,73 @@ def load_policy(path: str, recipe):
     from regimen.stages.training.args import device_for
 
     return load_model(path, dtype=recipe.model.dtype, device=device_for(recipe)), load_tokenizer(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real-shaped model, built locally: the path a user with a hub model takes, exercised without a hub.
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+REAL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+
+def _corpus() -> list[str]:
+    """Text the BPE tokenizer learns its merges from: numbers, arithmetic, code and a few English words."""
+    import random
+
+    rng = random.Random(0)
+    words = ("what is the sum of and answer with number only question write a python function that returns def return "
+             "if else for in range print true false none assert you are helpful assistant system user").split()
+    lines = []
+    for _ in range(1500):
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        lines.append(f"What is {a}+{b}? {a + b}")
+        lines.append(" ".join(rng.choice(words) for _ in range(8)))
+        lines.append(f"def f(x):\n    return {rng.randint(1, 9)}*x+{rng.randint(0, 50)}\n")
+    lines.append(string.printable)
+    return lines
+
+
+def build_real_shaped_model(out: str | Path, *, arch: str = "qwen3", hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
+    """A small standard-architecture causal LM with a BPE tokenizer trained here (byte-level, so any text
+    encodes) that carries a chat template, saved with `save_pretrained` like a hub snapshot. `arch`:
+    `qwen3` (Qwen3ForCausalLM) or `llama` (LlamaForCausalLM)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=REAL_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token=None,
+                                   unk_token=None, padding_side="left", clean_up_tokenization_spaces=False)
+    fast.chat_template = CHAT_TEMPLATE
+    kind = {"qwen3": "qwen3", "llama": "llama"}.get(arch)
+    if kind is None:
+        raise ValueError(f"arch {arch!r}: use qwen3 or llama")
+    config = AutoConfig.for_model(
+        kind, vocab_size=len(fast), hidden_size=hidden_size, intermediate_size=3 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=512, tie_word_embeddings=True,
+        bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = fast.eos_token_id
+    model.generation_config.pad_token_id = fast.pad_token_id
+    staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    try:
+        model.save_pretrained(staging)
+        fast.save_pretrained(staging)
+        os.rename(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out

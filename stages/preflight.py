@@ -1,0 +1,41 @@
+"""Checks before anything trains, so a bad input is named in seconds, not after SFT.
+
+- Data at the door: the task loads (types per row, sizes, duplicates, train/held-out overlap are
+  checked by the task itself), and the rows carry what the recipe needs: an `answer` on every held-out
+  row for `eval.metric: exact_match`, a reference on every training row for the oracle teacher.
+- Every reward is called on a few training rows (with the task's reference completions where it has
+  them): it must return one real number or None per completion; NaN, strings, wrong lengths and
+  exceptions are refused, naming the reward, the row and the value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regimen.stages.errors import InputError
+
+ROWS = 4
+
+
+def check(recipe) -> dict[str, Any]:
+    """Raise InputError for the first problem found; returns a short summary of what was checked."""
+    from regimen.stages.rewards import from_specs, preflight
+    from regimen.stages.tasks.registry import load_task
+
+    task = load_task(recipe.data)
+    if not task.train or not task.heldout:
+        raise InputError(f"data: the task has {len(task.train)} training and {len(task.heldout)} held-out rows; both must be non-empty")
+    if recipe.eval.metric == "exact_match":
+        missing = next((i for i, r in enumerate(task.heldout, 1) if r.get("answer") in (None, "")), None)
+        if missing is not None:
+            raise InputError(f"data: held-out row {missing} has no 'answer', which eval.metric exact_match compares against "
+                             "(map your column with data.columns, or set eval.metric to one of the rewards)")
+    if recipe.teacher.kind == "oracle":
+        missing = next((i for i, r in enumerate(task.train, 1) if task.reference(r) is None), None)
+        if missing is not None:
+            raise InputError(f"data: training row {missing} has no reference ('completion', 'solution' or 'answer') for the oracle teacher "
+                             "(map your column with data.columns, or use teacher.kind: model, self or none)")
+    rows = task.train[:ROWS]
+    completions = [task.reference(r) or "" for r in rows]
+    values = preflight(from_specs(recipe.rewards), rows, completions)
+    return {"train_rows": len(task.train), "heldout_rows": len(task.heldout), "rewards": {k: v for k, v in values.items()}}
