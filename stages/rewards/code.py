@@ -1,11 +1,17 @@
-"""Rewards for code tasks: `unit_tests` (the sandboxed fraction of a row's tests that pass) and
-`code_block` (gameable on purpose), plus the helpers that turn datasets' test formats into snippets.
+"""Rewards for code tasks: `unit_tests` (the fraction of a row's tests that pass, judged in the sandbox)
+and `code_block` (gameable on purpose), plus the helpers that turn datasets' test formats into jobs.
 
-A row's tests are a list of Python snippets, each run after the solution in the same namespace; a
-snippet passes when it runs to its end without raising. Where they come from, in order:
-- `tests`: the list itself (a single string is one snippet; a string holding a JSON list is that list);
-- `test_list` (MBPP): its asserts, each prefixed with `test_setup_code`/`test_imports` when present;
-- `test` + `entry_point` (HumanEval): one snippet that defines `check` and calls it on the entry point.
+A row's tests are a list of Python snippets that the sandbox's judge runs, in order, in its own process,
+calling the solution's functions in another process (see `regimen.stages.rewards.sandbox`); a snippet
+passes when it runs to its end without raising. Each row is read in its own format, so one dataset may
+mix them (a column that is None or empty for a row does not hide that row's own format):
+- `tests`: the list itself (a single string is one snippet; a string holding a JSON list is that list),
+  with the row's `entry_point`, if any, as the function under test;
+- `test_list` (MBPP): its asserts; `test_imports` and `test_setup_code` run once before them, as
+  trusted set-up code;
+- `test` + `entry_point` (HumanEval): one snippet that defines `check` and calls it on the entry point;
+  the row's prompt, when it is Python code (or holds a fenced block of it), is the trusted set-up code,
+  so helpers it defines (`poly`, `encode_cyclic`) are the dataset's, not the solution's.
 A row with none of them has no opinion from `unit_tests` (None).
 
 Importing this module registers both rewards in `regimen.stages.rewards` (which imports it lazily).
@@ -13,6 +19,7 @@ Importing this module registers both rewards in `regimen.stages.rewards` (which 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -68,6 +75,33 @@ def mbpp_snippets(test_list: Sequence[str], test_setup_code: str = "", test_impo
     return [prefix + t for t in test_list]
 
 
+def prompt_code(prompt: Any) -> str | None:
+    """The Python code of a HumanEval-style prompt: the prompt itself when it compiles, else its last
+    fenced code block when that compiles (a chat prompt: its user and system messages); else None."""
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, (list, tuple)):
+        text = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role", "user") in ("user", "system"))
+    else:
+        return None
+    for candidate in (text, extract_code(text) if has_code_block(text) else None):
+        if candidate and candidate.strip():
+            try:
+                compile(candidate, "<prompt>", "exec")
+            except (SyntaxError, ValueError):
+                continue
+            return candidate
+    return None
+
+
+def _entry_point(value: Any, row: int) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        raise InputError(f"unit_tests: row {row}: entry_point {value!r} is not a Python identifier")
+    return value
+
+
 def _snippets(value: Any, row: int, column: str) -> list[str] | None:
     if value is None:
         return None
@@ -87,25 +121,35 @@ def _snippets(value: Any, row: int, column: str) -> list[str] | None:
     raise InputError(f"unit_tests: row {row}: `{column}` must be a list of Python snippets (strings), got {type(value).__name__}")
 
 
-def row_tests(row: int, columns: dict[str, Any]) -> list[str] | None:
-    """The test snippets of row `row` from whichever test columns the batch carries (see module doc)."""
+def row_job(row: int, columns: dict[str, Any], prompt: Any = None) -> sandbox.Job | None:
+    """What the judge needs for row `row` (its code left empty): tests, entry point and trusted set-up
+    code, from whichever format the row itself uses (see the module doc); None when it has no tests."""
 
     def col(name: str) -> Any:
         values = columns.get(name)
         return None if values is None else values[row]
 
-    if columns.get("tests") is not None:
-        return _snippets(col("tests"), row, "tests")
-    if columns.get("test_list") is not None:
-        tests = _snippets(col("test_list"), row, "test_list")
-        if tests is None:
-            return None
+    tests = _snippets(col("tests"), row, "tests")
+    if tests:
+        return sandbox.Job("", tests, _entry_point(col("entry_point"), row))
+    test_list = _snippets(col("test_list"), row, "test_list")
+    if test_list:
         imports = col("test_imports") or []
-        return mbpp_snippets(tests, col("test_setup_code") or "", imports if isinstance(imports, (list, tuple)) else [imports])
-    if columns.get("test") is not None and columns.get("entry_point") is not None:
-        test, entry = col("test"), col("entry_point")
-        return [humaneval_snippet(test, entry)] if test and entry else None
+        imports = [imports] if isinstance(imports, str) else list(imports)
+        setup_code = col("test_setup_code") or ""
+        setup = "".join(f"{line}\n" for line in imports) + (f"{setup_code.rstrip()}\n" if setup_code.strip() else "")
+        return sandbox.Job("", test_list, None, setup or None)
+    test, entry = col("test"), col("entry_point")
+    if test and entry:
+        snippet = humaneval_snippet(test, entry)
+        return sandbox.Job("", [snippet], entry, prompt_code(prompt))
     return None
+
+
+def row_tests(row: int, columns: dict[str, Any]) -> list[str] | None:
+    """The test snippets of row `row` (see `row_job`); None when it has none."""
+    job = row_job(row, columns)
+    return job.tests if job else None
 
 
 def unit_tests_reward(
@@ -120,19 +164,22 @@ def unit_tests_reward(
 
     Scores each completion with the fraction of its row's test snippets that pass, the whole batch
     in parallel (`workers`, default one per CPU). None where the row has no tests, or (logged) where
-    the sandbox itself failed; 0 for code that fails to load, exits early, times out or is killed.
-    Raises InputError when isolation is unavailable and `allow_unisolated` is False.
+    the sandbox itself or the row's set-up code failed; 0 for code that fails to load, times out or is
+    killed. Raises InputError when isolation is unavailable and `allow_unisolated` is False.
+
+    Not gameable because the judge runs the tests in its own process and sees only plain data from
+    the solution's (tests/test_sandbox.py and tests/test_judge_*.py attack it in every way we know).
     """
     config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated)
 
     def unit_tests(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         scores: list[float | None] = [None] * len(completions)
-        items: list[tuple[str, list[str]]] = []
+        items: list[sandbox.Job] = []
         rows: list[int] = []
         for i, completion in enumerate(completions):
-            tests = row_tests(i, columns)
-            if tests:
-                items.append((extract_code(completion_text(completion)), tests))
+            job = row_job(i, columns, prompts[i] if prompts is not None and i < len(prompts) else None)
+            if job is not None:
+                items.append(dataclasses.replace(job, code=extract_code(completion_text(completion))))
                 rows.append(i)
         if not items:
             return scores

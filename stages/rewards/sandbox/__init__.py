@@ -1,0 +1,46 @@
+"""Judge untrusted Python solutions against test code, isolated from the host and from the judge.
+
+Model-written code is hostile until proven otherwise. `run_batch` judges many samples in parallel,
+`run_tests` one; each returns a `SandboxResult(passed, total, error, status, ...)`.
+
+The principle: the code under test never shares an interpreter, a namespace or memory with the code
+that judges it, and sees nothing of the host it does not need. Per sample, two processes:
+
+- S (`callee.py`) runs the solution and answers calls;
+- J (`judge.py`) runs the row's tests in its own interpreter and namespace, calling the solution's
+  functions through a socket that carries only plain data (`wire.py`: None, bool, int, float,
+  complex, str, bytes, and lists/tuples/dicts/sets of them, by exact type). J decodes every answer
+  into fresh builtin objects, so no object of the solution's making ever reaches a comparison, and
+  nothing the solution patches (builtins, `math.isclose`, its own `abs`) changes what the tests call.
+  Only J and the trusted set-up code write results; S never holds the result pipe.
+
+Both run in the per-sample namespaces built by `server.py` (a minimal allow-listed root, fresh /tmp,
+/dev/shm, /proc, IPC and network), as different unprivileged uids, under rlimits, cgroups (a CPU share
+per slot, CPU-time accounting, memory and pids limits) and a seccomp filter (`syscalls.py`). `pool.py`
+is the parent side: worker slots, one warm server process each.
+
+What a test can do with the solution: call its top-level functions with plain-data arguments (copies:
+in-place changes are not seen) and get plain-data results or its exceptions (as the builtin exception
+class of the same name, else `SolutionError`); read its top-level plain-data values; use the
+standard-library modules and functions it imported (J imports its own). A test cannot pass a lambda or
+an object to the solution, call methods on objects it returns, or use its classes: those calls fail.
+
+Failure semantics: a solution that fails to load (an exception or SystemExit at import time) scores
+0 with `error` saying why; a test snippet that raises fails that test only; a solution whose process
+ends (exit, crash, kill) fails the calls from then on, tests already passed stay passed; a sample that
+uses more than `timeout_s` CPU seconds, or more than `wall_timeout_s` wall-clock seconds, scores 0
+(`status="aborted"`). A failure of the sandbox itself, or of the row's trusted set-up code, gives
+`status="infra"` and a logged reason (no score), never an exception for the whole batch.
+
+Availability. Isolation needs Linux, root (namespaces, mounts, the uid drop) and libseccomp (via
+`pyseccomp`). Where a probe finds it unavailable, `run_batch` raises `SandboxUnavailable` naming the
+reason, unless the caller passes `allow_unisolated=True`; then S and J are still separate processes
+talking plain data, with rlimits, a temporary folder each (removed afterwards), the uid drop and
+cgroups where root and the syscall filter where libseccomp exists, but with the host's filesystem and
+network reachable. That is logged.
+"""
+
+from .pool import Job, SandboxConfig, SandboxResult, SandboxUnavailable, as_job, isolation_status, run_batch, run_tests
+from .pool import _default_uid_base, _Server, _unavailable_message  # noqa: F401  (used by tests)
+
+__all__ = ["Job", "SandboxConfig", "SandboxResult", "SandboxUnavailable", "as_job", "isolation_status", "run_batch", "run_tests"]

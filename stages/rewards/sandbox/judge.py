@@ -1,0 +1,261 @@
+"""J, the judge: runs a row's test code against the solution, which lives in another process.
+
+J is a fork of the sandbox's trusted set-up process, never of the solution: the solution's process (S)
+cannot reach J's interpreter, namespace or memory (another uid, not dumpable, another process), and J
+never touches an object S made. What J gets from S comes over a socket as plain data (`wire.py`) and is
+decoded by J's own code into fresh builtin objects. The namespace the tests run in is J's:
+
+- `__builtins__` is J's own builtins module: nothing S patched (`builtins.abs`, `enumerate`, the
+  namespace's `__builtins__`) exists here;
+- the trusted set-up code (`setup`: a HumanEval prompt's helpers, MBPP's `test_setup_code` and
+  `test_imports`) runs first, before any name of the solution is bound;
+- then each top-level name S reports, unless it would shadow a builtin or a name the set-up defined
+  (the row's declared `entry_point` is the one exception: it is always the solution's):
+  a callable becomes a proxy that sends `call(name, args, kwargs)` to S and decodes the answer; a
+  function imported from the standard library (`from math import isclose`) becomes J's own import of
+  it; a module becomes J's own import of that standard-library module; plain data becomes a decoded
+  copy. When the row declares an entry point, that is the only name of the solution's the tests get
+  (besides the standard-library modules and functions J imports itself): a test that calls a name it
+  neither defines nor imports (a bare `isclose`) cannot be answered by the solution. Without a declared
+  entry point (MBPP), every callable of the solution is proxied, so such a test would call the
+  solution's: the judge cannot know which names the test meant to come from elsewhere. If the row
+  declares an entry point that S does not define, calling it raises NameError.
+
+A proxy call fails (raises in J, so the test using it fails) when an argument is not plain data (a
+lambda, an object; arguments are copies, so in-place changes by the solution are not seen), when the
+return value is not plain data, when S's answer is malformed, or when S has ended. An exception raised
+in S is raised in J as the builtin class of the same name (or the nearest builtin base S names), never
+StopIteration, and never anything that is not an `Exception`; otherwise as `SolutionError`.
+
+Each test snippet then runs in that namespace, in order; it passes when it runs to its end without
+raising. J reports on its own pipe, which S never holds (one line each):
+`loaded` | `loadfail <why>`, then `pass <i>` / `fail <i> <why>` for every snippet, `gone <why>` once
+if S ended early, and `done <n>`; `infra <why>` when the trusted set-up code itself fails.
+
+Stdlib only: the server imports it by path (`python -I -S`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import io
+import keyword
+import os
+import sys
+
+try:
+    from . import wire
+except ImportError:  # imported by the server as a top-level module
+    import wire  # type: ignore[no-redef]
+
+INFO_LIMIT = 300
+"""Characters of an error description sent to the server per line."""
+_NEVER_IMPORT = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser"}
+_NEVER_RAISE = (StopIteration, StopAsyncIteration)
+
+
+class SolutionError(Exception):
+    """An exception raised by the solution whose class is not a builtin one, or a failed call."""
+
+
+class SolutionEnded(SolutionError):
+    """The solution's process ended (it exited, crashed, was killed or broke the protocol)."""
+
+
+class _Channel:
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.gone: str | None = None
+
+    def fail(self, why: str) -> None:
+        if self.gone is None:
+            self.gone = why
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+    def recv(self) -> object:
+        if self.gone is not None:
+            raise SolutionEnded(self.gone)
+        try:
+            return wire.recv(self.fd)
+        except wire.ChannelClosed:
+            self.fail("the solution's process ended")
+        except (wire.WireError, OSError) as exc:
+            self.fail(f"the solution's process sent a malformed message ({exc})")
+        raise SolutionEnded(self.gone)
+
+    def call(self, name: str, args: tuple, kwargs: dict) -> object:
+        if self.gone is not None:
+            raise SolutionEnded(self.gone)
+        try:
+            payload = wire.encode(("call", name, args, kwargs))
+        except wire.NotPlainData as exc:
+            raise TypeError(f"{name}(): an argument is not plain data ({exc}), so it cannot be passed to the solution's process") from None
+        try:
+            wire.send_encoded(self.fd, payload)
+        except OSError:
+            self.fail("the solution's process ended")
+            raise SolutionEnded(self.gone) from None
+        reply = self.recv()
+        if type(reply) is tuple and len(reply) == 2 and reply[0] == "ok":
+            return reply[1]
+        if type(reply) is tuple and len(reply) == 3 and reply[0] == "raise" and type(reply[1]) is list and type(reply[2]) is str:
+            raise _exception(reply[1], reply[2])
+        if type(reply) is tuple and len(reply) == 2 and reply[0] == "bad" and type(reply[1]) is str:
+            raise TypeError(f"{name}() returned something that is not plain data: {reply[1]}")
+        self.fail("the solution's process sent a malformed answer")
+        raise SolutionEnded(self.gone)
+
+
+def _exception(names: list, message: str) -> Exception:
+    for name in names[:8]:
+        cls = getattr(builtins, name, None) if type(name) is str else None
+        if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, _NEVER_RAISE):
+            try:
+                return cls(message)
+            except Exception:  # a constructor that wants other arguments: try the next base
+                continue
+    first = names[0] if names and type(names[0]) is str else "Exception"
+    return SolutionError(f"{first[:100]}: {message}")
+
+
+def _proxy(channel: _Channel, name: str):
+    def proxy(*args, **kwargs):
+        return channel.call(name, args, kwargs)
+
+    proxy.__name__ = proxy.__qualname__ = name
+    return proxy
+
+
+def _missing(name: str):
+    def missing(*args, **kwargs):
+        raise NameError(f"name {name!r} is not defined by the solution")
+
+    missing.__name__ = missing.__qualname__ = name
+    return missing
+
+
+def _stdlib_module(name: object):
+    if type(name) is not str or name.partition(".")[0] not in sys.stdlib_module_names or name.partition(".")[0] in _NEVER_IMPORT:
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None
+
+
+def _stdlib_object(origin: object):
+    if type(origin) is not list or len(origin) != 2 or type(origin[1]) is not str:
+        return None
+    found = _stdlib_module(origin[0])
+    try:
+        for part in origin[1].split("."):
+            if part.startswith("__"):
+                return None
+            found = getattr(found, part)
+    except Exception:
+        return None
+    return found if found is not None and callable(found) else None
+
+
+def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: str | None) -> None:
+    """Bind the names S reported into `ns` (see the module docstring for the rules)."""
+    trusted = set(dir(builtins)) | set(ns)
+    called: set[str] = set()
+    if type(reported) is not list:
+        reported = []
+    for item in reported:
+        if type(item) is not tuple or len(item) != 3 or type(item[0]) is not str:
+            continue
+        name, kind, value = item
+        if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("__"):
+            continue
+        if name in trusted and name != entry_point:
+            continue
+        if name == entry_point:  # the entry point is always the solution's own, called over the channel
+            if kind in ("call", "import"):
+                ns[name] = _proxy(channel, name)
+                called.add(name)
+            continue
+        if entry_point and kind in ("call", "data"):  # with a declared entry point, nothing else of the solution's
+            continue
+        if kind == "call":
+            ns[name] = _proxy(channel, name)
+        elif kind == "import":
+            obj = _stdlib_object(value)
+            if obj is not None:
+                ns[name] = obj
+        elif kind == "module":
+            module = _stdlib_module(value)
+            if module is not None:
+                ns[name] = module
+        elif kind == "data" and type(value) is bytes:
+            try:
+                ns[name] = wire.decode(value)
+            except wire.WireError:
+                pass
+    if entry_point and entry_point not in called:
+        ns[entry_point] = _missing(entry_point)
+
+
+def _describe(exc: BaseException) -> str:
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return f"{name}: {text}" if text else name
+
+
+def run(job: dict, sock: int, results: int) -> None:
+    """Judge one solution: `job` has `tests`, `setup`, `entry_point`; S is on `sock`; lines go to
+    `results`. Never returns."""
+
+    def emit(line: str) -> None:
+        data = (" ".join(line.split())[:INFO_LIMIT] + "\n").encode("utf-8", "replace")
+        while data:
+            data = data[os.write(results, data) :]
+
+    out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
+    sys.stdout = sys.__stdout__ = sys.stderr = sys.__stderr__ = out
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    tests: list[str] = job["tests"]
+    entry_point = job.get("entry_point") or None
+    ns: dict = {"__name__": "__test__", "__builtins__": builtins}
+    if job.get("setup"):
+        try:
+            exec(compile(job["setup"], "<setup>", "exec"), ns)
+        except BaseException as exc:
+            emit(f"infra the row's set-up code failed: {_describe(exc)}")
+            os._exit(0)
+    channel = _Channel(sock)
+    try:
+        hello = channel.recv()
+    except SolutionEnded as exc:
+        hello = ("loadfail", ["SolutionEnded"], f"{exc} before it finished loading")
+    if type(hello) is tuple and len(hello) == 2 and hello[0] == "ready":
+        bind_solution(ns, hello[1], channel, entry_point)
+        emit("loaded")
+    else:
+        if type(hello) is tuple and len(hello) == 3 and hello[0] == "loadfail" and type(hello[1]) is list and type(hello[2]) is str:
+            first = hello[1][0] if hello[1] and type(hello[1][0]) is str else "Exception"
+            why = f"{first}: {hello[2]}" if hello[2] else first
+        else:
+            why = "the solution's process sent a malformed greeting"
+        emit(f"loadfail {why}")
+        emit(f"done {len(tests)}")
+        os._exit(0)
+    for i, snippet in enumerate(tests):
+        try:
+            exec(compile(snippet, f"<test {i}>", "exec"), ns)
+        except BaseException as exc:  # the test's own SystemExit too: this snippet fails, the rest run
+            emit(f"fail {i} {_describe(exc)}")
+        else:
+            emit(f"pass {i}")
+    if channel.gone is not None:
+        emit(f"gone {channel.gone}")
+    emit(f"done {len(tests)}")
+    os._exit(0)

@@ -1,0 +1,415 @@
+"""The parent side of the sandbox: jobs, limits, results, and a pool of worker slots.
+
+Each worker slot is a thread of the caller's process driving one long-lived server process
+(`server.py`, started as `python -I -S server.py --serve SETTINGS` with an empty environment and its own
+session; it dies with the parent). Jobs go to the server as JSON lines on its stdin and results come
+back as JSON lines on its stdout. A server that dies or hangs costs the item it was running
+(`status="infra"`, never retried: one solution never runs twice) and is restarted; a slot that keeps
+failing gives up and leaves the remaining items to the other slots.
+
+Stdlib only, apart from the optional `pyseccomp` (libseccomp) that `syscalls.py` uses to build the
+syscall filter; without it isolation counts as unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import server as _server_module
+from . import syscalls
+
+log = logging.getLogger("regimen.sandbox")
+
+_SERVER_SCRIPT = os.path.abspath(_server_module.__file__)
+_SERVER_START_TIMEOUT_S = 30.0
+_BACKSTOP_S = 15.0  # extra seconds the parent waits for a server's answer before declaring it dead
+_MAX_SLOTS = 128  # two uids per slot, 256 uids per parent process
+_warned_unisolated = False
+_status_lock = threading.Lock()
+_status_cache: tuple[bool, str] | None = None
+
+
+class SandboxUnavailable(RuntimeError):
+    """Isolation is unavailable on this host and the caller did not allow unisolated execution."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits for one sample (the solution and all its tests together). Defaults suit MBPP/HumanEval."""
+
+    timeout_s: float = 5.0
+    """CPU seconds the sample may use (solution, judge and every process they start, counted by the
+    slot's CPU cgroup; without one, RLIMIT_CPU per process, this rounded up plus two seconds)."""
+    wall_timeout_s: float | None = None
+    """Wall-clock backstop for samples that sleep or wait; default 3 × timeout_s + 2 s."""
+    memory_mb: int = 512
+    """Address-space limit per process, and the memory cgroup limit of the solution's processes (and,
+    separately, of the judge's)."""
+    nproc: int = 32
+    """Processes (threads count) the solution's uid may have."""
+    cpus_per_slot: float = 1.0
+    """CPU share of one worker slot (cgroup CPU quota), so a sample cannot starve its neighbours."""
+    file_size_mb: int = 16
+    """Largest file the solution may write (RLIMIT_FSIZE)."""
+    open_files: int = 64
+    """RLIMIT_NOFILE."""
+    tmpfs_mb: int = 64
+    """Size of the sample's fresh /tmp (the working folders live there); /dev/shm gets a quarter."""
+    output_limit: int = 16384
+    """Bytes of stdout+stderr kept per sample; more is read and discarded (up to 8 MiB, after which
+    the pipe is closed and further writes fail)."""
+    allow_unisolated: bool = False
+    """Run without namespaces, mounts or the syscall filter where they are unavailable, instead of
+    raising SandboxUnavailable. The solution and the judge stay separate processes."""
+    isolation: bool = True
+    """False skips the namespaces even where they work (tests); it still needs `allow_unisolated=True`."""
+    use_cgroups: bool = True
+    """Use cgroups (CPU share and accounting, memory, pids) for each worker slot where the host has them."""
+    uid_base: int | None = None
+    """First unprivileged uid; slot k uses uid_base + 2k (solution) and uid_base + 2k + 1 (judge).
+    Default: derived from the parent's pid so that two processes scoring at once do not share uids."""
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "memory_mb", "nproc", "file_size_mb", "open_files", "tmpfs_mb", "output_limit"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxConfig.{name} must be positive, got {getattr(self, name)!r}")
+        if self.open_files < 8:
+            raise ValueError("SandboxConfig.open_files must be at least 8")
+        if self.wall_timeout_s is not None and not self.wall_timeout_s > 0:
+            raise ValueError(f"SandboxConfig.wall_timeout_s must be positive, got {self.wall_timeout_s!r}")
+        if not self.cpus_per_slot >= 0:
+            raise ValueError(f"SandboxConfig.cpus_per_slot must be >= 0 (0: no quota), got {self.cpus_per_slot!r}")
+
+    @property
+    def wall_s(self) -> float:
+        return self.wall_timeout_s if self.wall_timeout_s is not None else 3 * self.timeout_s + 2
+
+
+@dataclass(frozen=True)
+class Job:
+    """One sample to judge."""
+
+    code: str
+    """The solution: Python source, run in its own process."""
+    tests: list[str]
+    """Test snippets, run in order by the judge; a snippet passes when it runs to its end without raising."""
+    entry_point: str | None = None
+    """The function under test: the one solution name that may shadow a builtin or a set-up name."""
+    setup: str | None = None
+    """Trusted code the judge runs before the tests (a HumanEval prompt's helpers, MBPP's
+    test_setup_code/test_imports); its names are never shadowed by the solution's."""
+
+
+@dataclass
+class SandboxResult:
+    passed: int
+    """Test snippets that ran to their end without raising (0 whenever the run ended abnormally)."""
+    total: int
+    error: str | None = None
+    """None when every snippet ran; else why not (load failure, timeout, early exit, infra)."""
+    status: str = "ok"
+    """ok: the judge finished (tests may still have failed); aborted: the sample timed out or the
+    judge was killed (scores 0); infra: the sandbox itself or the row's set-up code failed (not the
+    solution's fault; no score)."""
+    tests: list[bool] = field(default_factory=list)
+    """Per snippet: ran to its end without raising."""
+    test_errors: list[str | None] = field(default_factory=list)
+    """Per snippet: the exception it raised (`AssertionError`, `NameError: ...`), None when it passed
+    or did not run."""
+    output: str = ""
+    """Captured stdout+stderr of the solution and the judge, at most `output_limit` bytes."""
+    duration_s: float = 0.0
+    isolated: bool = True
+    cpu_s: float | None = None
+    """CPU seconds the sample used, where the slot has a CPU cgroup."""
+    slot: int | None = None
+    """The worker slot that ran it."""
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+
+def _default_uid_base() -> int:
+    return 1_000_000 + (os.getpid() % 100_000) * 256
+
+
+def _interpreter() -> str:
+    return sys.executable or "/usr/bin/python3"
+
+
+class _ServerDied(Exception):
+    pass
+
+
+def _unavailable_message(reason: str) -> str:
+    return (
+        f"sandbox: cannot isolate untrusted code on this host ({reason}). Refusing to run model-written "
+        "code without namespaces, a minimal filesystem and a syscall filter. To run it anyway, at your own "
+        "risk, allow unisolated execution explicitly (allow_unisolated=True; in a recipe, the unit_tests "
+        "reward's `allow_unisolated: true` option)."
+    )
+
+
+class _Server:
+    """One worker slot: a long-lived server process that runs one sample at a time."""
+
+    def __init__(self, slot: int, cfg: SandboxConfig):
+        self.slot = slot
+        self.cfg = cfg
+        base = cfg.uid_base if cfg.uid_base is not None else _default_uid_base()
+        program, why = syscalls.program()
+        settings = asdict(cfg)
+        settings.update(
+            uid_s=base + 2 * slot, uid_j=base + 2 * slot + 1, parent_pid=os.getpid(), slot=slot, wall_timeout_s=cfg.wall_s,
+            seccomp=program.hex() if program else None, seccomp_error=why,
+        )
+        self.proc = subprocess.Popen(
+            [_interpreter(), "-I", "-S", _SERVER_SCRIPT, "--serve", json.dumps(settings)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={},
+            start_new_session=True,
+            close_fds=True,
+        )
+        self._buf = b""
+        self.cgroups: list[str] = []
+        hello = self._read(time.monotonic() + _SERVER_START_TIMEOUT_S)
+        if hello is None:
+            self.close()
+            raise RuntimeError("sandbox: the sandbox server did not start (see stderr for its traceback)")
+        self.isolated = bool(hello.get("isolated"))
+        self.reason = str(hello.get("reason") or "")
+        self.cgroups = list(hello.get("cgroups") or [])
+        self.cpu_accounting = bool(hello.get("cpu_accounting"))
+        if not hello.get("ready"):
+            self.close()
+            raise SandboxUnavailable(_unavailable_message(self.reason))
+
+    def _read(self, deadline: float) -> dict | None:
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def run(self, job: Job) -> SandboxResult:
+        try:
+            self.proc.stdin.write(json.dumps(asdict(job)).encode() + b"\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except OSError as exc:
+            raise _ServerDied(f"sandbox server unreachable: {exc}") from None
+        reply = self._read(time.monotonic() + self.cfg.wall_s + _BACKSTOP_S)
+        if reply is None:
+            raise _ServerDied(f"sandbox server (slot {self.slot}) died or hung; exit code {self.proc.poll()}")
+        known = SandboxResult.__dataclass_fields__
+        return SandboxResult(**{k: v for k, v in reply.items() if k in known}, slot=self.slot)
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        for path in self.cgroups:  # the server removes them; this covers a server that was killed
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+
+
+def as_job(item: Any, index: int = 0) -> Job:
+    """A Job from a Job, a `(code, tests)` pair, or a dict with `code`, `tests` and optionally
+    `entry_point` and `setup`. Raises TypeError naming the item."""
+    if isinstance(item, Job):
+        job = item
+    elif isinstance(item, dict):
+        unknown = set(item) - {"code", "tests", "entry_point", "setup"}
+        if unknown or not {"code", "tests"} <= set(item):
+            raise TypeError(f"run_batch: item {index}: a dict needs `code` and `tests` (and optionally `entry_point`, `setup`), got {sorted(item)}")
+        job = Job(item["code"], item["tests"], item.get("entry_point"), item.get("setup"))
+    elif isinstance(item, (tuple, list)) and len(item) == 2:
+        job = Job(item[0], item[1])
+    else:
+        raise TypeError(f"run_batch: item {index} must be a (code, tests) pair, a dict or a Job")
+    if not isinstance(job.code, str):
+        raise TypeError(f"run_batch: item {index}: code must be a str, got {type(job.code).__name__}")
+    if not isinstance(job.tests, (list, tuple)) or not all(isinstance(t, str) for t in job.tests):
+        raise TypeError(f"run_batch: item {index}: tests must be a list of str")
+    if job.entry_point is not None and not (isinstance(job.entry_point, str) and job.entry_point.isidentifier()):
+        raise TypeError(f"run_batch: item {index}: entry_point must be a Python identifier, got {job.entry_point!r}")
+    if job.setup is not None and not isinstance(job.setup, str):
+        raise TypeError(f"run_batch: item {index}: setup must be a str")
+    return Job(job.code, list(job.tests), job.entry_point or None, job.setup or None)
+
+
+def run_batch(
+    items: list[Any],
+    *,
+    workers: int | None = None,
+    config: SandboxConfig | None = None,
+    schedule: str = "dynamic",
+    **overrides: object,
+) -> list[SandboxResult]:
+    """Judge each item in its own sandbox, `workers` at a time (default: one per CPU).
+
+    An item is a `(code, tests)` pair, a `Job`, or a dict with `code`, `tests` and optionally
+    `entry_point` and `setup`. `config` or keyword overrides of `SandboxConfig` fields (`timeout_s=2`,
+    `allow_unisolated=True`) set the limits. `schedule="dynamic"` hands the next item to whichever slot
+    is free; `"round_robin"` runs item i in slot i % workers, in order (to know what ran where). Returns
+    one result per item, in order. A sandbox failure gives that item `status="infra"`, never an
+    exception; `SandboxUnavailable` is raised when isolation is missing and not explicitly waived.
+    """
+    cfg = config or SandboxConfig()
+    if overrides:
+        cfg = SandboxConfig(**{**asdict(cfg), **overrides})  # type: ignore[arg-type]
+    if schedule not in ("dynamic", "round_robin"):
+        raise ValueError(f"run_batch: schedule must be 'dynamic' or 'round_robin', got {schedule!r}")
+    jobs = [as_job(item, i) for i, item in enumerate(items)]
+    if not jobs:
+        return []
+    n_workers = max(1, min(workers or os.cpu_count() or 1, len(jobs), _MAX_SLOTS))
+    results: list[SandboxResult | None] = [None] * len(jobs)
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+    last_error = ["sandbox servers kept failing"]
+    if schedule == "round_robin":
+        queues = [list(range(slot, len(jobs), n_workers)) for slot in range(n_workers)]
+    else:
+        shared = list(range(len(jobs)))
+        queues = [shared] * n_workers
+
+    def take(slot: int) -> int | None:
+        with lock:
+            queue = queues[slot]
+            if failures or not queue:
+                return None
+            return queue.pop(0)
+
+    def worker(slot: int) -> None:
+        server: _Server | None = None
+        troubles = 0  # failed starts and deaths of this slot's server; past 3 the slot gives up
+        try:
+            while (i := take(slot)) is not None:
+                job = jobs[i]
+                while results[i] is None:
+                    try:
+                        if server is None:
+                            server = _Server(slot, cfg)
+                            if not server.isolated:
+                                _warn_unisolated(server.reason)
+                        results[i] = server.run(job)
+                    except SandboxUnavailable as exc:
+                        with lock:
+                            failures.append(exc)
+                        return
+                    except _ServerDied as exc:  # not retried: one solution never runs twice
+                        results[i] = _infra(len(job.tests), str(exc))
+                        server.close()  # type: ignore[union-attr]
+                        server = None
+                        troubles += 1
+                    except (OSError, RuntimeError) as exc:  # the server did not start: retry
+                        last_error[0] = f"could not start a sandbox server: {exc}"
+                        troubles += 1
+                    if troubles > 3:
+                        if results[i] is None:
+                            results[i] = _infra(len(job.tests), last_error[0])
+                        if schedule == "round_robin":  # nobody else takes this slot's items
+                            with lock:
+                                rest, queues[slot] = queues[slot], []
+                            for k in rest:
+                                results[k] = _infra(len(jobs[k].tests), last_error[0])
+                        return  # the other slots take the remaining items
+        finally:
+            if server is not None:
+                server.close()
+
+    threads = [threading.Thread(target=worker, args=(slot,), name=f"sandbox-{slot}", daemon=True) for slot in range(n_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    out: list[SandboxResult] = []
+    for i, r in enumerate(results):
+        if r is None:  # every slot gave up (or a worker thread crashed)
+            r = _infra(len(jobs[i].tests), last_error[0])
+        if r.status == "infra":
+            log.warning("sandbox: item %d not scored: %s", i, r.error)
+        out.append(r)
+    return out
+
+
+def _infra(total: int, reason: str) -> SandboxResult:
+    return SandboxResult(passed=0, total=total, error=reason, status="infra", tests=[False] * total, test_errors=[None] * total)
+
+
+def _warn_unisolated(reason: str) -> None:
+    global _warned_unisolated
+    if not _warned_unisolated:
+        _warned_unisolated = True
+        log.warning("sandbox: running model-written code WITHOUT full isolation (allowed by the caller): %s", reason)
+
+
+def run_tests(
+    code: str,
+    tests: list[str],
+    *,
+    timeout_s: float = SandboxConfig.timeout_s,
+    memory_mb: int = SandboxConfig.memory_mb,
+    allow_unisolated: bool = False,
+    config: SandboxConfig | None = None,
+    entry_point: str | None = None,
+    setup: str | None = None,
+) -> SandboxResult:
+    """Judge one solution against its test snippets (see `run_batch`)."""
+    cfg = config or SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated)
+    return run_batch([Job(code, tests, entry_point, setup)], workers=1, config=cfg)[0]
+
+
+def isolation_status() -> tuple[bool, str]:
+    """(available, reason): whether this host can run the isolated sandbox. Probed once per process."""
+    global _status_cache
+    with _status_lock:
+        if _status_cache is None:
+            try:
+                server = _Server(0, SandboxConfig(allow_unisolated=True))
+            except (OSError, RuntimeError) as exc:
+                _status_cache = (False, str(exc))
+            else:
+                _status_cache = (server.isolated, server.reason or "namespaces, minimal root, uid drop and syscall filter work")
+                server.close()
+        return _status_cache
