@@ -24,8 +24,9 @@ decoded by J's own code into fresh builtin objects. The namespace the tests run 
 A proxy call fails (raises in J, so the test using it fails) when an argument is not plain data (a
 lambda, an object; arguments are copies, so in-place changes by the solution are not seen), when the
 return value is not plain data, when S's answer is malformed, or when S has ended. An exception raised
-in S is raised in J as the builtin class of the same name (or the nearest builtin base S names), never
-StopIteration, and never anything that is not an `Exception`; otherwise as `SolutionError`.
+in S is raised in J as the builtin class of the same name (or the nearest builtin base S names, short
+of `Exception` itself), never StopIteration, never anything that is not an `Exception`; otherwise as
+`SolutionError` (an `Exception`) whose message starts with the solution's class name.
 
 Each test snippet then runs in that namespace, in order; it passes when it runs to its end without
 raising. J reports on its own pipe, which S never holds (one line each):
@@ -113,7 +114,7 @@ class _Channel:
 def _exception(names: list, message: str) -> Exception:
     for name in names[:8]:
         cls = getattr(builtins, name, None) if type(name) is str else None
-        if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, _NEVER_RAISE):
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
             try:
                 return cls(message)
             except Exception:  # a constructor that wants other arguments: try the next base
