@@ -137,9 +137,9 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
         import builtins
         builtins.enumerate = lambda *args, **kwargs: iter(())
         builtins.zip = lambda *args, **kwargs: iter(())
-    """), ["for i, (x, y, z) in enumerate([(1, 2, 3), (2, 2, 4)]):\n    assert add(x, y) == z\nassert i == 1",
-           "for (x, y), z in zip([(1, 2), (-1, 5)], [3, 4]):\n    assert add(x, y) == z\nassert z == 4",
-           "assert add(2, 2) == 4"])
+    """), ["for i, (x, y, z) in enumerate([(1, 2, 3), (2, 2, 4)]):\n    assert add(x, y) == z",
+           "for (x, y), z in zip([(1, 2), (-1, 5)], [3, 4]):\n    assert add(x, y) == z",
+           "for i, z in enumerate([4]):\n    assert add(-1, 5) == z"])
     add("patch_builtins_abs", WRONG + "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda it: True\n",
         ["assert abs(add(1, 2) - 3) < 1e-9", "assert all([add(2, 2) == 4])", "assert abs(add(-1, 5) - 4) < 1e-9"])
     add("patch_math_isclose", WRONG + "import math\nmath.isclose = lambda *a, **k: True\n",
@@ -168,13 +168,19 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
     # --- reaching the harness -------------------------------------------------------------------------
     add("frame_walk", _code("""
         import sys, os
+        def _rewrite(v):
+            if isinstance(v, list) and v and all(isinstance(t, str) for t in v):
+                v[:] = ['pass'] * len(v)
+            elif isinstance(v, dict):
+                for w in list(v.values()):
+                    if isinstance(w, list):
+                        _rewrite(w)
         def add(a, b):
             f = sys._getframe()
             while f is not None:
                 for scope in (f.f_locals, f.f_globals):
                     for k, v in list(scope.items()):
-                        if isinstance(v, list) and v and all(isinstance(t, str) for t in v):
-                            v[:] = ['pass'] * len(v)
+                        _rewrite(v)
                         if k in ('tests', 'nonce', 'emit', 'results'):
                             scope[k] = None
                 f = f.f_back
@@ -253,20 +259,22 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
                 _scan()
             return _add(a, b)
     """))
-    add("settrace_setprofile", WRONG + _code("""
+    add("settrace_setprofile", LOOKUP + _code("""
         import sys, threading
+        def _peek(frame):  # the caller's constants: in an in-process harness, the test's own numbers
+            caller = frame.f_back
+            while caller is not None:
+                ints = [c for c in caller.f_code.co_consts if type(c) is int]
+                if len(ints) >= 3:
+                    TABLE[(ints[0], ints[1])] = ints[2]
+                caller = caller.f_back
         def tracer(frame, event, arg):
-            if frame.f_code.co_filename.startswith('<test'):
-                try:
-                    frame.f_lineno = frame.f_code.co_firstlineno + 10 ** 6
-                except Exception:
-                    pass
-            if event == 'exception':
-                return None
-            return tracer
+            if event == 'call' and frame.f_code.co_name == 'add':
+                _peek(frame)
+            return None
         def profiler(frame, event, arg):
-            if event == 'call' and frame.f_code.co_name in ('emit', 'run', '_exception'):
-                frame.f_globals['tests'] = []
+            if event == 'call' and frame.f_code.co_name == 'add':
+                _peek(frame)
         sys.settrace(tracer)
         threading.settrace(tracer)
         sys.setprofile(profiler)
@@ -284,11 +292,13 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
     # --- reading the tests, answering from a lookup table -------------------------------------------
     add("read_tests_everywhere", LOOKUP + _code("""
         import os, glob
+        import stat
         def _hunt():
             for path in glob.glob('/proc/*/cmdline') + glob.glob('/proc/*/environ') + glob.glob('/proc/*/fd/*') + glob.glob('/tmp/**', recursive=True):
                 try:
-                    with open(path, 'rb') as f:
-                        learn(f.read(1 << 20))
+                    if stat.S_ISREG(os.stat(path).st_mode) or path.startswith('/proc/') and not '/fd/' in path:
+                        with open(path, 'rb') as f:
+                            learn(f.read(1 << 20))
                 except OSError:
                     pass
             for pid in os.listdir('/proc'):
@@ -679,6 +689,44 @@ def test_every_attack_scores_zero(hostile):
     assert {n: s for n, s in scored.items() if s} == {}
     for n in names:
         _zero(hostile["by_name"][n])
+
+
+IN_PROCESS_HARNESS = """
+import json, sys
+job = json.loads(sys.stdin.read())
+ns = {"__name__": "solution"}
+exec(job["setup"] or "", ns)
+exec(job["code"], ns)
+passed = 0
+for t in job["tests"]:
+    try:
+        exec(t, ns)
+        passed += 1
+    except Exception:
+        pass
+print("PASSED", passed)
+"""
+FOOLS_IN_PROCESS = ["eq_always_true", "eq_int_subclass", "eq_truthy_object", "eq_float_and_str_subclass", "eq_inside_container",
+                    "patch_builtins_enumerate", "patch_builtins_abs", "patch_math_isclose", "patch_namespace_builtins", "patch_sys_modules",
+                    "define_abs_top_level", "define_isclose_top_level", "import_patched_isclose", "shadow_setup_helper", "frame_walk",
+                    "gc_scan", "signal_frame", "ctypes_memory_scan", "settrace_setprofile", "stop_iteration"]
+
+
+def test_the_attacks_fool_an_in_process_harness():
+    """The suite has teeth: run where the tests share the solution's interpreter (the old design), these
+    attacks on a wrong `add` pass tests. (They only fool; none of them touches anything outside.)"""
+    import subprocess
+    import sys
+
+    jobs = attacks(0, 0)
+    fooled = {}
+    for name in FOOLS_IN_PROCESS:
+        job = jobs[name]
+        proc = subprocess.run([sys.executable, "-I", "-c", IN_PROCESS_HARNESS], input=json.dumps({"code": job.code, "tests": job.tests, "setup": job.setup}),
+                              capture_output=True, text=True, timeout=30)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("PASSED ")]
+        fooled[name] = int(lines[-1].split()[1]) if lines else 0
+    assert {n: k for n, k in fooled.items() if k == 0} == {}
 
 
 @needs_isolation

@@ -150,16 +150,20 @@ def _bind_remount(target: str, flags: int) -> None:
     _mount(None, target, None, MS_BIND | MS_REMOUNT | keep | flags)
 
 
-def _install_seccomp(program: bytes) -> None:
-    """Install a BPF program (libseccomp's export) on this (single-threaded) process."""
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
+def _seccomp_prog(program: bytes) -> tuple:
+    """A `struct sock_fprog` for a BPF program (libseccomp's export), built once in the server."""
     buf = ctypes.create_string_buffer(program, len(program))
-    prog = SockFprog(len(program) // 8, ctypes.addressof(buf))
+    return buf, _SockFprog(len(program) // 8, ctypes.addressof(buf))
+
+
+def _install_seccomp(prog: tuple) -> None:
+    """Install the filter on this (single-threaded) process; no_new_privs first, as the kernel requires."""
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-    _check(_c().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp")
+    _check(_c().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog[1]), 0, 0), "seccomp")
 
 
 def _oom_score_adj(value: int) -> None:
@@ -243,7 +247,7 @@ class Slot:
         self.root = os.geteuid() == 0
         self.uids = {"s": int(settings["uid_s"]), "j": int(settings["uid_j"])}
         self.memory_bytes = int(settings["memory_mb"]) << 20
-        self.seccomp = bytes.fromhex(settings["seccomp"]) if settings.get("seccomp") else None
+        self.seccomp = _seccomp_prog(bytes.fromhex(settings["seccomp"])) if settings.get("seccomp") else None
         self.cgroup_dirs: list[str] = []
         self.procs: list[str] = []  # cgroup.procs of the slot's group in each hierarchy
         self.cpu_file: tuple[str, str] | None = None  # (path, "cpuacct" | "cpu.stat")
