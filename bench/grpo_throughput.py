@@ -23,7 +23,7 @@ def bare(config: str, policy: str, steps: int, out: str) -> None:
     from trl import GRPOTrainer
 
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.tasks import load_task
+    from regimen.stages.tasks.registry import load_task
     from regimen.stages.training.model import load_tokenizer
     from regimen.stages.rewards import from_specs
     from regimen.stages.training.args import grpo_args

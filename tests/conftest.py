@@ -41,3 +41,15 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
         sys.argv = old
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = None, overrides: dict | None = None):
+    """The flow as the CLI starts it: the recipe resolved once, then handed to `regimen_cycle_recipe`."""
+    from regimen.flows.cycle import regimen_cycle_recipe
+    from regimen.stages.recipe import load_recipe
+
+    extra = dict(overrides or {})
+    extra["store"] = str(store)
+    if experiment:
+        extra["experiment"] = experiment
+    return regimen_cycle_recipe(load_recipe(config, extra))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, run_flow
 from regimen.stages.store import Store
 
 pytestmark = pytest.mark.slow
@@ -13,10 +13,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def two_cycles(tmp_path_factory):
-    from regimen.flows.cycle import regimen_cycle
 
     store = tmp_path_factory.mktemp("cycles")
-    results = regimen_cycle(config=str(TINY), store=str(store), experiment="cycles",
+    results = run_flow(TINY, store, experiment="cycles",
                             overrides={"cycle.max_cycles": 2, "cycle.patience": 1, "cycle.min_delta": 0.5})
     return store, results
 
@@ -44,14 +43,13 @@ def test_report_prints_history_and_draws_plots(two_cycles, capsys):
 
 @pytest.mark.parametrize("kind", ["model", "self"])
 def test_teacher_model_and_self_distillation_record_traces(two_cycles, kind):
-    from regimen.flows.cycle import regimen_cycle
 
     store, _ = two_cycles
     teacher = str(store / "cycles" / "grpo" / "v1" / "model")  # a checkpoint the pipeline produced
     overrides = {"teacher.kind": kind, "teacher.samples_per_prompt": 2, "teacher.min_reward": 0.0, "teacher.max_prompts": 64}
     if kind == "model":
         overrides["teacher.name_or_path"] = teacher
-    results = regimen_cycle(config=str(TINY), store=str(store), experiment=f"teacher-{kind}", overrides=overrides)
+    results = run_flow(TINY, store, experiment=f"teacher-{kind}", overrides=overrides)
     sft = results[0]
     assert sft["stage"] == "sft"
     assert sft["metrics"]["traces_generated"] == 128

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import TINY
+from conftest import TINY, run_flow
 from regimen.stages.recipe import load_recipe
 from regimen.stages.training.launch import accelerate_command
 from regimen.stages.store import Store
@@ -23,9 +23,8 @@ def test_command_uses_the_torchrun_path_for_several_processes(tmp_path):
 
 @pytest.mark.slow
 def test_two_process_run_completes_with_gloo_ranks(tmp_path):
-    from regimen.flows.cycle import regimen_cycle
 
-    results = regimen_cycle(config=str(TINY), store=str(tmp_path), overrides={"launcher": "accelerate", "accelerate.num_processes": 2})
+    results = run_flow(TINY, tmp_path, overrides={"launcher": "accelerate", "accelerate.num_processes": 2})
     assert [r["stage"] for r in results][-1] == "eval"
     s = Store(tmp_path)
     for stage in ("sft", "grpo-smoke", "grpo"):
@@ -41,11 +40,10 @@ def test_two_process_run_completes_with_gloo_ranks(tmp_path):
 @pytest.mark.slow
 def test_a_failing_rank_fails_the_stage_with_its_last_lines(tmp_path, monkeypatch):
     from regimen.stages.errors import StageStopped
-    from regimen.flows.cycle import regimen_cycle
 
     monkeypatch.setenv("REGIMEN_FAULT", "grpo@2")
     with pytest.raises(StageStopped, match="accelerate launch .2 processes. exited with code") as exc:
-        regimen_cycle(config=str(TINY), store=str(tmp_path), overrides={"launcher": "accelerate", "accelerate.num_processes": 2})
+        run_flow(TINY, tmp_path, overrides={"launcher": "accelerate", "accelerate.num_processes": 2})
     assert "injected fault" in str(exc.value)
     [fail] = Store(tmp_path).failures("tiny-test", "grpo")
     assert "injected fault" in fail["error"]

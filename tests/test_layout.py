@@ -159,3 +159,26 @@ def test_an_edit_to_grpo_changes_only_grpos_code_version(tmp_path, monkeypatch):
         fp.code_version.cache_clear()
     assert after["grpo"] != before["grpo"]
     assert {k: v for k, v in after.items() if k != "grpo"} == {k: v for k, v in before.items() if k != "grpo"}
+
+
+def test_every_import_of_our_modules_resolves_including_those_inside_functions():
+    """Lazy imports run only when their function does; check them all now."""
+    import importlib
+
+    problems = []
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("regimen."):
+                continue
+            module = importlib.import_module(base)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and f"{base}.{alias.name}" not in MODULES:
+                    problems.append(f"{name}: from {base} import {alias.name}")
+    assert problems == []

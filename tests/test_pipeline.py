@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, run_flow
 from regimen.stages.registry import NAMES as STAGES
 from regimen.stages.store import Store
 
@@ -19,10 +19,9 @@ def versions(store: Path, experiment="tiny-test"):
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
-    from regimen.flows.cycle import regimen_cycle
 
     store = tmp_path_factory.mktemp("store")
-    results = regimen_cycle(config=str(TINY), store=str(store))
+    results = run_flow(TINY, store)
     return store, results
 
 
@@ -49,7 +48,10 @@ def test_all_five_stages_complete_with_intact_files(first_run):
     assert any(h.get("reward") is not None for h in log)
     assert all(h["wall_s"] >= 0 for h in log if "reward" in h)  # the curve against time, for resume figures
     ev = s.latest("tiny-test", "eval")
-    assert ev["verdict"] in ("target-reached", "budget-spent", "stalled")
+    [decision] = s.decisions("tiny-test")  # the flow decides; the verdict is kept beside the evaluation
+    assert decision["eval_version"] == ev["version"] and decision["verdict"] in ("target-reached", "budget-spent", "stalled")
+    assert "cycle" not in ev["config"]  # evaluation measures: its fingerprint knows nothing of cycle settings
+    assert [p["step"] for p in grpo["heldout_probe"]][0] == 0 and grpo["best_step"] in [p["step"] for p in grpo["heldout_probe"]]
     assert 0.0 <= ev["metrics"]["heldout_accuracy"] <= 1.0
     assert ev["inputs"]["policy"]["fingerprint"] == grpo["fingerprint"]
     # no work folders or staging left behind once versions are committed
@@ -58,20 +60,45 @@ def test_all_five_stages_complete_with_intact_files(first_run):
 
 
 def test_identical_rerun_reuses_every_stage(first_run):
-    from regimen.flows.cycle import regimen_cycle
 
     store, _ = first_run
     before = versions(store)
-    results = regimen_cycle(config=str(TINY), store=str(store))
+    results = run_flow(TINY, store)
     assert all(r["reused"] for r in results)
     assert versions(store) == before
 
 
+def test_changing_only_the_cycle_target_reruns_nothing_and_records_a_new_verdict(first_run):
+    store, _ = first_run
+    before = versions(store)
+    results = run_flow(TINY, store, overrides={"cycle.target": 0.0})
+    assert all(r["reused"] for r in results)
+    assert versions(store) == before
+    latest = Store(store).decisions("tiny-test")[-1]
+    assert latest["verdict"] == "target-reached" and latest["cycle_settings"]["target"] == 0.0
+
+
+def test_a_truncated_file_is_not_reused_the_stage_runs_again_and_status_names_it(first_run, capsys):
+    store, _ = first_run
+    s = Store(store)
+    [eval_v1] = [m for m in s.versions("tiny-test", "eval") if m["version"] == 1]
+    victim = store / "tiny-test/eval/v1/trajectories.jsonl"
+    victim.write_bytes(victim.read_bytes()[:10])
+    code, out, _ = run_cli(["status", "tiny-test", "--store", str(store)], capsys)
+    assert code == 0 and "DAMAGED v1" in out and "trajectories.jsonl" in out
+    results = run_flow(TINY, store)
+    ran = {r["stage"]: not r["reused"] for r in results}
+    assert ran == {"sft": False, "reward-dry-run": False, "grpo-smoke": False, "grpo": False, "eval": True}
+    ev = [r for r in results if r["stage"] == "eval"][0]
+    assert ev["damaged"] and ev["damaged"][0]["version"] == 1 and ev["version"] > 1
+    assert s.verify(s.latest("tiny-test", "eval")) == []
+    assert s.verify(eval_v1) == ["trajectories.jsonl"]  # the damaged version is left for a person to look at
+
+
 def test_changing_a_grpo_field_reruns_grpo_and_eval_only(first_run):
-    from regimen.flows.cycle import regimen_cycle
 
     store, _ = first_run
-    results = regimen_cycle(config=str(TINY), store=str(store), overrides={"grpo.beta": 0.08})
+    results = run_flow(TINY, store, overrides={"grpo.beta": 0.08})
     ran = {r["stage"]: not r["reused"] for r in results}
     assert ran == {"sft": False, "reward-dry-run": False, "grpo-smoke": True, "grpo": True, "eval": True}
     assert Store(store).latest("tiny-test", "grpo")["config"]["grpo"]["beta"] == 0.08

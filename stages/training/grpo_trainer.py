@@ -64,14 +64,14 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     from trl import GRPOTrainer
 
     from regimen.stages.rewards import from_specs
-    from regimen.stages.tasks import load_task
+    from regimen.stages.tasks.registry import load_task
     from regimen.stages.training.args import grpo_args
     from regimen.stages.training.checkpoints import MarkComplete
     from regimen.stages.training.model import load_tokenizer
     from regimen.stages.training.policy import peft_config
 
     fns = from_specs(recipe.rewards)
-    if "reward_weights" not in recipe.grpo_user:
+    if "reward_weights" not in recipe.grpo:  # resolved grpo holds only the recipe's keys and Regimen's few defaults
         overrides.setdefault("reward_weights", [recipe.reward_weights()[k] for k in fns])
     if recipe.model.dtype != "float32":
         overrides.setdefault("model_init_kwargs", {"dtype": recipe.model.dtype})
