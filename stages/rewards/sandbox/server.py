@@ -105,6 +105,7 @@ _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _PRELOAD = ("math", "cmath", "re", "collections", "itertools", "functools", "typing", "string", "heapq", "bisect", "operator",
             "random", "statistics", "fractions", "decimal", "json", "copy", "dataclasses", "hashlib", "datetime", "textwrap", "enum")
 _JUDGE_MEMORY_MB = 256  # the slot's memory cgroup holds the solution's memory_mb plus this for the judge
+_JUDGE_AS_BYTES = 1 << 30  # the judge's address-space limit, whatever the solution's (it is trusted)
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 _libc = None
@@ -114,11 +115,16 @@ def _c():
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-        _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        _libc.unshare.argtypes = [ctypes.c_int]
-        _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        argtypes = {
+            "mount": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p],
+            "umount2": [ctypes.c_char_p, ctypes.c_int],
+            "unshare": [ctypes.c_int],
+            "prctl": [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong],
+            "sethostname": [ctypes.c_char_p, ctypes.c_size_t],
+        }
+        for name, types in argtypes.items():
+            if hasattr(_libc, name):  # not every libc has every call (not Linux)
+                getattr(_libc, name).argtypes = types
         _libc.syscall.restype = ctypes.c_long
     return _libc
 
@@ -130,6 +136,8 @@ def _check(ret: int, what: str) -> None:
 
 
 def _prctl(option: int, arg: int) -> None:
+    if not hasattr(_c(), "prctl"):  # pragma: no cover - not Linux: the probe reports isolation unavailable
+        return
     _check(_c().prctl(option, arg, 0, 0, 0), f"prctl({option})")
 
 
@@ -519,7 +527,7 @@ class Slot:
         cpu = int(float(s["timeout_s"])) + 2
         limits = [
             (resource.RLIMIT_CPU, cpu),
-            (resource.RLIMIT_AS, self.memory_bytes),
+            (resource.RLIMIT_AS, self.memory_bytes if role == "s" else max(self.memory_bytes, _JUDGE_AS_BYTES)),
             (resource.RLIMIT_FSIZE, (int(s["file_size_mb"]) << 20) if role == "s" else 1 << 20),
             (resource.RLIMIT_NOFILE, int(s["open_files"])),
             (resource.RLIMIT_CORE, 0),
@@ -655,14 +663,14 @@ def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, re
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if isolated:
             slot.build_root()
-        s_sock, j_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        s_sock, j_sock = (end.detach() for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
         st_r, st_w = os.pipe()
         s = os.fork()  # before anything of the job's tests is read into this process
         if s == 0:
-            _role_s(slot, code_fd, s_sock.fileno(), out_w, st_w)
+            _role_s(slot, code_fd, s_sock, out_w, st_w)
         os.close(st_w)
         os.close(code_fd)
-        s_sock.close()
+        os.close(s_sock)
         status = b""
         while chunk := os.read(st_r, 4096):
             status += chunk
@@ -673,7 +681,7 @@ def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, re
     except BaseException as exc:
         _line(res_w, f"infra {type(exc).__name__}: {exc}")
         os._exit(_EXIT_INFRA)
-    _role_j(slot, job_fd, j_sock.fileno(), out_w, res_w)
+    _role_j(slot, job_fd, j_sock, out_w, res_w)
 
 
 def _role_s(slot: Slot, code_fd: int, sock: int, out_w: int, st_w: int) -> None:
@@ -682,17 +690,18 @@ def _role_s(slot: Slot, code_fd: int, sock: int, out_w: int, st_w: int) -> None:
         spec = json.loads(_read_fd(code_fd))
         devnull = os.open(os.devnull, os.O_RDWR)
         _place_fds({0: devnull, 1: out_w, 2: out_w, 3: sock, 4: st_w})
+        st_w = 4
         slot.confine("s")
         os.chdir(spec["workdir"])
         os.environ.clear()
         os.environ.update(_ENV, HOME=spec["workdir"], TMPDIR=spec["workdir"])
     except BaseException as exc:
         try:
-            os.write(4, b"!" + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"))
+            os.write(st_w, b"!" + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"))
         finally:
             os._exit(_EXIT_INFRA)
-    os.write(4, b"k")
-    os.close(4)
+    os.write(st_w, b"k")
+    os.close(st_w)
     code = spec["code"]
     del spec
     callee.serve(3, code)
@@ -705,12 +714,13 @@ def _role_j(slot: Slot, job_fd: int, sock: int, out_w: int, res_w: int) -> None:
         job = json.loads(_read_fd(job_fd))
         devnull = os.open(os.devnull, os.O_RDWR)
         _place_fds({0: devnull, 1: out_w, 2: out_w, 3: res_w, 4: sock})
+        res_w = 3
         slot.confine("j")
         os.chdir(job["workdir"])
         os.environ.clear()
         os.environ.update(_ENV, HOME=job["workdir"], TMPDIR=job["workdir"])
     except BaseException as exc:
-        _line(3, f"infra the judge's process could not be set up: {type(exc).__name__}: {exc}")
+        _line(res_w, f"infra the judge's process could not be set up: {type(exc).__name__}: {exc}")
         os._exit(_EXIT_INFRA)
     judge.run(job, 4, 3)
     os._exit(0)
