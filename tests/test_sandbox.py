@@ -609,7 +609,7 @@ def specials() -> dict[str, Job]:
         "honest_beside_hog": Job(_code("""
             def _work():
                 x = 0
-                for i in range(4_000_000):
+                for i in range(12_000_000):
                     x += i % 7
                 return x
             WORK = _work()
