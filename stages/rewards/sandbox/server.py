@@ -4,23 +4,24 @@ Process tree of one sample (isolated mode, as root)::
 
     server (root, single-threaded; reads jobs on stdin, writes results on stdout; holds the tests)
       └─ Z, the zygote: forked at start-up, before the server read any job, so its memory never held a
-         test, a solution or anything of an earlier sample. Per job it receives file descriptors only
-         (memfds with the code and with the tests, the output and result pipes, a control socket)
-         and forks:
-           └─ A (root, host namespaces): unshare(mount, pid, net, ipc, uts); forks B; hands B's pidfd
-              to the server; waits for B.
-                └─ B (root, pid 1 of the new pid namespace): builds the sample's root filesystem from an
-                   allow-list (below), pivot_root's into it, then forks S and J, connected by a
-                   socketpair. When J ends, B ends, and with it every process of the namespace.
-                     ├─ S, the solution (its own uid): reads the code from its memfd, joins the
-                     │  slot's cgroups, keeps only the socket and the output pipe, rlimits, drops to
-                     │  the slot's solution uid, no_new_privs, seccomp filter; then `callee.serve`.
-                     └─ J, the judge (another uid, not dumpable): reads the tests from its memfd,
-                        keeps the socket, the output pipe and the result pipe, same confinement;
-                        then `judge.run`, which reports pass/fail on the result pipe.
+         test, a solution or anything of an earlier sample. It joins the slot's cgroups and a UTS
+         namespace of its own once. Per job it receives file descriptors only (memfds with the code
+         and with the tests, the output and result pipes, a control socket) and forks:
+           └─ A (root): unshare(mount, pid, network, IPC); forks B; hands B's pidfd to the server;
+              waits for B and reports how it ended (`judge-exit`).
+                └─ B (root, pid 1 of the new pid namespace): builds the sample's root filesystem from
+                   an allow-list (below), pivot_root's into it, forks S (connected by a socketpair),
+                   waits until S's set-up is done, then reads the tests and becomes J. When J ends,
+                   every process of the namespace is killed.
+                     └─ S, the solution (its own uid): reads the code from its memfd, keeps only the
+                        socket and the output pipe, rlimits, oom_score_adj 1000, drops to the slot's
+                        solution uid, no_new_privs, seccomp filter; then `callee.serve`.
+                ( B as J, the judge (another uid, not dumpable, oom_score_adj -1000): keeps the socket,
+                  the output pipe and the result pipe, same confinement; then `judge.run`, which
+                  reports pass/fail on the result pipe. )
 
-S never holds the result pipe, the tests or anything of J's; only J and the trusted set-up side
-(A, B) write results, so nothing S does can forge a verdict or an `infra`.
+S is forked before B reads the tests, and never holds the result pipe or anything of J's; only J and
+the trusted set-up side (A, B) write results, so nothing S does can forge a verdict or an `infra`.
 
 The sample's filesystem: a fresh tmpfs root holding only, read-only, the interpreter's standard
 library (its site-packages masked by an empty tmpfs) and the multiarch shared-library folders its
@@ -29,10 +30,13 @@ extension modules load from (with the /lib, /lib64 symlinks recreated) plus /etc
 where the kernel has it); a fresh size-limited tmpfs on /tmp with /tmp/work (S's folder) and
 /tmp/judge (J's). The old root is detached after pivot_root, so the host's files, its pathname unix
 sockets, the project and its data are simply not there. Abstract unix sockets and the network are
-per namespace (only a loopback interface, which is down); SysV IPC is per namespace.
+per sample (a new network namespace has only a loopback interface, which is down); so is SysV IPC.
 
 Limits. Per slot: cgroups (v1, or v2 where delegated) with one CPU's worth of CPU time per period
-(`cpus_per_slot`) for the slot, and memory and pids limits for S and for J separately. The time limit
+(`cpus_per_slot`), a memory limit (the solution's `memory_mb` plus 256 MiB for the judge; within it
+the kernel's OOM killer takes the solution's processes first and never the judge) and a pids limit;
+Z joins them once, every process of every sample inherits them (a cgroup migration per sample would
+cost milliseconds: it waits for an RCU grace period). The time limit
 counts CPU: the server polls the slot's CPU usage (cpuacct.usage, or cpu.stat) and kills the sample
 once it has used `timeout_s` seconds; a wall-clock backstop (`wall_timeout_s`) covers sleepers. Without
 a CPU cgroup, RLIMIT_CPU per process is the fallback. rlimits (address space, file size, open files,
@@ -588,13 +592,12 @@ def _zygote(slot: Slot, zsock: socket.socket) -> None:
     if os.getppid() == 1:  # the server died before the line above
         leave()
     if slot.s.get("isolation", True) and slot.root:
-        # One network namespace (only a loopback interface, which is down) and one UTS namespace per
-        # slot, made once: creating and destroying a network namespace per sample costs milliseconds.
-        # Nothing network-side outlives a sample: every socket belongs to one of its processes, and
-        # they all die with its pid namespace. (IPC objects can outlive their processes: a fresh IPC
-        # namespace per sample.)
+        # One UTS namespace per slot (hostname "sandbox"; nobody inside may change it). The network
+        # namespace is per sample, like mounts, pids and IPC: a unix socket can outlive every process
+        # of its sample (passed in flight inside a cycle of sockets until the kernel collects it), so
+        # a network namespace shared by a slot's samples could carry a bit from one to the next.
         try:
-            _check(_c().unshare(CLONE_NEWNET | CLONE_NEWUTS), "unshare")
+            _check(_c().unshare(CLONE_NEWUTS), "unshare")
             _c().sethostname(b"sandbox", 7)
         except OSError:
             pass
@@ -637,8 +640,8 @@ def _job_a(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, re
     try:
         os.setsid()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if isolated:  # the network and UTS namespaces are the slot's, made once by Z (see _zygote)
-            _check(_c().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
+        if isolated:  # the UTS namespace is the slot's, made once by Z (see _zygote)
+            _check(_c().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
         b = os.fork()
         if b == 0:
             os.close(ctl)
