@@ -53,8 +53,8 @@ class SandboxConfig:
     wall_timeout_s: float | None = None
     """Wall-clock backstop for samples that sleep or wait; default 3 × timeout_s + 2 s."""
     memory_mb: int = 512
-    """Address-space limit per process, and the memory cgroup limit of the solution's processes (and,
-    separately, of the judge's)."""
+    """Address-space limit of each of the solution's processes; the slot's memory cgroup allows this plus
+    256 MiB for the judge, and within it the OOM killer takes the solution's processes first."""
     nproc: int = 32
     """Processes (threads count) the solution's uid may have."""
     cpus_per_slot: float = 1.0
