@@ -14,10 +14,11 @@ that judges it, and sees nothing of the host it does not need. Per sample, two p
   nothing the solution patches (builtins, `math.isclose`, its own `abs`) changes what the tests call.
   Only J and the trusted set-up code write results; S never holds the result pipe.
 
-Both run in the per-sample namespaces built by `server.py` (a minimal allow-listed root, fresh /tmp,
-/dev/shm, /proc, IPC and network), as different unprivileged uids, under rlimits, cgroups (a CPU share
-per slot, CPU-time accounting, memory and pids limits) and a seccomp filter (`syscalls.py`). `pool.py`
-is the parent side: worker slots, one warm server process each.
+Both run in the per-sample namespaces built by `server.py` (the process tree and the job loop) and
+`slot.py` (a minimal allow-listed root, fresh /tmp, /dev/shm, /proc, IPC and network), as different
+unprivileged uids, under rlimits, cgroups (a CPU share per slot, CPU-time accounting, memory and pids
+limits) and a seccomp filter (`syscalls.py`). `pool.py` is the parent side: worker slots, one warm
+server process each.
 
 What a test can do with the solution: call its top-level functions with plain-data arguments (copies:
 in-place changes are not seen) and get plain-data results or its exceptions (as the builtin exception
