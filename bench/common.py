@@ -22,7 +22,7 @@ _PREFECT_HOME = tempfile.mkdtemp(prefix="regimen-bench-prefect-")  # one per ben
 
 def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PREFECT_HOME": _PREFECT_HOME, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT), **extra}
+            "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
 def run(cmd: list[str], *, extra_env: dict[str, str] | None = None, check: bool = True, quiet: bool = True) -> dict:

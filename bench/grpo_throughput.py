@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import PY, header, run, table  # noqa: E402
 
 

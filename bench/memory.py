@@ -13,7 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import PY, header, peak_rss_mib, table  # noqa: E402
 
 STAGES = ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")

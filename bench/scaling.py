@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import header, manifests, regimen, table  # noqa: E402
 
 

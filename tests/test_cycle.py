@@ -91,3 +91,35 @@ def test_target_boundary(acc, expected):
 def test_empty_history_is_an_error():
     with pytest.raises(ValueError):
         decide([], cfg())
+
+
+# -- the guard while GRPO trains -------------------------------------------------------------------
+
+from regimen.stages.cycle import guard_in_training  # noqa: E402
+
+
+def test_guard_fires_when_training_reward_climbs_and_the_probe_does_not():
+    train = [(10, 0.30), (20, 0.45), (30, 0.62)]
+    probe = [(0, 0.10), (25, 0.11)]
+    ev = guard_in_training(train, probe, GuardSection())
+    assert ev is not None
+    assert ev["train_reward_rise"] == pytest.approx(0.32) and ev["heldout_gain"] == pytest.approx(0.01)
+    assert ev["probe_step"] == 25 and ev["train_reward_curve"][-1] == [30, 0.62]
+
+
+def test_guard_does_not_fire_when_the_probe_rises_with_the_reward():
+    assert guard_in_training([(10, 0.30), (30, 0.62)], [(0, 0.10), (25, 0.30)], GuardSection()) is None
+
+
+def test_guard_does_not_fire_on_a_small_rise_or_before_two_probes():
+    assert guard_in_training([(10, 0.30), (30, 0.45)], [(0, 0.10), (25, 0.10)], GuardSection()) is None  # rise 0.15 < 0.2
+    assert guard_in_training([(10, 0.30), (30, 0.90)], [(0, 0.10)], GuardSection()) is None  # no probe after training began
+    assert guard_in_training([], [(0, 0.1), (10, 0.1)], GuardSection()) is None
+
+
+def test_guard_thresholds_come_from_the_recipe_and_warn_is_the_callers_choice():
+    train, probe = [(10, 0.30), (30, 0.45)], [(0, 0.10), (25, 0.10)]
+    assert guard_in_training(train, probe, GuardSection(train_rise=0.1)) is not None
+    assert guard_in_training([(10, 0.3), (30, 0.9)], [(0, 0.1), (25, 0.2)], GuardSection(heldout_gain=0.2)) is not None
+    # the rule is the same in warn mode; the stage decides to stop or to record a warning
+    assert guard_in_training(train, probe, GuardSection(train_rise=0.1, action="warn")) is not None
