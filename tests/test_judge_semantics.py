@@ -35,7 +35,7 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
         from math import gcd
         def lcm_all(xs):
             return reduce(lambda a, b: a * b // gcd(a, b), xs)
-    """), ["assert lcm_all([4, 6]) == 12", "assert math.sqrt(16) == 4 and gcd(4, 6) == 2",  # the solution's imports, J's own modules
+    """), ["assert lcm_all([4, 6]) == 12", "assert math.sqrt(16) == 4 and gcd(4, 6) == 2",  # J's own modules; the solution's gcd, called in S
             "assert Counter('aab')['a'] == 2 and list(itertools.islice(itertools.count(), 2)) == [0, 1]"]), [True, True, True]),
     "plain_results": (Job(_code("""
         def f(kind):
@@ -89,6 +89,27 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
     "humaneval_format": (Job("def poly(xs, x):\n    return 0\ndef find(xs):\n    return -xs[0] / xs[1]\n",
                              ["def check(candidate):\n    assert abs(poly([1, 2], candidate([1, 2]))) < 1e-9\n\ncheck(find)\n"],
                              entry_point="find", setup="def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\ndef find(xs):\n    '''stub'''\n"), [True]),
+    "plain_type_subclasses_sent_as_their_base": (Job(_code("""
+        import collections, enum
+        P = collections.namedtuple('P', 'x y')
+        class Level(enum.IntEnum):
+            HIGH = 3
+        def f(kind):
+            return {
+                'counter': collections.Counter('aab'), 'defaultdict': collections.defaultdict(list, {1: [2]}),
+                'ordered': collections.OrderedDict(a=1), 'namedtuple': P(1, 2), 'intenum': Level.HIGH,
+                'nested': {Level.HIGH: [P(3, 4)]},
+            }[kind]
+    """), ["assert f('counter') == {'a': 2, 'b': 1} and type(f('counter')) is dict", "assert f('defaultdict') == {1: [2]} and f('ordered') == {'a': 1}",
+           "assert f('namedtuple') == (1, 2) and type(f('namedtuple')) is tuple", "assert f('intenum') == 3 and type(f('intenum')) is int",
+           "assert f('nested') == {3: [(3, 4)]}"]), [True] * 5),
+    "prints_a_lot": (Job("def f():\n    for i in range(120_000):\n        print('x' * 99)\n    return 1\n", ["assert f() == 1"]), [True]),
+    "solution_imports_are_its_own": (Job(_code("""
+        import math
+        math.gcd = lambda a, b: 99
+        from math import gcd
+        import math as m
+    """), ["assert gcd(4, 6) == 99", "assert math.gcd(4, 6) == 2", "m.sqrt(4)"]), [True, True, False]),
     "test_prints_and_own_error": (Job("def f():\n    return 1\n", ["print('from the test')\nassert f() == 1", "raise SystemExit", "1 / 0"]), [True, False, False]),
 }
 
@@ -116,6 +137,45 @@ def test_details(results):
     assert "not plain data" in results["non_plain_result_fails_that_test"].test_errors[0]
     assert "NameError" in results["entry_point_missing"].test_errors[0]
     assert "ended early" in (results["exit_midway_keeps_earlier_passes"].error or "")
+
+
+@needs_isolation
+def test_details_of_the_new_cases(results):
+    assert "more bytes of output discarded" in results["prints_a_lot"].output
+
+
+def test_the_judge_binds_only_what_it_chooses():
+    """What S reports about its names is a claim: J proxies every callable to S (so S's own object
+    answers), never binds a function S says comes from elsewhere, binds a module only as J's own import
+    of an allow-listed module of the same name, and with a declared entry point binds nothing else of
+    the solution's but modules."""
+    import math
+
+    from regimen.stages.rewards.sandbox import judge, wire
+
+    reported = [
+        ("add", "import", ["operator", "add"]),  # a claim that `add` is the standard library's: not bound
+        ("answer", "import", ["unittest.mock", "_ANY"]),
+        ("helper", "call", None),
+        ("math", "module", "math"),
+        ("m", "module", "math"),  # an alias: not bound
+        ("cmath", "module", "math"),  # a swap: not bound
+        ("runner", "module", "unittest.__main__"),
+        ("mock", "module", "unittest.mock"),  # not a module tests may use
+        ("abs", "call", None),  # a builtin: never shadowed
+        ("TABLE", "data", wire.encode({1: 2})),
+    ]
+    ns: dict = {}
+    judge.bind_solution(ns, reported, judge._Channel(-1), None)
+    assert sorted(ns) == ["TABLE", "helper", "math"]
+    assert ns["math"] is math and ns["TABLE"] == {1: 2} and ns["helper"].__name__ == "helper"
+    ns = {}
+    judge.bind_solution(ns, reported + [("add", "call", None)], judge._Channel(-1), "add")
+    assert sorted(ns) == ["add", "math"]
+    ns = {}
+    judge.bind_solution(ns, [("add", "import", ["operator", "add"])], judge._Channel(-1), "add")
+    with pytest.raises(NameError):  # an entry point reported as anything but a callable of its own is missing
+        ns["add"](1, 2)
 
 
 @needs_isolation

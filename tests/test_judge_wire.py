@@ -125,3 +125,43 @@ def test_framing_over_a_socket():
     finally:
         a.close()
         b.close()
+
+
+def test_subclasses_travel_as_their_base_only_when_asked():
+    """What the solution's side sends back: a subclass of a plain type as its base type's value, read
+    through the base type's own methods (its overrides are never called); the decoder still builds
+    exact builtin types. The judge's side never asks for this."""
+    import collections
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Liar(str):
+        def __str__(self):
+            return "lie"
+
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    class Long(bytes):
+        def __len__(self):
+            return 99
+
+    class Items(dict):
+        def items(self):
+            return [("x", 1)]
+
+    P = collections.namedtuple("P", "x y")
+    value = [collections.Counter("aab"), collections.defaultdict(list, {1: [2]}), P(1, 2), Level.HIGH, Liar("s"), Long(b"b"), Items(a=1), {Level.HIGH: (P(3, 4),)}]
+    back = wire.decode(wire.encode(value, subclasses=True))
+    assert back == [{"a": 2, "b": 1}, {1: [2]}, (1, 2), 3, "s", b"b", {"a": 1}, {3: ((3, 4),)}]
+    assert [type(x) for x in back] == [dict, dict, tuple, int, str, bytes, dict, dict]
+    assert type(back[7][3][0]) is tuple
+    with pytest.raises(wire.NotPlainData):
+        wire.encode(value)
+    for not_plain in (iter([1]), collections.deque([1]), object(), range(2)):
+        with pytest.raises(wire.NotPlainData):
+            wire.encode(not_plain, subclasses=True)

@@ -544,7 +544,52 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
         os._exit(0)
     """))
     add("forged_then_honest", ADD + "import os\nos.write(3, b'pass 0\\n')\n", ADD_TESTS)
+    # --- lying about what a name is, so that the judge binds something of its own choosing ------------
+    add("lie_import_always_equal", "def answer():\n    return 0\n" + _lie({"answer": ("import", ["unittest.mock", "_ANY"])}),
+        ["assert answer() == 42", "assert answer() == 'forty-two'", "assert answer() == [4, 2]"])
+    add("lie_import_right_function", WRONG + _lie({"add": ("import", ["operator", "add"])}))
+    add("lie_import_helper_with_entry_point", WRONG + _lie({"expected": ("import", ["unittest.mock", "_ANY"])}),
+        ["assert add(1, 2) == expected()", "assert add(2, 2) == expected()", "assert add(-1, 5) == expected()"], entry_point="add")
+    add("lie_module_main", WRONG + _lie({"runner": ("module", "unittest.__main__"), "mock": ("module", "unittest.mock"), "math": ("module", "cmath")}),
+        ["assert mock.ANY == add(1, 2)", "assert math.isclose(add(2, 2), 4)", "assert add(-1, 5) == 4"])
+    # --- the syscall filter through the other system call ABIs (i386 `int 0x80`, x32) ----------------------
+    add("seccomp_other_abis", _code("""
+        import ctypes, mmap, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def _run(code):
+            buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+            buf.write(code)
+            return ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))()
+        def _attempt(kind):  # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING): a keyring id if allowed
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                if kind == 'int80':  # mov eax, 288; xor ebx, ebx; mov ecx, -4; xor edx, edx; int 0x80; ret
+                    v = _run(bytes.fromhex('b820010000' '31db' 'b9fcffffff' '31d2' 'cd80' 'c3'))
+                else:
+                    v = libc.syscall(0x40000000 | 250, 0, -4, 0)
+                os.write(w, str(v).encode())
+                os._exit(0)
+            os.close(w)
+            out = os.read(r, 64)
+            os.waitpid(pid, 0)
+            return int(out) if out else None
+        def escaped():
+            return [k for k in ('int80', 'x32') if (_attempt(k) or 0) > 0]
+    """), ["assert escaped()"])
     return a
+
+
+def _lie(claims: dict) -> str:
+    """Code that makes the solution's process describe its names as `claims` says ({name: (kind, value)})
+    instead of as they are, so that the judge would bind what the solution chose, not what it has."""
+    return _code(f"""
+        import sys
+        _callee = [m for m in sys.modules.values() if hasattr(m, '_report') and hasattr(m, 'serve')][0]
+        _report = _callee._report
+        CLAIMS = {claims!r}
+        _callee._report = lambda ns: [r for r in _report(ns) if r[0] not in CLAIMS] + [(n, k, v) for n, (k, v) in CLAIMS.items()]
+    """)
 
 
 def specials() -> dict[str, Job]:
@@ -969,3 +1014,4 @@ def _uid(pid: str) -> int:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return -1
+

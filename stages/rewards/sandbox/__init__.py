@@ -21,10 +21,15 @@ limits) and a seccomp filter (`syscalls.py`). `pool.py` is the parent side: work
 server process each.
 
 What a test can do with the solution: call its top-level functions with plain-data arguments (copies:
-in-place changes are not seen) and get plain-data results or its exceptions (as the builtin exception
-class of the same name, else `SolutionError`); read its top-level plain-data values; use the
-standard-library modules and functions it imported (J imports its own). A test cannot pass a lambda or
-an object to the solution, call methods on objects it returns, or use its classes: those calls fail.
+in-place changes are not seen) and get plain-data results (an instance of a subclass of a plain type,
+such as a Counter, a namedtuple or an IntEnum member, arrives as its base type's value) or its
+exceptions (as the builtin exception class of the same name, else `SolutionError`); read its top-level
+plain-data values; use the standard-library modules it imported, under their own names (J imports its
+own, from a list of pure computation modules; functions it imported are called in its process, like
+its own). A test cannot pass a lambda or an object to the solution, call methods on objects it
+returns, or use its classes: those calls fail. J never calls a function or imports a module that the
+solution's process named: what it reports about its names is a claim, and a claim could name an
+object whose equality lies (`unittest.mock._ANY`).
 
 Failure semantics: a solution that fails to load (an exception or SystemExit at import time) scores
 0 with `error` saying why; a test snippet that raises fails that test only; a solution whose process
@@ -38,7 +43,10 @@ Availability. Isolation needs Linux, root (namespaces, mounts, the uid drop) and
 reason, unless the caller passes `allow_unisolated=True`; then S and J are still separate processes
 talking plain data, with rlimits, a temporary folder each (removed afterwards), the uid drop and
 cgroups where root and the syscall filter where libseccomp exists, but with the host's filesystem and
-network reachable. That is logged.
+network reachable: the solution can read what the host's files hold (answer keys included), and what
+one sample writes to a shared folder (/tmp, /dev/shm) a later one can read. Without root there is no
+uid drop either: the solution runs as the caller's user and can signal the caller's processes. That
+is logged.
 """
 
 from .pool import Job, SandboxConfig, SandboxResult, SandboxUnavailable, as_job, isolation_status, run_batch, run_tests

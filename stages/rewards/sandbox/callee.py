@@ -9,12 +9,13 @@ code, so none of it is trusted: whatever S sends is checked and decoded by the j
 1. exec the code in a fresh namespace (`__name__ == "solution"`); on an exception (SystemExit too)
    send `("loadfail", exception class names, message)` and exit;
 2. send `("ready", names)`: for every top-level name (dunder names skipped) one of
-   `(name, "call", None)` (a callable: the judge makes a proxy that calls it here),
-   `(name, "import", [module, qualname])` (a callable taken from the standard library: the judge
-   imports its own), `(name, "module", module_name)`, or `(name, "data", encoded value)` (plain data
-   only; anything else is not reported);
-3. answer each `("call", name, args, kwargs)` with `("ok", value)`, `("raise", class names, message)`
-   or `("bad", why)` when the return value is not plain data. A SystemExit (or any other
+   `(name, "call", None)` (a callable: the judge makes a proxy that calls it here, a function imported
+   from the standard library too), `(name, "module", module_name)`, or `(name, "data", encoded value)`
+   (plain data only; anything else is not reported);
+3. answer each `("call", name, args, kwargs)` with `("ok", value)` (a subclass of a plain type is sent
+   as its base type's value: a Counter as a dict, a namedtuple as a tuple, an IntEnum as an int),
+   `("raise", class names, message)` or `("bad", why)` when the return value is not plain data
+   (an iterator, a deque, an object of the solution's own class). A SystemExit (or any other
    BaseException that is not an Exception) inside a call ends the process without an answer: the
    judge sees the channel close, and that call and every later one fail.
 
@@ -61,22 +62,6 @@ def _class_names(exc: BaseException) -> list[str]:
     return names or ["Exception"]
 
 
-def _stdlib_origin(obj: object) -> list[str] | None:
-    """[module, qualname] when `obj` is what a standard-library module exports under that name."""
-    try:
-        module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-        if type(module) is not str or type(qualname) is not str:
-            return None
-        if module.partition(".")[0] not in sys.stdlib_module_names or module not in sys.modules:
-            return None
-        found: object = sys.modules[module]
-        for part in qualname.split("."):
-            found = getattr(found, part)
-        return [module, qualname] if found is obj else None
-    except BaseException:
-        return None
-
-
 def _report(ns: dict) -> list:
     names: list = []
     budget = wire.MAX_BYTES // 2
@@ -89,10 +74,9 @@ def _report(ns: dict) -> list:
                 if type(module) is str:
                     names.append((name, "module", module))
             elif callable(value):
-                origin = _stdlib_origin(value)
-                names.append((name, "import", origin) if origin else (name, "call", None))
+                names.append((name, "call", None))
             else:
-                payload = wire.encode(value, limit=budget)
+                payload = wire.encode(value, limit=budget, subclasses=True)
                 budget -= len(payload)
                 names.append((name, "data", payload))
         except BaseException:  # not plain data, or over the budget: the name is not reported
@@ -143,7 +127,7 @@ def serve(sock: int, code: str) -> None:
             _exit(0)
         else:
             try:
-                payload = encode(("ok", value))
+                payload = encode(("ok", value), subclasses=True)
             except wire.NotPlainData as exc:
                 payload = encode(("bad", str(exc)[:MESSAGE_LIMIT]))
             except BaseException as exc:

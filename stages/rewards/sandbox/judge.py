@@ -11,15 +11,20 @@ decoded by J's own code into fresh builtin objects. The namespace the tests run 
   `test_imports`) runs first, before any name of the solution is bound;
 - then each top-level name S reports, unless it would shadow a builtin or a name the set-up defined
   (the row's declared `entry_point` is the one exception: it is always the solution's):
-  a callable becomes a proxy that sends `call(name, args, kwargs)` to S and decodes the answer; a
-  function imported from the standard library (`from math import isclose`) becomes J's own import of
-  it; a module becomes J's own import of that standard-library module; plain data becomes a decoded
-  copy. When the row declares an entry point, that is the only name of the solution's the tests get
-  (besides the standard-library modules and functions J imports itself): a test that calls a name it
-  neither defines nor imports (a bare `isclose`) cannot be answered by the solution. Without a declared
-  entry point (MBPP), every callable of the solution is proxied, so such a test would call the
-  solution's: the judge cannot know which names the test meant to come from elsewhere. If the row
-  declares an entry point that S does not define, calling it raises NameError.
+  a callable becomes a proxy that sends `call(name, args, kwargs)` to S and decodes the answer (a
+  function the solution imported from the standard library too: what answers is the solution's own
+  object, whatever S claims it is); plain data becomes a decoded copy; a module becomes J's own import
+  of the standard-library module of that name, and only under that name (`import math` binds `math`;
+  `import math as m` binds nothing), and only for the pure computation modules in `TEST_MODULES`. J
+  never calls a function, nor imports a module, that S chose: S could otherwise pick one whose result
+  is an object of surprising equality (`unittest.mock._ANY() == 42`), one with side effects in J (a
+  package's `__main__`), or swap one module for another under a name the tests use. When the row
+  declares an entry point, that is the only callable of the solution's the tests get (besides the
+  standard-library modules J imports itself): a test that calls a name it neither defines nor
+  imports (a bare `isclose`) cannot be answered by the solution. Without a declared entry point
+  (MBPP), every callable of the solution is proxied, so such a test would call the solution's: the
+  judge cannot know which names the test meant to come from elsewhere. If the row declares an entry
+  point that S does not define, calling it raises NameError.
 
 A proxy call fails (raises in J, so the test using it fails) when an argument is not plain data (a
 lambda, an object; arguments are copies, so in-place changes by the solution are not seen), when the
@@ -52,7 +57,12 @@ except ImportError:  # imported by the server as a top-level module
 
 INFO_LIMIT = 300
 """Characters of an error description sent to the server per line."""
-_NEVER_IMPORT = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser"}
+TEST_MODULES = frozenset({
+    "array", "base64", "binascii", "bisect", "calendar", "cmath", "collections", "copy", "datetime", "decimal", "difflib",
+    "enum", "fractions", "functools", "hashlib", "heapq", "itertools", "json", "keyword", "math", "numbers", "operator",
+    "os", "random", "re", "statistics", "string", "struct", "sys", "textwrap", "time", "typing", "unicodedata", "zlib",
+})
+"""Standard-library modules (and their submodules) a test may use because the solution imported them."""
 _NEVER_RAISE = (StopIteration, StopAsyncIteration)
 
 
@@ -139,27 +149,18 @@ def _missing(name: str):
     return missing
 
 
-def _stdlib_module(name: object):
-    if type(name) is not str or name.partition(".")[0] not in sys.stdlib_module_names or name.partition(".")[0] in _NEVER_IMPORT:
+def _test_module(name: str, module: object):
+    """J's own import of `module`, when S reports that its top-level name `name` is that module and the
+    module is one the tests may use (see TEST_MODULES); else None."""
+    if type(module) is not str or module.rpartition(".")[2] != name:
+        return None
+    parts = module.split(".")
+    if parts[0] not in TEST_MODULES or not all(p.isidentifier() and not p.startswith("_") for p in parts):
         return None
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(module)
     except Exception:
         return None
-
-
-def _stdlib_object(origin: object):
-    if type(origin) is not list or len(origin) != 2 or type(origin[1]) is not str:
-        return None
-    found = _stdlib_module(origin[0])
-    try:
-        for part in origin[1].split("."):
-            if part.startswith("__"):
-                return None
-            found = getattr(found, part)
-    except Exception:
-        return None
-    return found if found is not None and callable(found) else None
 
 
 def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: str | None) -> None:
@@ -177,22 +178,18 @@ def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: st
         if name in trusted and name != entry_point:
             continue
         if name == entry_point:  # the entry point is always the solution's own, called over the channel
-            if kind in ("call", "import"):
+            if kind == "call":
                 ns[name] = _proxy(channel, name)
                 called.add(name)
             continue
-        if entry_point and kind in ("call", "data"):  # with a declared entry point, nothing else of the solution's
-            continue
-        if kind == "call":
-            ns[name] = _proxy(channel, name)
-        elif kind == "import":
-            obj = _stdlib_object(value)
-            if obj is not None:
-                ns[name] = obj
-        elif kind == "module":
-            module = _stdlib_module(value)
+        if kind == "module":
+            module = _test_module(name, value)
             if module is not None:
                 ns[name] = module
+        elif entry_point:  # with a declared entry point, nothing else of the solution's
+            continue
+        elif kind == "call":
+            ns[name] = _proxy(channel, name)
         elif kind == "data" and type(value) is bytes:
             try:
                 ns[name] = wire.decode(value)
