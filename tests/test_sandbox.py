@@ -699,6 +699,7 @@ def hostile():
         started = time.monotonic()
         results = run_batch(items, workers=2, config=cfg, schedule="round_robin")
         elapsed = time.monotonic() - started
+        sandbox.shutdown()  # the servers are kept between calls; test_nothing_is_left_behind checks after they go
         connections = 0
         for s in [listener, *unix_listeners]:
             try:
@@ -1003,6 +1004,7 @@ def test_a_dead_server_costs_one_item_not_the_batch():
     killer.join()
     assert results[0].status == "infra" and results[0].passed == 0
     assert [(r.passed, r.status) for r in results[1:]] == [(3, "ok"), (2, "ok")]
+    sandbox.shutdown()
     time.sleep(0.2)
     lo = sandbox._default_uid_base()
     assert not [p for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}") and lo <= _uid(p) < lo + 256]
@@ -1015,3 +1017,62 @@ def _uid(pid: str) -> int:
     except OSError:
         return -1
 
+
+LEAVE_BEHIND = _code("""
+    import ctypes, os, socket, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    for path in ('/tmp/left-behind', '/tmp/work/left-behind', '/dev/shm/left-behind'):
+        with open(path, 'w') as f:
+            f.write('from an earlier call')
+    libc.shmget(0x5EED, 4096, 0o1666)
+    if os.fork() == 0:
+        os.setsid()
+        s = socket.socket(socket.AF_UNIX)
+        s.bind('\\0regimen-abstract')
+        s.listen(1)
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(0.1)
+    def add(a, b):
+        return a + b
+""")
+
+
+@needs_isolation
+def test_servers_are_kept_between_calls():
+    """GRPO calls the reward once per step: the second call with the same limits reuses the servers
+    (same processes), a dead one is restarted, another config gets its own, and every sample is still
+    fresh (nothing of the first call's samples is visible to the second's). A forked child does not
+    touch the parent's servers."""
+    cfg = SandboxConfig(timeout_s=3)
+    first = run_batch([(LEAVE_BEHIND, TESTS)] * 2, workers=2, config=cfg, schedule="round_robin")
+    assert [r.passed for r in first] == [3, 3], first
+    servers = sorted(_children_serving())
+    assert len(servers) >= 2
+    again = run_batch([(CONTROL, CONTROL_TESTS)] * 4, workers=2, config=cfg, schedule="round_robin")
+    assert [(r.passed, r.slot) for r in again] == [(4, 0), (4, 1), (4, 0), (4, 1)], [r.error or r.test_errors for r in again]
+    assert sorted(_children_serving()) == servers  # the same server processes
+    other = run_batch([(ADD, ADD_TESTS)], workers=2, config=SandboxConfig(timeout_s=2))
+    assert other[0].passed == 3 and set(servers) < set(_children_serving())  # another config, other servers; these are kept
+    import signal
+
+    for pid in servers:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    restarted = run_batch([(CONTROL, CONTROL_TESTS)] * 2, workers=2, config=cfg)
+    assert [r.passed for r in restarted] == [4, 4], restarted
+    assert not set(servers) & set(_children_serving())
+    child = os.fork()
+    if child == 0:  # the child has none of the parent's servers: it starts its own, and leaves the parent's alone
+        try:
+            code = 0 if run_batch([(ADD, ADD_TESTS)], workers=1, config=cfg)[0].passed == 3 else 1
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    after = run_batch([(CONTROL, CONTROL_TESTS)] * 2, workers=2, config=cfg)
+    assert [r.passed for r in after] == [4, 4], after
+    sandbox.shutdown()
+    time.sleep(0.2)
+    assert _children_serving() == []

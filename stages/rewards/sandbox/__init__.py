@@ -18,7 +18,7 @@ Both run in the per-sample namespaces built by `server.py` (the process tree and
 `slot.py` (a minimal allow-listed root, fresh /tmp, /dev/shm, /proc, IPC and network), as different
 unprivileged uids, under rlimits, cgroups (a CPU share per slot, CPU-time accounting, memory and pids
 limits) and a seccomp filter (`syscalls.py`). `pool.py` is the parent side: worker slots, one warm
-server process each.
+server process each, kept between calls with the same limits (`shutdown()` closes them; so does exit).
 
 What a test can do with the solution: call its top-level functions with plain-data arguments (copies:
 in-place changes are not seen) and get plain-data results (an instance of a subclass of a plain type,
@@ -49,7 +49,7 @@ uid drop either: the solution runs as the caller's user and can signal the calle
 is logged.
 """
 
-from .pool import Job, SandboxConfig, SandboxResult, SandboxUnavailable, as_job, isolation_status, run_batch, run_tests
+from .pool import Job, SandboxConfig, SandboxResult, SandboxUnavailable, as_job, isolation_status, run_batch, run_tests, shutdown
 from .pool import _default_uid_base, _Server, _unavailable_message  # noqa: F401  (used by tests)
 
-__all__ = ["Job", "SandboxConfig", "SandboxResult", "SandboxUnavailable", "as_job", "isolation_status", "run_batch", "run_tests"]
+__all__ = ["Job", "SandboxConfig", "SandboxResult", "SandboxUnavailable", "as_job", "isolation_status", "run_batch", "run_tests", "shutdown"]

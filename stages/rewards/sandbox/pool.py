@@ -1,4 +1,4 @@
-"""The parent side of the sandbox: jobs, limits, results, and a pool of worker slots.
+"""The parent side of the sandbox: jobs, limits, results, and pools of worker slots kept warm.
 
 Each worker slot is a thread of the caller's process driving one long-lived server process
 (`server.py`, started as `python -I -S server.py --serve SETTINGS` with an empty environment and its own
@@ -7,15 +7,31 @@ back as JSON lines on its stdout. A server that dies or hangs costs the item it 
 (`status="infra"`, never retried: one solution never runs twice) and is restarted; a slot that keeps
 failing gives up and leaves the remaining items to the other slots.
 
+Servers outlive a call. GRPO calls the reward once per step, hundreds of times, and starting a slot's
+server (an interpreter, the zygote, a probe sample) costs 0.1-0.3 s; so the servers of a call are kept
+in a pool, per (SandboxConfig, slot count), and the next call with the same limits reuses them (a
+server found dead is restarted; at most `_MAX_KEPT` idle pools are kept, the least recently used one
+is closed first). Keeping a server changes nothing for isolation: every sample is still a fresh fork
+of the server's zygote, which was forked before the server read any job. Two calls at once never
+share a pool (the second gets its own), and every slot of every pool of this process has its own two
+uids. Pools are closed at interpreter exit (atexit) or by `shutdown()`; a child made by `os.fork()`
+drops its copies of the parent's pipes and starts its own pools.
+
+Servers are started from one long-lived thread of this process (`_Spawner`): a server asks to be
+killed when its parent goes (PR_SET_PDEATHSIG), and the kernel sends that when the *thread* that
+started it ends, which for a batch's worker threads is at the end of every call.
+
 Stdlib only, apart from the optional `pyseccomp` (libseccomp) that `syscalls.py` uses to build the
 syscall filter; without it isolation counts as unavailable.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -33,7 +49,8 @@ log = logging.getLogger("regimen.sandbox")
 _SERVER_SCRIPT = os.path.abspath(_server_module.__file__)
 _SERVER_START_TIMEOUT_S = 30.0
 _BACKSTOP_S = 15.0  # extra seconds the parent waits for a server's answer before declaring it dead
-_MAX_SLOTS = 128  # two uids per slot, 256 uids per parent process
+_MAX_SLOTS = 128  # two uids per slot, 256 uids per parent process, shared by all its pools
+_MAX_KEPT = 4  # idle pools kept warm between calls
 _warned_unisolated = False
 _status_lock = threading.Lock()
 _status_cache: tuple[bool, str] | None = None
@@ -66,8 +83,7 @@ class SandboxConfig:
     tmpfs_mb: int = 64
     """Size of the sample's fresh /tmp (the working folders live there); /dev/shm gets a quarter."""
     output_limit: int = 16384
-    """Bytes of stdout+stderr kept per sample; more is read and discarded (up to 8 MiB, after which
-    the pipe is closed and further writes fail)."""
+    """Bytes of stdout+stderr kept per sample; more is discarded (the solution can go on printing)."""
     allow_unisolated: bool = False
     """Run without namespaces, mounts or the syscall filter where they are unavailable, instead of
     raising SandboxUnavailable. The solution and the judge stay separate processes."""
@@ -164,17 +180,20 @@ def _unavailable_message(reason: str) -> str:
 class _Server:
     """One worker slot: a long-lived server process that runs one sample at a time."""
 
-    def __init__(self, slot: int, cfg: SandboxConfig):
+    def __init__(self, slot: int, cfg: SandboxConfig, uid_index: int | None = None):
+        """`slot`: the position reported in results; `uid_index`: which pair of uids it runs samples
+        as (default `slot`; a pool passes the indices it reserved)."""
         self.slot = slot
         self.cfg = cfg
+        index = slot if uid_index is None else uid_index
         base = cfg.uid_base if cfg.uid_base is not None else _default_uid_base()
         program, why = syscalls.program()
         settings = asdict(cfg)
         settings.update(
-            uid_s=base + 2 * slot, uid_j=base + 2 * slot + 1, parent_pid=os.getpid(), slot=slot, wall_timeout_s=cfg.wall_s,
+            uid_s=base + 2 * index, uid_j=base + 2 * index + 1, parent_pid=os.getpid(), slot=slot, wall_timeout_s=cfg.wall_s,
             seccomp=program.hex() if program else None, seccomp_error=why,
         )
-        self.proc = subprocess.Popen(
+        self.proc = _spawner.popen(
             [_interpreter(), "-I", "-S", _SERVER_SCRIPT, "--serve", json.dumps(settings)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -227,12 +246,35 @@ class _Server:
         known = SandboxResult.__dataclass_fields__
         return SandboxResult(**{k: v for k, v in reply.items() if k in known}, slot=self.slot)
 
-    def close(self) -> None:
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def begin_close(self) -> None:
+        """Close the job stream: the server finishes, cleans up and exits (see `close`)."""
         try:
             if self.proc.stdin:
                 self.proc.stdin.close()
         except OSError:
             pass
+
+    def forget(self) -> None:
+        """In a forked child: let go of this process's copies of the server's pipes without touching
+        the server (it is the parent's). /dev/null is put in their place, so that closing the file
+        objects later closes nothing of the child's."""
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            return
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None and not stream.closed:
+                    os.dup2(null, stream.fileno())
+            except (OSError, ValueError):
+                pass
+        os.close(null)
+
+    def close(self) -> None:
+        self.begin_close()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -248,6 +290,173 @@ class _Server:
                 os.rmdir(path)
             except OSError:
                 pass
+
+
+class _Spawner:
+    """Starts server processes from one long-lived daemon thread (see the module docstring: a server
+    dies with the thread that started it, and a call's worker threads end with the call)."""
+
+    def __init__(self) -> None:
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, name="sandbox-spawner", daemon=True)
+                self.thread.start()
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        self.requests.put((args, kwargs, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["proc"]
+
+    def _loop(self) -> None:
+        while True:
+            args, kwargs, box, done = self.requests.get()
+            try:
+                box["proc"] = subprocess.Popen(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            finally:
+                done.set()
+                del args, kwargs, box, done
+
+
+_spawner = _Spawner()
+
+
+class _Pool:
+    """Worker slots for one (config, slot count): a server per slot (None until started), kept between
+    calls. Used by one call at a time."""
+
+    def __init__(self, key: tuple, cfg: SandboxConfig, indices: list[int]):
+        self.key = key
+        self.cfg = cfg
+        self.indices = indices  # the uid pairs reserved for its slots
+        self.servers: list[_Server | None] = [None] * len(indices)
+
+    def server(self, slot: int) -> _Server:
+        """The slot's server, restarted when it is gone; may raise SandboxUnavailable, OSError or
+        RuntimeError (could not start)."""
+        server = self.servers[slot]
+        if server is not None and not server.alive():
+            self.servers[slot] = None
+            server.close()
+            server = None
+        if server is None:
+            server = self.servers[slot] = _Server(slot, self.cfg, self.indices[slot])
+            if not server.isolated:
+                _warn_unisolated(server.reason)
+        return server
+
+    def drop(self, slot: int) -> None:
+        server, self.servers[slot] = self.servers[slot], None
+        if server is not None:
+            server.close()
+
+    def close(self) -> None:
+        servers = [s for s in self.servers if s is not None]
+        self.servers = [None] * len(self.indices)
+        for server in servers:  # all at once: each server cleans up as soon as its stream closes
+            server.begin_close()
+        for server in servers:
+            server.close()
+        _release_indices(self.indices)
+        self.indices = []
+
+
+_pools_lock = threading.Lock()
+_idle: list[_Pool] = []  # least recently used first
+_busy: set[_Pool] = set()
+_free_indices: set[int] = set(range(_MAX_SLOTS))
+_forgotten: list[_Server] = []  # a forked child's copies of its parent's servers, kept from the collector
+_exiting = False
+
+
+def _release_indices(indices: list[int]) -> None:
+    with _pools_lock:
+        _free_indices.update(indices)
+
+
+def _reserve_indices(n: int) -> list[int]:
+    """`n` uid pairs for a new pool, closing idle pools (least recently used first) to free some."""
+    while True:
+        with _pools_lock:
+            if len(_free_indices) >= n:
+                indices = sorted(_free_indices)[:n]
+                _free_indices.difference_update(indices)
+                return indices
+            victim = _idle.pop(0) if _idle else None
+        if victim is None:
+            raise RuntimeError(f"sandbox: more than {_MAX_SLOTS} worker slots in use at once in this process")
+        victim.close()
+
+
+def _acquire(cfg: SandboxConfig, slots: int) -> _Pool:
+    key = (cfg, slots)
+    with _pools_lock:
+        for k in range(len(_idle) - 1, -1, -1):
+            if _idle[k].key == key:
+                pool = _idle.pop(k)
+                _busy.add(pool)
+                return pool
+    pool = _Pool(key, cfg, _reserve_indices(slots))
+    with _pools_lock:
+        _busy.add(pool)
+    return pool
+
+
+def _release(pool: _Pool, keep: bool) -> None:
+    """Give a pool back after a call: kept for the next call when `keep`, else closed."""
+    evict: list[_Pool] = []
+    with _pools_lock:
+        _busy.discard(pool)
+        if keep and not _exiting:
+            _idle.append(pool)
+            while len(_idle) > _MAX_KEPT:
+                evict.append(_idle.pop(0))
+        else:
+            evict.append(pool)
+    for victim in evict:
+        victim.close()
+
+
+def shutdown() -> None:
+    """Close every server kept between calls (they are restarted on the next call). Runs at exit."""
+    with _pools_lock:
+        pools, _idle[:] = list(_idle), []
+    for pool in pools:
+        pool.close()
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+    shutdown()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child owns none of its parent's servers: it lets go of its copies of their pipes and
+    starts with no pools, fresh locks and no spawner thread."""
+    global _pools_lock, _idle, _busy, _free_indices, _spawner, _status_lock
+    for pool in [*_idle, *_busy]:
+        for server in pool.servers:
+            if server is not None:
+                server.forget()
+                _forgotten.append(server)
+    _pools_lock = threading.Lock()
+    _status_lock = threading.Lock()
+    _idle, _busy, _free_indices = [], set(), set(range(_MAX_SLOTS))
+    _spawner = _Spawner()
+
+
+atexit.register(_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def as_job(item: Any, index: int = 0) -> Job:
@@ -283,7 +492,8 @@ def run_batch(
     schedule: str = "dynamic",
     **overrides: object,
 ) -> list[SandboxResult]:
-    """Judge each item in its own sandbox, `workers` at a time (default: one per CPU).
+    """Judge each item in its own sandbox, `workers` at a time (default: one per CPU), on servers kept
+    from an earlier call with the same config and worker count where there are some.
 
     An item is a `(code, tests)` pair, a `Job`, or a dict with `code`, `tests` and optionally
     `entry_point` and `setup`. `config` or keyword overrides of `SandboxConfig` fields (`timeout_s=2`,
@@ -300,7 +510,8 @@ def run_batch(
     jobs = [as_job(item, i) for i, item in enumerate(items)]
     if not jobs:
         return []
-    n_workers = max(1, min(workers or os.cpu_count() or 1, len(jobs), _MAX_SLOTS))
+    slots = max(1, min(workers or os.cpu_count() or 1, _MAX_SLOTS))
+    n_workers = min(slots, len(jobs))
     results: list[SandboxResult | None] = [None] * len(jobs)
     lock = threading.Lock()
     failures: list[BaseException] = []
@@ -313,32 +524,26 @@ def run_batch(
 
     def take(slot: int) -> int | None:
         with lock:
-            queue = queues[slot]
-            if failures or not queue:
+            mine = queues[slot]
+            if failures or not mine:
                 return None
-            return queue.pop(0)
+            return mine.pop(0)
 
     def worker(slot: int) -> None:
-        server: _Server | None = None
         troubles = 0  # failed starts and deaths of this slot's server; past 3 the slot gives up
         try:
             while (i := take(slot)) is not None:
                 job = jobs[i]
                 while results[i] is None:
                     try:
-                        if server is None:
-                            server = _Server(slot, cfg)
-                            if not server.isolated:
-                                _warn_unisolated(server.reason)
-                        results[i] = server.run(job)
+                        results[i] = pool.server(slot).run(job)
                     except SandboxUnavailable as exc:
                         with lock:
                             failures.append(exc)
                         return
                     except _ServerDied as exc:  # not retried: one solution never runs twice
                         results[i] = _infra(len(job.tests), str(exc))
-                        server.close()  # type: ignore[union-attr]
-                        server = None
+                        pool.drop(slot)
                         troubles += 1
                     except (OSError, RuntimeError) as exc:  # the server did not start: retry
                         last_error[0] = f"could not start a sandbox server: {exc}"
@@ -352,15 +557,21 @@ def run_batch(
                             for k in rest:
                                 results[k] = _infra(len(jobs[k].tests), last_error[0])
                         return  # the other slots take the remaining items
-        finally:
-            if server is not None:
-                server.close()
+        except BaseException:  # a bug here: the slot's server may be mid-job, so it is not kept
+            pool.drop(slot)
+            raise
 
-    threads = [threading.Thread(target=worker, args=(slot,), name=f"sandbox-{slot}", daemon=True) for slot in range(n_workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    pool = _acquire(cfg, slots)
+    keep = False
+    try:
+        threads = [threading.Thread(target=worker, args=(slot,), name=f"sandbox-{slot}", daemon=True) for slot in range(n_workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        keep = not failures
+    finally:
+        _release(pool, keep)
     if failures:
         raise failures[0]
     out: list[SandboxResult] = []
@@ -405,11 +616,14 @@ def isolation_status() -> tuple[bool, str]:
     global _status_cache
     with _status_lock:
         if _status_cache is None:
+            indices = _reserve_indices(1)
             try:
-                server = _Server(0, SandboxConfig(allow_unisolated=True))
+                server = _Server(0, SandboxConfig(allow_unisolated=True), indices[0])
             except (OSError, RuntimeError) as exc:
                 _status_cache = (False, str(exc))
             else:
                 _status_cache = (server.isolated, server.reason or "namespaces, minimal root, uid drop and syscall filter work")
                 server.close()
+            finally:
+                _release_indices(indices)
         return _status_cache
