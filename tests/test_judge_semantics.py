@@ -110,6 +110,9 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
         from math import gcd
         import math as m
     """), ["assert gcd(4, 6) == 99", "assert math.gcd(4, 6) == 2", "m.sqrt(4)"]), [True, True, False]),
+    "test_local_name_like_the_solutions": (Job("def add(a, b):\n    return a + b\n",
+                                               ["def check(candidate):\n    add = candidate\n    assert add(1, 2) == 3\n\ncheck(add)",
+                                                "assert [add(x, x) for add_ in [1] for x in [2]] == [4]"]), [True, True]),
     "test_prints_and_own_error": (Job("def f():\n    return 1\n", ["print('from the test')\nassert f() == 1", "raise SystemExit", "1 / 0"]), [True, False, False]),
 }
 
@@ -176,6 +179,22 @@ def test_the_judge_binds_only_what_it_chooses():
     judge.bind_solution(ns, [("add", "import", ["operator", "add"])], judge._Channel(-1), "add")
     with pytest.raises(NameError):  # an entry point reported as anything but a callable of its own is missing
         ns["add"](1, 2)
+
+
+def test_names_the_tests_bind_are_theirs():
+    """A name a test snippet binds at module level, anywhere in it, is never the solution's, even in the
+    snippets before the line that binds it runs; names local to its functions and comprehensions are."""
+    from regimen.stages.rewards.sandbox.judge import test_names
+
+    tests = [
+        "assert add(1, 2) == 3\ndef expected(a, b):\n    return a + b",
+        "from math import isclose\nimport os.path\nfor i, (j, k) in enumerate([]):\n    pass\nwith open(x) as fh:\n    pass",
+        "def check(candidate):\n    add = candidate\n    global G\n\ncheck(add)",
+        "[y for y in range(3)]\n[(z := 1) for w in []]\ntry:\n    pass\nexcept E as err:\n    pass\nclass K:\n    inner = 1\nf = lambda q: q",
+        "match v:\n    case [a, *rest]:\n        pass\n    case {'k': b, **others}:\n        pass",
+        "not python (",
+    ]
+    assert test_names(tests) == {"expected", "isclose", "os", "i", "j", "k", "fh", "check", "G", "z", "err", "K", "f", "a", "rest", "b", "others"}
 
 
 @needs_isolation

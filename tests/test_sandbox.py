@@ -552,6 +552,11 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
         ["assert add(1, 2) == expected()", "assert add(2, 2) == expected()", "assert add(-1, 5) == expected()"], entry_point="add")
     add("lie_module_main", WRONG + _lie({"runner": ("module", "unittest.__main__"), "mock": ("module", "unittest.mock"), "math": ("module", "cmath")}),
         ["assert mock.ANY == add(1, 2)", "assert math.isclose(add(2, 2), 4)", "assert add(-1, 5) == 4"])
+    # --- names the tests bind themselves, in a line that a failed assertion before it never reaches ------
+    add("defined_later_by_the_test", WRONG + "def expected(a, b):\n    return a - b - 7\n",
+        ["assert add(1, 2) == 3\ndef expected(a, b):\n    return a + b", "assert add(2, 2) == expected(2, 2)", "assert add(-1, 5) == expected(-1, 5)"])
+    add("imported_later_by_the_test", WRONG + "def isclose(*args, **kwargs):\n    return True\n",
+        ["assert add(1, 2) == 3\nfrom math import isclose", "assert isclose(add(2, 2), 4)", "assert isclose(add(-1, 5), 4)"])
     # --- the syscall filter through the other system call ABIs (i386 `int 0x80`, x32) ----------------------
     add("seccomp_other_abis", _code("""
         import ctypes, mmap, os

@@ -9,8 +9,11 @@ decoded by J's own code into fresh builtin objects. The namespace the tests run 
   namespace's `__builtins__`) exists here;
 - the trusted set-up code (`setup`: a HumanEval prompt's helpers, MBPP's `test_setup_code` and
   `test_imports`) runs first, before any name of the solution is bound;
-- then each top-level name S reports, unless it would shadow a builtin or a name the set-up defined
-  (the row's declared `entry_point` is the one exception: it is always the solution's):
+- then each top-level name S reports, unless it would shadow a builtin, a name the set-up defined or a
+  name the tests themselves bind at module level anywhere (`def expected`, `from math import isclose`,
+  `x = ...`: a snippet that fails before the line that binds it must not leave the name to the
+  solution for the snippets after it); the row's declared `entry_point` is the one exception, it is
+  always the solution's:
   a callable becomes a proxy that sends `call(name, args, kwargs)` to S and decodes the answer (a
   function the solution imported from the standard library too: what answers is the solution's own
   object, whatever S claims it is); plain data becomes a decoded copy; a module becomes J's own import
@@ -43,6 +46,7 @@ Stdlib only: the server imports it by path (`python -I -S`).
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib
 import io
@@ -163,9 +167,52 @@ def _test_module(name: str, module: object):
         return None
 
 
-def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: str | None) -> None:
-    """Bind the names S reported into `ns` (see the module docstring for the rules)."""
-    trusted = set(dir(builtins)) | set(ns)
+def test_names(tests: list[str]) -> set[str]:
+    """The names the test snippets bind at module level, wherever in them (assignments, `def`, `class`,
+    imports, loop, `with` and `except` targets, `global` declarations in their functions)."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST, scope: str) -> None:  # scope: "module", "function" or "comprehension"
+        if isinstance(node, ast.Global):
+            names.update(node.names)
+        elif scope == "module":
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                names.add(node.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update(a.asname or a.name.partition(".")[0] for a in node.names)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                names.add(node.name)
+            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+                names.add(node.name)
+            elif isinstance(node, ast.MatchMapping) and node.rest:
+                names.add(node.rest)
+        if scope != "function" and isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)  # binds in the enclosing scope, also from a comprehension
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if scope == "module":
+                names.add(node.name)
+            inner = "function"
+        elif isinstance(node, ast.Lambda):
+            inner = "function"
+        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) and scope == "module":
+            inner = "comprehension"
+        else:
+            inner = scope
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    for snippet in tests:
+        try:
+            visit(ast.parse(snippet), "module")
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+    return names
+
+
+def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: str | None, own: set[str] | frozenset[str] = frozenset()) -> None:
+    """Bind the names S reported into `ns` (see the module docstring for the rules); `own`: the names
+    the tests bind themselves (`test_names`)."""
+    trusted = set(dir(builtins)) | set(ns) | set(own)
     called: set[str] = set()
     if type(reported) is not list:
         reported = []
@@ -235,7 +282,7 @@ def run(job: dict, sock: int, results: int) -> None:
     except SolutionEnded as exc:
         hello = ("loadfail", ["SolutionEnded"], f"{exc} before it finished loading")
     if type(hello) is tuple and len(hello) == 2 and hello[0] == "ready":
-        bind_solution(ns, hello[1], channel, entry_point)
+        bind_solution(ns, hello[1], channel, entry_point, test_names(tests))
         emit("loaded")
     else:
         if type(hello) is tuple and len(hello) == 3 and hello[0] == "loadfail" and type(hello[1]) is list and type(hello[2]) is str:
