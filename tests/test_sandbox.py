@@ -557,6 +557,37 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
         ["assert add(1, 2) == 3\ndef expected(a, b):\n    return a + b", "assert add(2, 2) == expected(2, 2)", "assert add(-1, 5) == expected(-1, 5)"])
     add("imported_later_by_the_test", WRONG + "def isclose(*args, **kwargs):\n    return True\n",
         ["assert add(1, 2) == 3\nfrom math import isclose", "assert isclose(add(2, 2), 4)", "assert isclose(add(-1, 5), 4)"])
+    # --- starving the judge's trusted set-up, to turn a 0 into "infra" (no score) ----------------------------
+    add("starve_the_judges_setup", WRONG + _code("""
+        import os, time
+        for path in ('/dev/shm/fill', '/tmp/work/fill'):
+            try:
+                with open(path, 'wb') as f:
+                    while True:
+                        f.write(b'x' * (1 << 20))
+            except OSError:
+                pass
+        for _ in range(40):
+            try:
+                if os.fork() == 0:
+                    try:
+                        block = bytearray(240 << 20)
+                        for i in range(0, len(block), 4096):
+                            block[i] = 1
+                    except MemoryError:
+                        pass
+                    time.sleep(30)
+                    os._exit(0)
+            except OSError:
+                break
+    """), setup=_code("""
+        import time
+        time.sleep(0.3)  # the solution's hogs are up by now
+        import difflib, csv, pprint, zipfile, tarfile, email.message, xml.dom.minidom, html.parser, argparse, logging
+        BIG = bytearray(150 << 20)
+        for i in range(0, len(BIG), 4096):
+            BIG[i] = 1
+    """))
     # --- the syscall filter through the other system call ABIs (i386 `int 0x80`, x32) ----------------------
     add("seccomp_other_abis", _code("""
         import ctypes, mmap, os
@@ -704,6 +735,7 @@ def hostile():
         started = time.monotonic()
         results = run_batch(items, workers=2, config=cfg, schedule="round_robin")
         elapsed = time.monotonic() - started
+        servers = _children_serving()
         sandbox.shutdown()  # the servers are kept between calls; test_nothing_is_left_behind checks after they go
         connections = 0
         for s in [listener, *unix_listeners]:
@@ -715,7 +747,7 @@ def hostile():
                 pass
         by_name = {name: r for name, r in zip(order, results) if name != "control"}
         yield {"order": order, "results": results, "by_name": by_name, "jobs": jobs, "elapsed": elapsed,
-               "connections": connections, "uid_base": sandbox._default_uid_base()}
+               "connections": connections, "uid_base": sandbox._default_uid_base(), "servers": servers}
     finally:
         os.environ.pop("REGIMEN_TEST_SECRET", None)
         listener.close()
@@ -892,10 +924,14 @@ def test_nothing_is_left_behind(hostile):
     with open("/proc/self/mounts") as f:
         root = [line.split() for line in f if line.split()[1] == "/"]
     assert root and all("rw" in fields[3].split(",") for fields in root)
-    # cgroups made for the worker slots are gone
+    # the batch's servers are gone, and so are the cgroups they made (named after each server's pid;
+    # other processes on this machine may be scoring with servers of their own at the same time)
+    servers = hostile["servers"]
+    assert len(servers) >= 2 and not [pid for pid in servers if os.path.exists(f"/proc/{pid}")]
+    ours = {f"regimen-sandbox-{pid}" for pid in servers}
     for base in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/unified"):
         for dirpath, dirnames, _ in os.walk(base):
-            assert not any(d.startswith("regimen-sandbox-") for d in dirnames), dirpath
+            assert not ours & set(dirnames), dirpath
             if dirpath.count("/") > 8:
                 dirnames.clear()
 
@@ -1049,11 +1085,12 @@ def test_servers_are_kept_between_calls():
     (same processes), a dead one is restarted, another config gets its own, and every sample is still
     fresh (nothing of the first call's samples is visible to the second's). A forked child does not
     touch the parent's servers."""
+    sandbox.shutdown()  # servers kept by earlier tests
     cfg = SandboxConfig(timeout_s=3)
     first = run_batch([(LEAVE_BEHIND, TESTS)] * 2, workers=2, config=cfg, schedule="round_robin")
     assert [r.passed for r in first] == [3, 3], first
     servers = sorted(_children_serving())
-    assert len(servers) >= 2
+    assert len(servers) == 2
     again = run_batch([(CONTROL, CONTROL_TESTS)] * 4, workers=2, config=cfg, schedule="round_robin")
     assert [(r.passed, r.slot) for r in again] == [(4, 0), (4, 1), (4, 0), (4, 1)], [r.error or r.test_errors for r in again]
     assert sorted(_children_serving()) == servers  # the same server processes
