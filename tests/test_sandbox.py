@@ -402,6 +402,23 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
     add("stop_iteration", "def add(a, b):\n    raise StopIteration\n",
         ["assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (2, 2)]))", "assert list(map(lambda p: add(*p), [(1, 2)])) == [3]",
          "assert all(add(x, y) == x + y for x, y in [(-1, 5)])"])
+    add("forged_exception_names", WRONG + _code("""
+        import sys
+        wire = [m for m in sys.modules.values() if hasattr(m, 'send_encoded') and hasattr(m, 'MAX_BYTES')][0]
+        _encode = wire.encode
+        def encode(value, *args, **kwargs):  # every answer becomes a raise of what would end the test's loop
+            if type(value) is tuple and value and value[0] == 'ok':
+                value = ('raise', ['StopIteration', 'GeneratorExit', 'SystemExit', 'KeyboardInterrupt', 'StopAsyncIteration', 'BaseException', 'Exception'], '')
+            return _encode(value, *args, **kwargs)
+        wire.encode = encode
+    """), ["assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (2, 2)]))", "assert list(map(lambda p: add(*p), [(1, 2)])) == [3]",
+           "assert all(add(x, y) == x + y for x, y in [(-1, 5)])"])
+    add("frame_over_limit", _code("""
+        import os, struct
+        def add(a, b):  # right answers, after a frame header over the limit: a judge that read on would pass them
+            os.write(3, struct.pack('>I', (8 << 20) + 1) + b'\\x00\\x00\\x00\\x05t\\x00\\x00\\x00\\x02')
+            return a + b
+    """))
     add("exit_inside_call", "def add(a, b):\n    raise SystemExit(0)\n", TESTS)
     add("keyboard_interrupt_inside_call", "def add(a, b):\n    raise KeyboardInterrupt\n", TESTS)
     # --- return values that are not plain data ----------------------------------------------------------
