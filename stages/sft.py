@@ -31,6 +31,32 @@ def config_section(recipe) -> dict[str, Any]:
     return section
 
 
+def cached_traces(recipe, task, cycle: int, policy: str, work: Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The teacher's traces, made once: kept in the work folder (a resumed stage does not regenerate
+    them), and under `accelerate launch` made by rank 0 while the other ranks wait, then read."""
+    import contextlib
+    import json
+    import os
+
+    from regimen.stages.training.teacher import traces
+
+    cache = work / f"traces-cycle{cycle}.json"
+    context = contextlib.nullcontext()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        context = PartialState().main_process_first()
+    with context:
+        if cache.is_file():
+            data = json.loads(cache.read_text())
+            return data["rows"], data["counts"]
+        rows, counts = traces(recipe, task, cycle=cycle, policy_path=policy)
+        tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"rows": rows, "counts": counts}))
+        os.replace(tmp, cache)
+    return rows, counts
+
+
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from datasets import Dataset
     from trl import SFTTrainer
@@ -42,11 +68,11 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.training.heldout import heldout_eval
     from regimen.stages.training.model import load_model, load_tokenizer
     from regimen.stages.training.policy import is_main_process, peft_config, save_policy
-    from regimen.stages.training.teacher import as_sft_rows, teacher_accuracy, traces
+    from regimen.stages.training.teacher import as_sft_rows, teacher_accuracy
 
     policy = inputs["policy"]["model"]
     task = load_task(recipe.data)
-    rows, counts = traces(recipe, task, cycle=int(inputs.get("cycle", 1)), policy_path=policy)
+    rows, counts = cached_traces(recipe, task, int(inputs.get("cycle", 1)), policy, Path(dirs.checkpoints))
     if not rows:
         raise StageStopped("sft", f"the {recipe.teacher.kind} teacher produced no trace that clears teacher.min_reward={recipe.teacher.min_reward} "
                            f"({int(counts['traces_generated'])} generated); lower the threshold, sample more, or use a stronger teacher")

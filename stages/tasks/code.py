@@ -5,20 +5,25 @@
                  f(2)=7                         return 2*x+3
                  f(3)=9                       ```
 
-Functions come from two families: lines `a*x+b` (a in 1..9) and parabolas `a*x*x+b` (a in 1..3), with
-b in 0..b_max-1. Each problem carries unit tests at points the prompt does not show (x = 4, 5, 7, 9, 12),
-so a nearly-right function (a wrong slope, a line where a parabola is needed) fails them. Held-out
-problems are whole functions never trained on (a seeded share of them).
+Functions are lines `a*x+b` (a in 1..9, b in 0..b_max-1) and, optionally, parabolas `a*x*x+b` (a in
+1..quad_max). Each problem carries unit tests at points the prompt does not show (x = 4, 5, 7, 9, 12),
+so a nearly-right function (a slope off by one, a line where a parabola is needed) fails them all.
+Held-out problems are whole functions never trained on (a seeded share of them). Completions stay
+short (about 40 characters), so the character-level model trains on them in minutes.
 
-The weak teacher (`teacher.kind: task-weak`) is a solver restricted to the easy cases: it fits the line
-through f(0) and f(1). It is right on every line and wrong on every parabola (a line through their first
-two points), so its held-out accuracy is the share of lines, and a student that only imitates it stays
-there; the unit tests know better.
+The weak teacher (`teacher.kind: weak`) is a solver restricted to the easy cases: it reads the intercept
+and the slope from the examples, and is exact for slopes up to `weak_max_slope`; above that it is unsure
+by one and writes a slope of a-1, a or a+1 (a fixed choice per problem, seeded by the problem itself),
+so it is right on a known part of the task: all small slopes and a third of the large ones (a parabola
+it takes for the line through f(0) and f(1)). A student that only imitates it learns the same
+uncertainty and stays near its accuracy; the unit tests know which slope is right.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+import re
 from typing import Any, Literal
 
 from pydantic import Field
@@ -28,13 +33,15 @@ from regimen.stages.tasks import Task, TaskOptions, check_split
 NAME = "code"
 TEST_POINTS = (4, 5, 7, 9, 12)
 SHOWN = (0, 1, 2, 3)
+_EXAMPLE = re.compile(r"^f\((-?\d+)\)=(-?\d+)$")
 
 
 class Options(TaskOptions):
     task: Literal["code"] = "code"
     b_max: int = Field(50, gt=0, le=100, description="intercepts are drawn from 0..b_max-1")
-    quad_max: int = Field(3, ge=0, le=9, description="parabolas a*x*x+b for a in 1..quad_max (0: lines only)")
+    quad_max: int = Field(0, ge=0, le=9, description="parabolas a*x*x+b for a in 1..quad_max (0: lines only)")
     heldout_fraction: float = Field(0.2, gt=0, lt=1, description="share of functions held out (seeded)")
+    weak_max_slope: int = Field(4, ge=0, le=9, description="the weak teacher is exact for slopes up to this; unsure by one above")
 
 
 def expression(family: str, a: int, b: int) -> str:
@@ -58,19 +65,20 @@ def problem(family: str, a: int, b: int) -> dict[str, Any]:
         "tests": [f"assert f({x}) == {value(family, a, b, x)}" for x in TEST_POINTS],
         "entry_point": "f",
         "family": family,
+        "slope": a,
     }
 
 
-def weak_solution(row: dict[str, Any]) -> str | None:
-    """The weak teacher: the line through f(0) and f(1), whatever the function is."""
+def weak_solution(row: dict[str, Any], max_slope: int = 4) -> str | None:
+    """The weak teacher: intercept f(0), slope f(1)-f(0); exact up to `max_slope`, unsure by one above."""
     try:
-        values = {int(k[2:-1]): int(v) for k, v in (line.split("=") for line in row["prompt"].strip().splitlines())}
+        values = dict(tuple(int(v) for v in _EXAMPLE.match(line).groups()) for line in row["prompt"].strip().splitlines())  # type: ignore[union-attr]
         a, b = values[1] - values[0], values[0]
-    except (ValueError, KeyError, AttributeError):
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
-    if a <= 0:
-        return program(str(b))
-    return program(expression("lin", a, b))
+    if a > max_slope:
+        a += int(hashlib.sha256(row["prompt"].encode()).hexdigest(), 16) % 3 - 1
+    return program(expression("lin", a, b)) if a > 0 else program(str(b))
 
 
 def load(opts: Options) -> Task:
@@ -81,7 +89,8 @@ def load(opts: Options) -> Task:
     heldout = [problem(*f) for f in functions[:n]]
     train = [problem(*f) for f in functions[n:]]
     check_split(train, heldout, "the code task's training functions", "its held-out functions")
-    return Task(train, heldout, NAME, reference=lambda row: row.get("solution"), weak_reference=weak_solution)
+    return Task(train, heldout, NAME, reference=lambda row: row.get("solution"),
+                weak_reference=lambda row: weak_solution(row, opts.weak_max_slope))
 
 
 def identity(opts: Options) -> dict[str, Any]:

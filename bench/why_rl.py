@@ -1,0 +1,90 @@
+"""Why not just SFT longer? At equal wall-clock on this machine, in one invocation, on the weak-teacher
+code task: (a) SFT only on the teacher's traces, (b) GRPO only from the base policy, (c) Regimen's cycle
+(SFT -> dry run -> smoke -> GRPO -> eval). Prints held-out pass@1 for each, the teacher's own, and the
+wall time each got.
+
+    python bench/why_rl.py [--recipe configs/tiny-code-weak-teacher.yaml] [--json]
+
+(c) runs first (`regimen run`), and its wall time T is the budget; (a) and (b) are calibrated on a short
+run of their own (steps per second), then given the number of steps that fills T. (a) and (b) call the
+stages directly through the runner (the same code the flow runs), in fresh stores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, regimen
+
+
+def stage_run(recipe, name: str, inputs: dict, store):
+    from regimen.stages.runner import execute
+
+    t0 = time.perf_counter()
+    result = execute(name, recipe, inputs, store, experiment=recipe.experiment)
+    return result, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recipe", default="configs/tiny-code-weak-teacher.yaml")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.store import Store
+    from regimen.stages.training.policy import base_policy
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        # (c) Regimen's cycle, through the CLI, as a user runs it
+        res = regimen("run", args.recipe, "--store", str(tmp / "cycle"), "--experiment", "cycle", check=False)
+        budget = res["wall_s"]
+        st = Store(tmp / "cycle")
+        evals = st.versions("cycle", "eval")
+        sft = st.versions("cycle", "sft")
+        out["cycle"] = {"wall_s": budget, "exit": res["rc"], "heldout_pass@1": evals[-1]["metrics"]["heldout_accuracy"] if evals else None,
+                        "sft_pass@1": sft[0]["metrics"]["heldout_accuracy"] if sft else None,
+                        "teacher_pass@1": sft[0]["metrics"].get("teacher_heldout_accuracy") if sft else None}
+
+        base = load_recipe(ROOT / args.recipe)
+        # (a) SFT only: calibrate steps/s, then fill the budget
+        cal = load_recipe(ROOT / args.recipe, {"sft.max_steps": 60, "experiment": "calib-sft"})
+        s_store = Store(tmp / "sft-only")
+        policy = base_policy(cal, s_store)
+        r, wall = stage_run(cal, "sft", {"policy": policy, "cycle": 1}, s_store)
+        per_step = wall / 60
+        steps = max(60, int(budget / per_step))
+        sft_only = load_recipe(ROOT / args.recipe, {"sft.max_steps": steps, "experiment": "sft-only"})
+        r, wall = stage_run(sft_only, "sft", {"policy": policy, "cycle": 1}, s_store)
+        out["sft_only"] = {"wall_s": wall, "steps": steps, "heldout_pass@1": r.manifest["metrics"]["heldout_accuracy"]}
+
+        # (b) GRPO only, from the base policy
+        g_store = Store(tmp / "grpo-only")
+        cal = load_recipe(ROOT / args.recipe, {"grpo.max_steps": 10, "experiment": "calib-grpo", "probe.steps": 0})
+        policy = base_policy(cal, g_store)
+        r, wall = stage_run(cal, "grpo", {"policy": policy}, g_store)
+        per_step = wall / 10
+        steps = max(10, int(budget / per_step))
+        grpo_only = load_recipe(ROOT / args.recipe, {"grpo.max_steps": steps, "experiment": "grpo-only"})
+        r, wall_g = stage_run(grpo_only, "grpo", {"policy": policy}, g_store)
+        ev, wall_e = stage_run(grpo_only, "eval", {"policy": r.ref}, g_store)
+        out["grpo_only"] = {"wall_s": wall_g + wall_e, "steps": steps, "heldout_pass@1": ev.manifest["metrics"]["heldout_accuracy"]}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(f"budget: Regimen's cycle took {out['cycle']['wall_s']:.0f}s (exit {out['cycle']['exit']}); teacher's own held-out pass@1 "
+          f"{out['cycle']['teacher_pass@1']}")
+    print(f"{'path':<12} {'wall s':>8} {'steps':>7} {'held-out pass@1':>16}")
+    for name in ("sft_only", "grpo_only", "cycle"):
+        row = out[name]
+        print(f"{name:<12} {row['wall_s']:>8.0f} {str(row.get('steps', '-')):>7} {row['heldout_pass@1']:>16.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
