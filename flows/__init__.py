@@ -8,6 +8,9 @@ os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "regimen")
 # Prefect's temporary server creates its database on first use; on a busy 2-core machine that can take
 # longer than Prefect's default 20 s wait, after which every later call fails with "connection refused".
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# The temporary server's anonymous usage telemetry is off unless asked for: on a machine without internet
+# (a training box, CI) it prints an ERROR with a traceback at every run, which reads like Regimen failing.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import logging  # noqa: E402
 
