@@ -33,7 +33,7 @@ TRL_SECTIONS = ("sft", "grpo")
 # programs, or files.
 _PLACE_OR_CODE = re.compile(r"(hub|push|vllm|remote|report|logging_dir|path|_dir$|file|url|deepspeed|fsdp|accelerator|compile|"
                             r"ddp_backend|backend|device|use_cpu|liger|kernel|tpu|xla|mps|ray|optuna|sagemaker|debug|tf32|jit|torchdynamo)")
-_EXTRA_TRL = {"reward_weights"}
+_EXTRA_TRL: set[str] = set()
 
 
 def _plain_type(annotation: Any) -> bool:

@@ -134,6 +134,8 @@ class _QuietFailures(logging.Filter):
         if record.exc_info and record.levelno >= logging.ERROR:
             return False
         msg = record.getMessage()
+        if record.levelno >= logging.ERROR and "Traceback (most recent call last)" in msg:
+            return False
         return not ("Finished in state" in msg and any(s in msg for s in ("Failed", "Cancelled", "Crashed")))
 
 
@@ -329,11 +331,12 @@ def serve(
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly deployment")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
     allow: Annotated[Optional[list[str]], typer.Option("--allow", help="let UI runs also set this recipe key (a dotted key or pattern, e.g. model.name_or_path); repeatable")] = None,
+    configs: Annotated[Optional[str], typer.Option("--configs", help="the folder UI runs choose recipes from (default: ./configs); it must hold the served recipe")] = None,
 ) -> None:
     """Register and serve the deployments `on-demand` and `nightly` of the flow regimen-cycle."""
     from regimen.flows.deploy import serve_deployments
 
-    serve_deployments(config, store=store, cron=cron, timezone=timezone, allow=list(allow or []))
+    serve_deployments(config, store=store, cron=cron, timezone=timezone, allow=list(allow or []), configs_dir=configs)
 
 
 @app.command("make-model")
@@ -373,7 +376,12 @@ def main() -> None:
 
         err.print(f"stopped: {describe_os_error(exc, getattr(exc, 'filename', '') or '')}", markup=False, highlight=False)
         sys.exit(1)
-    except Exception as exc:  # click usage errors
+    except BaseException as exc:
+        if type(exc).__name__ == "TerminationSignal":  # prefect.exceptions.TerminationSignal: SIGTERM between stages
+            err.print("interrupted (SIGTERM): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint")
+            sys.exit(143)
+        if isinstance(exc, (SystemExit, GeneratorExit)):
+            raise
         import click
 
         if isinstance(exc, click.exceptions.ClickException):

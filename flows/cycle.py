@@ -39,7 +39,9 @@ def summary(result: StageResult) -> dict[str, Any]:
 def stage_cache_key(context: Any, parameters: dict[str, Any]) -> str:
     """Prefect's cache key for a stage is the store's fingerprint (scoped to the store and experiment),
     so a retried or re-triggered run shows finished stages as Cached in the UI."""
-    scope = hashlib.sha256(f"{parameters['store_url']}|{parameters['recipe'].experiment}".encode()).hexdigest()[:12]
+    store = Store(parameters["store_url"])
+    where = store.root if store.local else store.url  # two checkouts' `artifacts` folders are two stores
+    scope = hashlib.sha256(f"{where}|{parameters['recipe'].experiment}".encode()).hexdigest()[:12]
     return f"regimen-{parameters['stage']}-{scope}-{parameters['key']}"
 
 
@@ -54,7 +56,7 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], store_url: str
     def progress(event: str, data: dict[str, Any]) -> None:  # the probe curve, live in the UI while GRPO trains
         if event == "probe":
             publish_curves(recipe.experiment, {f"{stage} (running, cycle {cycle}.{round})": data["log_history"]},
-                           st.experiment_dir(recipe.experiment) / "plots" / "grpo_running.png",
+                           st.experiment_dir(recipe.experiment, "plots") / "grpo_running.png",
                            f"{stage} cycle {cycle}.{round}: training reward and held-out probe, step {data['step']}", key="curves")
 
     result = execute(stage, recipe, inputs, st, key=(key, section), cycle=cycle, round_=round,

@@ -111,10 +111,13 @@ def nightly_paused_by_a_person() -> bool:
     return bool(d.paused or (d.schedules and not any(s.active for s in d.schedules)))
 
 
-def operator_environment(config: str, store: str | None, allow: list[str]) -> str:
+def operator_environment(config: str, store: str, allow: list[str], configs_dir: str | None = None) -> str:
     """Fix the operator's choices for the flow runs this process starts; returns the recipe's name
-    inside the configs folder (the deployments' default `config`)."""
+    inside the configs folder (the deployments' default `config`). UI runs choose recipes from
+    `configs_dir` (default: `./configs`), which must hold the served recipe and be writable only by its
+    owner (a recipe chooses code and places: whoever can write one there can choose them)."""
     import os
+    import stat
     from pathlib import Path
 
     from regimen.flows import boundary
@@ -123,19 +126,24 @@ def operator_environment(config: str, store: str | None, allow: list[str]) -> st
     path = Path(config).resolve()
     if not path.is_file():
         raise InputError(f"recipe {config}: file does not exist")
-    configs = Path(os.environ.get("REGIMEN_CONFIGS") or (Path("configs") if path.is_relative_to(Path("configs").resolve()) else path.parent)).resolve()
+    configs = Path(configs_dir or "configs").resolve()
+    if not configs.is_dir():
+        raise InputError(f"--configs {configs}: not a folder (UI runs choose their recipe from it)")
     if not path.is_relative_to(configs):
-        raise InputError(f"recipe {config}: must be inside the configs folder {configs} that UI runs choose from")
+        raise InputError(f"recipe {config}: must be inside the configs folder {configs} that UI runs choose from (or pass --configs DIR)")
+    for folder in [configs, *[p for p in configs.rglob("*") if p.is_dir()]]:
+        if folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise InputError(f"--configs: {folder} is writable by other users; UI runs choose recipes from it, so it must not be")
     os.environ["REGIMEN_CONFIGS"] = str(configs)
-    if store:
-        os.environ["REGIMEN_STORE"] = store
+    os.environ["REGIMEN_STORE"] = store  # always pinned: a recipe UI runs choose never picks the store
     if allow:
         os.environ["REGIMEN_UI_ALLOW"] = ",".join(allow)
     boundary.check_overrides({}, allow)
     return path.relative_to(configs).as_posix()
 
 
-def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None) -> None:
+def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None,
+                      configs_dir: str | None = None) -> None:
     """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped."""
     from prefect import serve
     from rich.console import Console
@@ -143,9 +151,9 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
     from regimen.stages.recipe import load_recipe
 
     err = Console(stderr=True, soft_wrap=True)
-    load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
+    recipe = load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
     check_schedule(cron, timezone)
-    name = operator_environment(config, store, list(allow or []))
+    name = operator_environment(config, recipe.store, list(allow or []), configs_dir)
     if allow:
         err.print(f"UI runs may also set: {', '.join(allow)}", markup=False, highlight=False)
     paused = nightly_paused_by_a_person()

@@ -50,7 +50,7 @@ def publish(result: StageResult, store) -> None:
                          description="the version folder (manifest.json, metrics.json, trajectories.jsonl)")
     if m["stage"] == "grpo" and (result.path / "train_log.jsonl").exists():
         publish_curves(m["experiment"], {f"grpo v{m['version']}": trajectories.read(result.path / "train_log.jsonl")},
-                       store.experiment_dir(m["experiment"]) / "plots" / f"grpo_v{m['version']}.png", f"grpo v{m['version']}: training and held-out probe")
+                       store.experiment_dir(m["experiment"], "plots") / f"grpo_v{m['version']}.png", f"grpo v{m['version']}: training and held-out probe")
 
 
 def publish_curves(experiment: str, runs: dict[str, list[dict[str, Any]]], png: Path, title: str, key: str = "curves") -> None:

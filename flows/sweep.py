@@ -46,7 +46,7 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
     note = (f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for every value "
             f"(prompts per step = completions / num_generations); SFT and the dry run are shared.")
     tag = f"{field}={'_'.join(map(str, values))}".replace("/", "-")
-    files = comparison(rows, field, st.experiment_dir(recipe.experiment) / "sweeps" / tag, logs, note)
+    files = comparison(rows, field, st.experiment_dir(recipe.experiment, "sweeps", tag), logs, note)
     markdown = files["md"].read_text().replace("](sweep.png)", f"]({data_uri(files['png'])})")
     create_markdown_artifact(markdown=markdown, key=artifact_key(recipe.experiment, "sweep", field), description=note)
     return {"field": field, "rows": rows, "note": note, "files": {k: str(v) for k, v in files.items()}, "results": results}

@@ -75,13 +75,18 @@ def hacking_evidence(history: list[Evaluation], guard) -> dict[str, Any] | None:
 
 
 def guard_in_training(train_curve: list[tuple[int, float]], probe_curve: list[tuple[int, float]], guard) -> dict[str, Any] | None:
-    """The guard's rule during training: the training reward (first logged window → latest) rose by at
-    least `guard.train_rise` while the held-out probe (first probe, before training → latest) gained less
-    than `guard.heldout_gain`. Returns the evidence when it fires, else None. Needs a logged reward and
-    two probes at least (one before training, one after some)."""
+    """The guard's rule during training: the training reward rose by at least `guard.train_rise` while the
+    held-out probe (the first probe, before training, to the latest) gained less than `guard.heldout_gain`.
+    The reward is smoothed: the mean of the first two logged windows against the mean of the last two
+    (one each while fewer than four are logged), so one noisy window does not fire it. Returns the
+    evidence when it fires, else None. Needs a logged reward and two probes at least. (The probe callback
+    also asks for the rule to hold at two probes in a row before it stops a run.)"""
     if not train_curve or len(probe_curve) < 2:
         return None
-    (_, start), (now_step, now) = train_curve[0], train_curve[-1]
+    k = max(1, min(2, len(train_curve) // 2))
+    start = sum(r for _, r in train_curve[:k]) / k
+    now = sum(r for _, r in train_curve[-k:]) / k
+    now_step = train_curve[-1][0]
     (_, p0), (p_step, p_now) = probe_curve[0], probe_curve[-1]
     rise, gain = now - start, p_now - p0
     if rise >= guard.train_rise and gain < guard.heldout_gain:

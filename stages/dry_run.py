@@ -18,14 +18,16 @@ NAME = "reward-dry-run"
 TRAINS = False
 KEY_METRICS = ("mean_reward", "reward_std", "frac_reward_zero_std")
 GENERATION_FIELDS = ("num_generations", "temperature", "top_p", "top_k", "min_p", "max_completion_length", "repetition_penalty", "generation_kwargs", "seed")
+"""GRPO's sampling settings: the dry run samples with all of them, as GRPO will."""
 
 
 def config_section(recipe) -> dict[str, Any]:
+    from regimen.stages.rewards import identity as rewards_identity
     from regimen.stages.tasks.registry import identity
 
     return {
         "data": identity(recipe.data),
-        "rewards": [r.model_dump(mode="json") for r in recipe.rewards],
+        "rewards": rewards_identity(recipe.rewards),
         "dry_run": recipe.dry_run.model_dump(mode="json"),
         "generation": {k: recipe.grpo_value(k) for k in GENERATION_FIELDS},
         "dtype": recipe.model.dtype,
@@ -81,7 +83,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     model, tokenizer = load_policy(policy, recipe)
     samples = generate(model, tokenizer, [r["prompt"] for r in rows], num_return_sequences=group, do_sample=True,
                        temperature=float(g("temperature")), top_p=float(g("top_p") or 1.0), top_k=int(g("top_k") or 0),
-                       max_new_tokens=int(g("max_completion_length")), batch_size=recipe.eval.batch_size, desc="dry run", seed=seed)
+                       max_new_tokens=int(g("max_completion_length")), batch_size=recipe.eval.batch_size, desc="dry run", seed=seed,
+                       extra={**{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None}, **(g("generation_kwargs") or {})})
     prompts = [r["prompt"] for r in rows for _ in range(group)]
     completions = [c for s in samples for c in s]
     columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k not in ("prompt", "completion")}

@@ -13,17 +13,19 @@ from regimen.stages.contract import StageOutput
 
 NAME = "eval"
 TRAINS = False
-KEY_METRICS = ("heldout_accuracy",)
+KEY_METRICS = ("heldout_accuracy", "heldout_accuracy_unprobed")
 
 
 def config_section(recipe) -> dict[str, Any]:
+    from regimen.stages.rewards import identity as rewards_identity
     from regimen.stages.tasks.registry import identity
 
     return {
         "data": identity(recipe.data),
-        "rewards": [r.model_dump(mode="json") for r in recipe.rewards],
+        "rewards": rewards_identity(recipe.rewards),
         "eval": {**recipe.eval.model_dump(mode="json"), "max_new_tokens": recipe.max_new_tokens()},
         "dtype": recipe.model.dtype,
+        "probe_rows": {"prompts": recipe.probe.prompts, "used": recipe.probe.steps > 0},
     }
 
 
@@ -36,5 +38,15 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     task = load_task(recipe.data)
     model, tokenizer = load_policy(inputs["policy"]["model"], recipe)
     metrics, rows = heldout_eval(model, tokenizer, recipe, task.heldout)
+    if recipe.probe.steps > 0:  # the probe picked the kept checkpoint on some held-out prompts: also report the rest
+        import json
+
+        from regimen.stages.training.probe import probe_rows
+
+        probed = {json.dumps(r["prompt"], sort_keys=True) for r in probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed)}
+        rest = [t["correct"] for t, r in zip(rows, task.heldout) if json.dumps(r["prompt"], sort_keys=True) not in probed]
+        if rest:
+            metrics["heldout_accuracy_unprobed"] = sum(rest) / len(rest)
+            metrics["heldout_unprobed_size"] = float(len(rest))
     trajectories.write(dirs.out, rows[: max(recipe.eval.trajectories, 1)])
     return StageOutput(metrics)

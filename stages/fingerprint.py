@@ -139,3 +139,29 @@ def input_digests(inputs: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's content, computed once per (path, size, mtime) in this process."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return _file_digest(str(p), st.st_size, st.st_mtime_ns)
+
+
+def tree_digest(root: str | Path) -> str:
+    """sha256 over every file under `root` (relative names and contents): a model folder's identity."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\0")
+    return h.hexdigest()

@@ -25,17 +25,25 @@ KEY_METRICS = ("train_reward_first", "train_reward_last", "kl_last", "frac_rewar
 
 
 def config_section(recipe) -> dict[str, Any]:
+    from regimen.stages.rewards import identity as rewards_identity
     from regimen.stages.tasks.registry import identity
 
     return {
         "data": identity(recipe.data),
-        "rewards": [r.model_dump(mode="json") for r in recipe.rewards],
+        "rewards": rewards_identity(recipe.rewards),
         "grpo": recipe.grpo,
         "peft": recipe.peft,
         "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
         "probe": {**recipe.probe.model_dump(mode="json"), "guard": recipe.cycle.guard.model_dump(mode="json"),
                   "metric": recipe.eval.metric, "max_new_tokens": recipe.max_new_tokens()},
     }
+
+
+def barrier(trainer) -> None:
+    """Wait for every rank under `accelerate launch` (a no-op in one process)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None and accelerator.num_processes > 1:
+        accelerator.wait_for_everyone()
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
@@ -57,13 +65,12 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe])
     probe.trainer = trainer
     t0 = time.perf_counter()
-    resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps)
+    resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps, on_finished=probe.recheck)
     train_s = time.perf_counter() - t0
     history = trainer.state.log_history
     curve = HeldoutProbe.curve(history)
     last_step = trainer.state.global_step
     extra: dict[str, Any] = {"resumed_from_step": resumed, "heldout_probe": curve}
-    best = probe.best()
     metrics = curve_metrics(history)
     steps_run = last_step - resumed
     metrics.update({
@@ -77,10 +84,6 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if curve:
         metrics["probe_first"] = curve[0]["heldout_accuracy"]
         metrics["probe_last"] = curve[-1]["heldout_accuracy"]
-    if best is not None:
-        metrics["best_step"] = float(best["step"])
-        metrics["best_probe_accuracy"] = float(best["heldout_accuracy"])
-        extra.update({"best_step": best["step"], "best_probe_accuracy": best["heldout_accuracy"]})
     if is_main_process(trainer):
         with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
             for h in history:
@@ -93,12 +96,16 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         extra["guard_evidence"] = probe.fired
         metrics["guard_fired_at_step"] = float(probe.fired["step"])
         if recipe.cycle.guard.action == "stop":
-            reason = (f"{REWARD_HACKING}: at GRPO step {probe.fired['step']} of {trainer.args.max_steps} the training reward had risen "
+            reason = (f"{REWARD_HACKING}: at GRPO step {probe.fired['step']} of {trainer.state.max_steps} the training reward had risen "
                       f"{probe.fired['train_reward_rise']:+.3f} (from {probe.fired['train_reward_start']:.3f} to {probe.fired['train_reward_now']:.3f}) "
                       f"while held-out probe accuracy changed {probe.fired['heldout_gain']:+.3f} (from {probe.fired['heldout_accuracy_start']:.3f} "
                       f"to {probe.fired['heldout_accuracy_now']:.3f}); training stopped. Read the trajectories (high reward, wrong answer) and fix the reward")
             return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
         extra["guard_warning"] = probe.warning
+    barrier(trainer)  # every rank reads best/ only once rank 0 has finished writing it
+    best = probe.best()
+    if best is not None and {"step": best["step"], "heldout_accuracy": best["heldout_accuracy"]} not in curve:
+        best = None  # a best/ this run's probe curve does not vouch for is never loaded
     kept = "last"
     if recipe.probe.keep == "best" and best is not None and not probe.sharded:
         if best["step"] != last_step and restore_best(trainer.accelerator.unwrap_model(trainer.model), probe.best_dir) is not None:
@@ -108,6 +115,12 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     elif recipe.probe.keep == "best" and probe.sharded:
         extra["note"] = "the model is sharded (FSDP/DeepSpeed): the version keeps the last step, not the best-probing one"
     save_policy(trainer, trainer.processing_class, Path(dirs.out) / "model", merge=recipe.model.merge_lora)
-    shutil.rmtree(probe.best_dir, ignore_errors=True)
+    barrier(trainer)
+    if is_main_process(trainer):
+        shutil.rmtree(probe.best_dir, ignore_errors=True)
     extra["kept"] = kept
+    if kept == "best":
+        metrics["best_step"] = float(best["step"])
+        metrics["best_probe_accuracy"] = float(best["heldout_accuracy"])
+        extra.update({"best_step": best["step"], "best_probe_accuracy": best["heldout_accuracy"]})
     return StageOutput(metrics, extra=extra)

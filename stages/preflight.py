@@ -17,6 +17,11 @@ from regimen.stages.errors import InputError
 ROWS = 4
 
 
+def _shown(row: dict[str, Any]) -> str:
+    text = row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"][-1].get("content", ""))
+    return repr(text[:60] + ("..." if len(text) > 60 else ""))
+
+
 def check(recipe) -> dict[str, Any]:
     """Raise InputError for the first problem found; returns a short summary of what was checked."""
     from regimen.stages.rewards import from_specs, preflight
@@ -28,12 +33,12 @@ def check(recipe) -> dict[str, Any]:
     if recipe.eval.metric == "exact_match":
         missing = next((i for i, r in enumerate(task.heldout, 1) if r.get("answer") in (None, "")), None)
         if missing is not None:
-            raise InputError(f"data: held-out row {missing} has no 'answer', which eval.metric exact_match compares against "
+            raise InputError(f"data: held-out row {missing} (prompt {_shown(task.heldout[missing - 1])}) has no 'answer', which eval.metric exact_match compares against "
                              "(map your column with data.columns, or set eval.metric to one of the rewards)")
     if recipe.teacher.kind == "oracle":
         missing = next((i for i, r in enumerate(task.train, 1) if task.reference(r) is None), None)
         if missing is not None:
-            raise InputError(f"data: training row {missing} has no reference ('completion', 'solution' or 'answer') for the oracle teacher "
+            raise InputError(f"data: training row {missing} (prompt {_shown(task.train[missing - 1])}) has no reference ('completion', 'solution' or 'answer') for the oracle teacher "
                              "(map your column with data.columns, or use teacher.kind: model, self or none)")
     rows = task.train[:ROWS]
     completions = [task.reference(r) or "" for r in rows]

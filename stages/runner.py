@@ -47,8 +47,16 @@ class StageResult:
 
 
 def launch_info(stage: str, recipe) -> dict[str, Any]:
+    """How a stage is launched, as it enters the fingerprint: DDP, FSDP or DeepSpeed (the accelerate
+    config file's content) and extra launch options can change what a training stage produces."""
     if registry.trains(stage):
-        return {"launcher": recipe.launcher, "num_processes": recipe.num_processes()}
+        info: dict[str, Any] = {"launcher": recipe.launcher, "num_processes": recipe.num_processes()}
+        if recipe.launcher == "accelerate":
+            from regimen.stages.fingerprint import file_digest
+
+            acc = recipe.accelerate
+            info.update(config_sha256=file_digest(acc.config_file) if acc.config_file else None, extra_args=list(acc.extra_args))
+        return info
     return {"launcher": "inprocess", "num_processes": 1}
 
 

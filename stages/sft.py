@@ -16,6 +16,7 @@ KEY_METRICS = ("heldout_accuracy", "traces_kept", "train_loss_last")
 
 
 def config_section(recipe) -> dict[str, Any]:
+    from regimen.stages.rewards import identity as rewards_identity
     from regimen.stages.tasks.registry import identity
 
     section = {
@@ -27,7 +28,11 @@ def config_section(recipe) -> dict[str, Any]:
         "eval": {"max_new_tokens": recipe.max_new_tokens(), "metric": recipe.eval.metric},
     }
     if recipe.teacher.kind not in ("oracle", "weak") or recipe.eval.metric != "exact_match":
-        section["rewards"] = [r.model_dump(mode="json") for r in recipe.rewards]
+        section["rewards"] = rewards_identity(recipe.rewards)
+    if recipe.teacher.kind == "model" and Path(recipe.teacher.name_or_path).expanduser().is_dir():
+        from regimen.stages.fingerprint import tree_digest
+
+        section["teacher_sha256"] = tree_digest(Path(recipe.teacher.name_or_path).expanduser())
     return section
 
 
@@ -46,14 +51,14 @@ def cached_traces(recipe, task, cycle: int, policy: str, work: Path) -> tuple[li
         from accelerate import PartialState
 
         context = PartialState().main_process_first()
+    from regimen.stages.store import files
+
     with context:
-        if cache.is_file():
-            data = json.loads(cache.read_text())
+        if cache.is_file() and not cache.is_symlink():
+            data = json.loads(files.read_text(work, cache))
             return data["rows"], data["counts"]
         rows, counts = traces(recipe, task, cycle=cycle, policy_path=policy)
-        tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"rows": rows, "counts": counts}))
-        os.replace(tmp, cache)
+        files.write_text(work, cache, json.dumps({"rows": rows, "counts": counts}))
     return rows, counts
 
 

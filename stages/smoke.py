@@ -17,11 +17,12 @@ KEY_METRICS = ("mean_reward", "max_reward_std", "max_abs_loss")
 
 
 def config_section(recipe) -> dict[str, Any]:
+    from regimen.stages.rewards import identity as rewards_identity
     from regimen.stages.tasks.registry import identity
 
     return {
         "data": identity(recipe.data),
-        "rewards": [r.model_dump(mode="json") for r in recipe.rewards],
+        "rewards": rewards_identity(recipe.rewards),
         "grpo": recipe.grpo,
         "peft": recipe.peft,
         "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},

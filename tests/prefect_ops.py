@@ -193,7 +193,7 @@ def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
     t0 = time.monotonic()
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [bin_path("regimen"), "serve", "tests/tiny.yaml", "--store", str(store), "--cron", CRON, "--timezone", TIMEZONE],
+            [bin_path("regimen"), "serve", "tests/tiny.yaml", "--configs", "tests", "--store", str(store), "--cron", CRON, "--timezone", TIMEZONE],
             cwd=ROOT, env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1", **env),
             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     while True:

@@ -115,7 +115,7 @@ def test_bad_rows_are_refused_naming_file_and_row(bad, needle, tmp_path, capsys)
 def test_missing_answers_and_overlap_are_named_for_what_they_are(tmp_path, capsys):
     no_answer = jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"Q: {i}+2="} for i in range(5)])
     code, err = run_jsonl(tmp_path, capsys, jsonl(tmp_path / "train.jsonl", GOOD), no_answer)
-    assert code == 2 and "held-out row 1 has no 'answer'" in err and "exact_match" in err and "min_reward" not in err
+    assert code == 2 and "held-out row 1 (prompt 'Q: 0+2=') has no 'answer'" in err and "exact_match" in err and "min_reward" not in err
     overlap = jsonl(tmp_path / "overlap.jsonl", [{"prompt": "  q: 3+1= ", "answer": "4"}])  # Q: 3+1= up to whitespace and case
     code, err = run_jsonl(tmp_path, capsys, jsonl(tmp_path / "train.jsonl", GOOD), overlap)
     assert code == 2 and "also appear in the training rows" in err and "normalisation" in err and "None" not in err

@@ -56,14 +56,28 @@ def test_keep_last_saves_no_best(tmp_path):
 
 def test_the_guard_fires_in_the_probe_and_says_so_in_warn_mode(tmp_path):
     recipe = load_recipe(TINY, ["cycle.guard.action=warn"], check_trl=False)
-    probe = Scripted(recipe, tmp_path, [0.1, 0.1])
+    probe = Scripted(recipe, tmp_path, [0.1, 0.1, 0.1])
     state = SimpleNamespace(global_step=0, log_history=[])
     probe._probe(state, torch.nn.Linear(2, 2))
     state.log_history += [{"step": 2, "reward": 0.2}, {"step": 4, "reward": 0.7}]
     state.global_step = 4
     probe._probe(state, torch.nn.Linear(2, 2))
-    assert probe.fired["step"] == 4 and probe.fired["train_reward_rise"] == pytest.approx(0.5)
+    assert probe.fired is None  # the rule holds at one probe: not yet (a noisy probe never ends a run alone)
+    state.log_history += [{"step": 6, "reward": 0.8}, {"step": 8, "reward": 0.9}]
+    state.global_step = 8
+    probe._probe(state, torch.nn.Linear(2, 2))
+    assert probe.fired["step"] == 8 and probe.fired["train_reward_rise"] == pytest.approx(0.85 - 0.45)
     assert "reward-hacking guard (warn)" in probe.warning and not probe.fired_and_stopped()
+
+
+def test_the_guard_is_re_read_from_a_restored_history(tmp_path):
+    """A resumed (or already finished) run re-reads its curves: a stop recorded before the kill holds."""
+    recipe = load_recipe(TINY, check_trl=False)
+    probe = Scripted(recipe, tmp_path, [])
+    history = [{"step": 0, "heldout_probe": 0.1}, {"step": 2, "reward": 0.2}, {"step": 4, "reward": 0.5}, {"step": 4, "heldout_probe": 0.1},
+               {"step": 6, "reward": 0.8}, {"step": 8, "reward": 0.9}, {"step": 8, "heldout_probe": 0.1}]
+    probe.recheck(SimpleNamespace(global_step=8, log_history=history))
+    assert probe.fired_and_stopped() and probe.fired["step"] == 8
 
 
 HACKABLE_TINY = ["rewards=[{name: digits}, {name: answer, weight: 0}]", "sft.max_steps=24", "grpo.max_steps=60", "grpo.learning_rate=2e-3",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import types
 
 import pytest
 
@@ -100,39 +99,33 @@ def test_bad_arguments(tmp_path):
         main(str(tmp_path / "missing.jsonl"), None, ["answer"], False)
 
 
-def _fake_config(monkeypatch, specs):
-    class Spec:
-        def __init__(self, name, weight=1.0, **options):
-            self.name, self.weight, self._options = name, weight, options
-
-        def options(self):
-            return self._options
-
-    module = types.ModuleType("regimen.stages.recipe")
-    module.load_recipe = lambda path: types.SimpleNamespace(rewards=[Spec(*s[:2], **(s[2] if len(s) > 2 else {})) for s in specs])
-    monkeypatch.setitem(sys.modules, "regimen.stages.recipe", module)
+def _recipe(tmp_path) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("rewards:\n  - {name: answer, weight: 1.0}\n  - {name: format, weight: 0.5, pattern: '\\d+'}\n")
+    return str(path)
 
 
-def test_rewards_from_a_recipe(tmp_path, capsys, monkeypatch):
-    _fake_config(monkeypatch, [("answer", 1.0), ("format", 0.5, {"pattern": r"\d+"})])
+def test_rewards_from_a_recipe(tmp_path, capsys):
+    recipe = _recipe(tmp_path)
     path = write(tmp_path, SAMPLES)
-    main(path, "recipe.yaml", [], True)
+    main(path, recipe, [], True)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["rewards"]["format"] for r in records] == [1.0, 0.0, 1.0, 0.0]  # the recipe's pattern
-    main(path, "recipe.yaml", [], False)
+    main(path, recipe, [], False)
     out = capsys.readouterr().out
     assert "weighted total" in out and "total" in out
     # --reward wins, and borrows the recipe's options for a reward the recipe lists
-    main(path, "recipe.yaml", ["format"], True)
+    main(path, recipe, ["format"], True)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [list(r["rewards"]) for r in records] == [["format"]] * 4
     assert records[3]["rewards"]["format"] == 0.0
 
 
-def test_recipe_needs_stages_config(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "regimen.stages.recipe", None)  # as if the module did not exist
-    with pytest.raises(InputError, match="--reward"):
-        main(write(tmp_path, SAMPLES), "recipe.yaml", [], False)
+def test_a_bad_recipe_is_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rewards: [{name: nosuch}]\n")
+    with pytest.raises(InputError, match="nosuch"):
+        main(write(tmp_path, SAMPLES), str(bad), [], False)
 
 
 @pytest.mark.skipif(not sandbox.isolation_status()[0], reason="isolated sandbox unavailable")

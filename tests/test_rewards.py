@@ -1,4 +1,4 @@
-"""The reward library in stages/rewards.py: answer, format, digits, weighted totals, the registry."""
+"""The reward library in stages/rewards/: answer, format, digits, weighted totals, the registry, value checks."""
 
 from __future__ import annotations
 

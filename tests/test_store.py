@@ -225,3 +225,23 @@ def test_an_expired_lease_of_a_crashed_holder_is_taken_over(tmp_path):
     with pytest.raises(ExperimentBusy, match="pid 2 on alive"):
         with Store(url, cache_dir=tmp_path / "m2").lock("exp"):
             pass
+
+
+def test_a_run_that_lost_its_lease_never_commits(tmp_path):
+    import json as _json
+    import time as _time
+
+    from regimen.stages.store import lost_lease
+    from regimen.stages.store.lock import lease
+
+    url = "memory://regimen-lease-lost"
+    store = Store(url, cache_dir=tmp_path / "m1")
+    path = store._join("exp", ".lease.json")
+    with lease(store.fs, path, experiment="exp", url=url, ttl_s=0.3, lost=lost_lease(url, "exp")):
+        store.fs.pipe_file(path, _json.dumps({"owner": "another machine", "token": "theirs", "expires": _time.time() + 60}).encode())
+        deadline = _time.time() + 5
+        while not lost_lease(url, "exp").is_set() and _time.time() < deadline:
+            _time.sleep(0.05)
+        with pytest.raises(StoreError, match="lost the experiment's lease"):
+            store.commit(stage_files(store), manifest())
+    assert store.versions("exp", "sft") == []

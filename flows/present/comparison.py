@@ -37,13 +37,14 @@ def variant(recipe: Recipe, key: str, value: Any) -> Recipe:
 
 def comparison(rows: list[dict[str, Any]], key: str, out_dir: Path, logs: dict[str, list[dict[str, Any]]], note: str) -> dict[str, Path]:
     """Write comparison.json, comparison.md and sweep.png into `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "comparison.json").write_text(json.dumps({"field": key, "note": note, "rows": rows}, indent=1))
+    from regimen.stages.store import files
+
+    files.write_text(out_dir, out_dir / "comparison.json", json.dumps({"field": key, "note": note, "rows": rows}, indent=1))
     cols = [key, *COLUMNS]
     md = [f"# Sweep over `{key}`", "", note, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         md.append("| " + " | ".join(num(r.get(c)) for c in cols) + " |")
     png = plots.sweep_curves(logs, key, out_dir / "sweep.png")
     md += ["", "![sweep](sweep.png)"]
-    (out_dir / "comparison.md").write_text("\n".join(md) + "\n")
+    files.write_text(out_dir, out_dir / "comparison.md", "\n".join(md) + "\n")
     return {"json": out_dir / "comparison.json", "md": out_dir / "comparison.md", "png": png}

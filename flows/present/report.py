@@ -35,7 +35,7 @@ def history(store: Store, experiment: str) -> list[dict[str, Any]]:
 
 def make_plots(store: Store, experiment: str, target: float | None = None) -> list[Path]:
     """Regenerate `<store>/<experiment>/plots/*.png` (local stores; remote ones get a local copy)."""
-    out_dir = store.experiment_dir(experiment) / "plots"
+    out_dir = store.experiment_dir(experiment, "plots")
     made = []
     grpo_runs = {}
     for m in store.versions(experiment, "grpo"):

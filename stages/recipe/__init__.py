@@ -221,6 +221,10 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
                 else:
                     emit(1, key, val, f"Regimen: {defaults.REGIMEN_DEFAULTS[section][key][1]}")
                 shown.add(key)
+            for key, (val, why) in _built_by_regimen(recipe, section).items():
+                if key not in shown:
+                    emit(1, key, val, f"Regimen, when the trainer is built: {why}")
+                    shown.add(key)
             names = defaults.trl_fields(section) if all_fields else defaults.KEY_FIELDS[section]
             for key in names:
                 if key not in shown and key not in defaults.RESERVED:
@@ -247,6 +251,23 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
 
 
 _MISSING = object()
+
+
+def _built_by_regimen(recipe: Recipe, section: str) -> dict[str, tuple[Any, str]]:
+    """Values `training/args.py` and the GRPO trainer set when they build TRL's config (not TRL's defaults)."""
+    from regimen.stages.training.args import accelerator
+
+    out: dict[str, tuple[Any, str]] = {}
+    given = getattr(recipe, section)
+    if "use_cpu" not in given and accelerator() is None:
+        out["use_cpu"] = (True, "no CUDA or MPS on this machine")
+    if given.get("use_cpu") or "use_cpu" in out:
+        out["bf16"] = (False, "training on the CPU")
+    if section == "grpo":
+        out["reward_weights"] = ([r.weight for r in recipe.rewards], "from rewards[].weight")
+        if recipe.model.dtype != "float32":
+            out["model_init_kwargs"] = ({"dtype": recipe.model.dtype}, "from model.dtype")
+    return out
 
 
 def _plain(value: Any) -> Any:

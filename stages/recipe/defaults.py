@@ -24,8 +24,9 @@ REGIMEN_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     },
 }
 
-# Fields Regimen sets itself: a recipe value would be ignored or break the stage's file layout.
-RESERVED = {"output_dir", "resume_from_checkpoint", "do_train", "do_eval", "overwrite_output_dir"}
+# Fields Regimen sets itself: a recipe value would be ignored, break the stage's file layout, or bypass
+# the recipe's own source of truth (reward weights come from `rewards[].weight`, one place for every stage).
+RESERVED = {"output_dir", "resume_from_checkpoint", "do_train", "do_eval", "overwrite_output_dir", "reward_weights"}
 
 # What `regimen check` shows of TRL's defaults without --all: the fields a person tunes first.
 KEY_FIELDS = {
@@ -68,7 +69,8 @@ def coerce(section: str, values: dict[str, Any], fields: dict[str, dataclasses.F
     out = {}
     for key, value in values.items():
         if key in RESERVED:
-            raise ValueError(f"{section}.{key} is set by Regimen (checkpoints live in the stage's work folder)")
+            why = "set each reward's weight in `rewards:` instead" if key == "reward_weights" else "checkpoints live in the stage's work folder"
+            raise ValueError(f"{section}.{key} is set by Regimen ({why})")
         if key not in fields:
             close = [n for n in fields if n.startswith(key[:4])][:5]
             hint = f"; did you mean one of {close}?" if close else ""

@@ -12,7 +12,6 @@ either way. Samples are scored in batches, so `unit_tests` runs each batch in pa
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import statistics
@@ -43,33 +42,20 @@ def _check_sample(path: Path, line_no: int, row: dict[str, Any]) -> None:
 
 
 def _recipe_rewards(config: str) -> dict[str, tuple[RewardFn, float]]:
-    """The recipe's rewards, by name, with their weights. Assumes `regimen.stages.recipe.load_recipe(path)`
-    returns an object whose `.rewards` items have `.name`, `.weight` and `.options()` (a dict of the
-    reward's extra keyword arguments)."""
-    try:
-        config_module = importlib.import_module("regimen.stages.recipe")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("regimen.stages.recipe",):
-            raise
-        raise InputError(f"--config {config}: recipes cannot be read by this version (no regimen.stages.recipe); name the rewards with --reward") from None
-    recipe = config_module.load_recipe(config)
-    out: dict[str, tuple[RewardFn, float]] = {}
-    for item in getattr(recipe, "rewards", None) or []:
-        name = str(item.name)
-        options = item.options() if callable(getattr(item, "options", None)) else {}
-        weight = getattr(item, "weight", 1.0)
-        key = report_name(name)
-        if key in out:
-            raise InputError(f"--config {config}: reward {key!r} is listed twice")
-        out[key] = (get_reward(name, **(options or {})), float(1.0 if weight is None else weight))
-    if not out:
-        raise InputError(f"--config {config}: the recipe lists no rewards; name them with --reward")
-    return out
+    """The recipe's rewards, by report name, with their weights (the recipe is validated as for a run)."""
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.rewards.registry import from_specs
+
+    recipe = load_recipe(config, check_trl=False)
+    fns = from_specs(recipe.rewards)
+    return {key: (fn, recipe.reward_weights()[key]) for key, fn in fns.items()}
 
 
 def report_name(name: str) -> str:
-    """The name a reward's values are reported under: a dotted path's function name, as in training logs."""
-    return name.rsplit(":", 1)[-1]
+    """The name a reward's values are reported under (as `RewardSpec.key` and TRL's logs name it)."""
+    from regimen.stages.recipe.schema import RewardSpec
+
+    return RewardSpec(name=name).key
 
 
 def resolve_rewards(rewards: list[str], config: str | None) -> tuple[dict[str, RewardFn], dict[str, float] | None]:
@@ -94,10 +80,7 @@ def resolve_rewards(rewards: list[str], config: str | None) -> tuple[dict[str, R
 
 
 def _gameable_warning(names: list[str]) -> str:
-    template = getattr(rewards_module, "GAMEABLE_WARNING", None)
-    if template:
-        return template.format(names=", ".join(names))
-    return f"WARNING: reward(s) {', '.join(names)} are GAMEABLE: they pay for form, not substance; a high score does not mean better answers."
+    return rewards_module.GAMEABLE_WARNING.format(names=", ".join(names))
 
 
 def _fmt(value: float | None) -> str:

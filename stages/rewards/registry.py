@@ -155,6 +155,27 @@ def from_specs(specs) -> dict[str, RewardFn]:
     return fns
 
 
+def identity(specs) -> list[dict[str, Any]]:
+    """The recipe's rewards as they enter fingerprints: each spec, and for a reward given by dotted path
+    the digest of the file it is defined in (the built-in ones are covered by the stages' code version),
+    so editing your own reward reruns what it scored."""
+    out = []
+    for spec in specs:
+        item = spec.model_dump(mode="json")
+        if ":" in spec.name:
+            import inspect
+
+            from regimen.stages.fingerprint import file_digest
+
+            fn = get_reward(spec.name)
+            try:
+                item["source_sha256"] = file_digest(inspect.getsourcefile(fn) or "")
+            except (TypeError, OSError):
+                item["source_sha256"] = None
+        out.append(item)
+    return out
+
+
 def check_specs(specs) -> list[str]:
     """Resolve the recipe's rewards (names, dotted paths, options) and return their report names."""
     return list(from_specs(specs))

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,15 @@ MANIFEST = "manifest.json"
 _VERSION = re.compile(r"^v(\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _REQUIRED = {"experiment": str, "stage": str, "version": int, "fingerprint": str, "files": dict, "status": str}
+
+
+_LOST: dict[tuple[str, str], threading.Event] = {}
+
+
+def lost_lease(url: str, experiment: str) -> threading.Event:
+    """Set (for this process) when the experiment's lease in a remote store can no longer be vouched for:
+    every Store object of that store then refuses to commit."""
+    return _LOST.setdefault((url, experiment), threading.Event())
 
 
 def now_iso() -> str:
@@ -113,12 +123,21 @@ class Store:
         return files.ensure_dir(self.cache, self.cache / check_name(experiment) / stage)
 
     def work_dir(self, experiment: str, stage: str, key: str) -> Path:
-        """A resumable work folder (Trainer checkpoints) for one fingerprint of one stage."""
-        return files.ensure_dir(self.cache, self.local_stage_dir(experiment, stage) / "work" / key[:16])
+        """A resumable work folder (Trainer checkpoints) for one fingerprint of one stage; private to the
+        user who runs it (0700), so in a shared store nobody else can plant files the stage would load."""
+        d = files.ensure_dir(self.cache, self.local_stage_dir(experiment, stage) / "work" / key[:16])
+        try:
+            if d.stat().st_uid == os.geteuid():
+                os.chmod(d, 0o700)
+            else:
+                raise StoreError(f"{d} belongs to another user; refusing to resume from files someone else wrote (remove it)")
+        except OSError as exc:
+            raise StoreError(f"cannot secure {d}: {files.describe_os_error(exc, d)}") from None
+        return d
 
-    def experiment_dir(self, experiment: str) -> Path:
-        """A local folder for the experiment's presentation files (plots, sweeps)."""
-        return files.ensure_dir(self.cache, self.cache / check_name(experiment))
+    def experiment_dir(self, experiment: str, *sub: str) -> Path:
+        """A local folder for the experiment's presentation files (`plots`, `sweeps/<tag>`), links refused."""
+        return files.ensure_dir(self.cache, self.cache.joinpath(check_name(experiment), *sub))
 
     # -- reading -----------------------------------------------------------------------------
     def _read_json(self, path: str) -> Any:
@@ -272,6 +291,8 @@ class Store:
     def commit(self, staging: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         """Digest the staged files, write the manifest last, and move the folder into place as v<N>."""
         experiment, stage = manifest["experiment"], manifest["stage"]
+        if lost_lease(self.url, experiment).is_set():
+            raise StoreError(f"{experiment}/{stage}: this run lost the experiment's lease in {self.url} (another run may hold it); nothing committed")
         digests, stats = _stats(staging)
         manifest = {**manifest, "status": "completed", "files": digests, "file_stats": stats}
         try:
@@ -387,9 +408,12 @@ class Store:
 
     def _sweep_staging(self, experiment: str) -> None:
         """Staging folders left by a killed run (only ever half-written: nobody else writes while we hold the lock)."""
-        for d in (self.cache / experiment).glob("*/.staging-*"):
-            if not d.is_symlink():
-                shutil.rmtree(d, ignore_errors=True)
+        for stage_dir in (self.cache / experiment).glob("*"):
+            if stage_dir.is_symlink() or not stage_dir.is_dir():
+                continue
+            for d in stage_dir.glob(".staging-*"):
+                if not d.is_symlink():
+                    shutil.rmtree(d, ignore_errors=True)
 
     @contextmanager
     def lock(self, experiment: str) -> Iterator[None]:
@@ -400,6 +424,6 @@ class Store:
                 self._sweep_staging(experiment)
                 yield
                 return
-            with lease(self.fs, self._join(experiment, ".lease.json"), experiment=experiment, url=self.url):
+            with lease(self.fs, self._join(experiment, ".lease.json"), experiment=experiment, url=self.url, lost=lost_lease(self.url, experiment)):
                 self._sweep_staging(experiment)
                 yield

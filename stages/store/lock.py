@@ -79,10 +79,20 @@ def file_lock(root: Path, path: Path, *, experiment: str, url: str) -> Iterator[
         lock.release()
 
 
+ATOMIC_CREATE = {"file", "local", "memory", "s3", "s3a", "gcs", "gs"}
+"""fsspec protocols whose `"xb"` is a real conditional create (O_EXCL; S3's and GCS's if-none-match)."""
+
+
 @contextmanager
-def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_S) -> Iterator[None]:
-    """An expiring lease in any fsspec store (see the module doc)."""
+def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_S, lost: threading.Event | None = None) -> Iterator[None]:
+    """An expiring lease in any fsspec store (see the module doc). `lost` is set when the lease can no
+    longer be vouched for (another run took it over, or renewing failed until it expired): the store
+    then refuses to commit, so a run that lost its lease never writes a version."""
     token = uuid.uuid4().hex
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    if not protocols & ATOMIC_CREATE:
+        log.warning("store %s (%s): fsspec's exclusive create may not be atomic on this backend; two machines starting the same "
+                    "experiment in the same instant could both proceed", url, "/".join(sorted(protocols)))
 
     def create() -> bool:
         record = {"owner": _owner(), "token": token, "expires": _now() + ttl_s}
@@ -109,18 +119,27 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
             raise _busy(experiment, url, "another run took the expired lease first")
     stop = threading.Event()
 
+    renewed = [_now()]
+
     def renew() -> None:
         while not stop.wait(ttl_s / 3):
             try:
                 current = json.loads(fs.cat_file(path))
                 if current.get("token") != token:
-                    log.error("the lease of %s was taken over by %s", experiment, current.get("owner"))
+                    log.error("the lease of %s was taken over by %s: this run will not commit", experiment, current.get("owner"))
+                    if lost is not None:
+                        lost.set()
                     return
                 current["expires"] = _now() + ttl_s
                 with fs.open(path, "wb") as fh:
                     fh.write(json.dumps(current).encode())
-            except Exception as exc:  # noqa: BLE001 - keep trying until the run ends
+                renewed[0] = _now()
+            except Exception as exc:  # noqa: BLE001 - keep trying until the lease would have expired
                 log.warning("could not renew the lease of %s: %s", experiment, exc)
+                if _now() - renewed[0] > ttl_s * 0.9 and lost is not None:
+                    log.error("the lease of %s expired while renewing failed: this run will not commit", experiment)
+                    lost.set()
+                    return
 
     thread = threading.Thread(target=renew, name=f"lease-{experiment}", daemon=True)
     thread.start()

@@ -88,7 +88,7 @@ def check_prompt(prompt: Any, where: str, max_chars: int) -> None:
                          "(raise it if the model's context allows)")
 
 
-def check_rows(rows: list[dict[str, Any]], source: str, *, max_prompt_chars: int, need_answer: bool = False) -> None:
+def check_rows(rows: list[dict[str, Any]], source: str, *, max_prompt_chars: int) -> None:
     """Types per row, named by source and row: prompt text or messages, answer a string or number."""
     if not rows:
         raise InputError(f"{source}: no rows")
@@ -99,8 +99,13 @@ def check_rows(rows: list[dict[str, Any]], source: str, *, max_prompt_chars: int
         check_prompt(row["prompt"], where, max_prompt_chars)
         if "answer" in row and row["answer"] is not None and not isinstance(row["answer"], (str, int, float)):
             raise InputError(f"{where}: 'answer' must be text or a number, got {type(row['answer']).__name__}")
-        if need_answer and row.get("answer") in (None, ""):
-            raise InputError(f"{where}: missing 'answer' (eval.metric exact_match and the oracle teacher need it)")
+
+
+def same_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row with every column any row has (absent ones as None): `datasets.Dataset.from_list` and the
+    stages read the first row's columns, so a column only later rows carry would silently vanish."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in keys} for r in rows]
 
 
 def check_split(train: list[dict[str, Any]], heldout: list[dict[str, Any]], train_source: str, heldout_source: str) -> None:

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import functools
 import glob
-import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from regimen.stages.errors import InputError
+from regimen.stages.fingerprint import file_digest
 from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, seeded_split
 
 NAME = "hf"
@@ -71,6 +72,9 @@ def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
     import datasets
 
     source = _describe(opts, split)
+    quiet = logging.getLogger("datasets")  # it logs its own traceback for a broken file; ours names the file in one line
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset(opts.path, opts.name, data_files=opts.data_files, split=split, revision=opts.revision)
     except (FileNotFoundError, ValueError, KeyError) as exc:
@@ -78,6 +82,8 @@ def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
     except Exception as exc:  # noqa: BLE001 - datasets' own errors (DatasetGenerationError, arrow errors): name the source
         cause = exc.__cause__ or exc
         raise InputError(f"data: cannot load {source}: {type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}") from None
+    finally:
+        quiet.setLevel(level)
     if len(ds) == 0:
         raise InputError(f"data: {source} is empty")
     missing = {ours: theirs for ours, theirs in opts.columns.items() if theirs not in ds.column_names}
@@ -112,26 +118,12 @@ def identity(opts: Options) -> dict[str, Any]:
     ident = opts.model_dump(mode="json")
     files = sorted({p for f in _local_paths(opts.data_files) for p in (glob.glob(f) if glob.has_magic(f) else [f]) if "://" not in p})
     if files:
-        ident["files_sha256"] = {f: _file_digest(f) for f in files}
+        ident["files_sha256"] = {f: file_digest(f) for f in files}
     elif Path(opts.path).exists():
-        ident["files_sha256"] = {str(p): _file_digest(str(p)) for p in sorted(Path(opts.path).rglob("*")) if p.is_file()}
+        ident["files_sha256"] = {str(p): file_digest(str(p)) for p in sorted(Path(opts.path).rglob("*")) if p.is_file()}
     else:
         ident["dataset_fingerprint"] = _hub_fingerprint(json.dumps(ident, sort_keys=True))
     return ident
-
-
-def _file_digest(path: str) -> str:
-    st = Path(path).stat()
-    return _digest_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=256)
-def _digest_cached(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=16)

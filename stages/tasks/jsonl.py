@@ -7,13 +7,13 @@ with a column mapping) goes through `datasets.load_dataset`: `data.task: hf`.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, read_jsonl, seeded_split
+from regimen.stages.fingerprint import file_digest
+from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, read_jsonl, same_columns, seeded_split
 
 NAME = "jsonl"
 
@@ -39,10 +39,16 @@ def _rows(path: str, max_prompt_chars: int) -> list[dict[str, Any]]:
     return rows
 
 
-def load(opts: Options) -> Task:
+def _load_files(opts: Options) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     train = _rows(opts.train_file, opts.max_prompt_chars)
-    if opts.heldout_file:
-        heldout = _rows(opts.heldout_file, opts.max_prompt_chars)
+    heldout = _rows(opts.heldout_file, opts.max_prompt_chars) if opts.heldout_file else None
+    every = same_columns(train + (heldout or []))
+    return every[: len(train)], (every[len(train):] if heldout is not None else None)
+
+
+def load(opts: Options) -> Task:
+    train, heldout = _load_files(opts)
+    if heldout is not None:
         check_split(train, heldout, opts.train_file, opts.heldout_file)
     else:
         train, heldout = seeded_split(train, opts.heldout_fraction, opts.seed, opts.train_file)
@@ -52,19 +58,7 @@ def load(opts: Options) -> Task:
 
 def identity(opts: Options) -> dict[str, Any]:
     ident = opts.model_dump(mode="json")
-    ident["train_sha256"] = _sha256(opts.train_file)
+    ident["train_sha256"] = file_digest(opts.train_file)
     if opts.heldout_file:
-        ident["heldout_sha256"] = _sha256(opts.heldout_file)
+        ident["heldout_sha256"] = file_digest(opts.heldout_file)
     return ident
-
-
-@functools.lru_cache(maxsize=64)
-def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    from regimen.stages.store import sha256_file
-
-    return sha256_file(Path(path))
-
-
-def _sha256(path: str) -> str:
-    st = Path(path).stat()
-    return _sha256_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)

@@ -44,18 +44,28 @@ def last_checkpoint(output_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-def train_resumable(trainer, output_dir: Path, max_steps: int) -> int:
-    """Train to `max_steps`, resuming from the last good checkpoint. Returns the step resumed from (0 fresh)."""
+def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None) -> int:
+    """Train to the end, resuming from the last good checkpoint. Returns the step resumed from (0 fresh).
+
+    A checkpoint is the end of training when its own `trainer_state.json` says so (`global_step >=
+    max_steps` as the Trainer computed it, which also covers epoch-based training, `max_steps: -1`).
+    Then its weights are loaded without training (`Trainer._load_from_checkpoint`: a private method, the
+    one the Trainer itself uses to resume; `resume_from_checkpoint` would train one extra step), and
+    `on_finished(state)` lets callbacks see the restored log history (the guard re-reads its curves)."""
     last = last_checkpoint(output_dir)
     if last is None:
         trainer.train()
         return 0
     step, path = last
-    if step >= max_steps:
+    state = json.loads((path / "trainer_state.json").read_text())
+    planned = int(state.get("max_steps") or 0)
+    if planned > 0 and step >= planned and (max_steps <= 0 or step >= max_steps):
         trainer._load_from_checkpoint(str(path))
-        state = json.loads((path / "trainer_state.json").read_text())
         trainer.state.global_step = state.get("global_step", step)
+        trainer.state.max_steps = planned
         trainer.state.log_history = state.get("log_history", [])
+        if on_finished is not None:
+            on_finished(trainer.state)
         return step
     trainer.train(resume_from_checkpoint=str(path))
     return step

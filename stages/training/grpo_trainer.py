@@ -71,8 +71,7 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     from regimen.stages.training.policy import peft_config
 
     fns = from_specs(recipe.rewards)
-    if "reward_weights" not in recipe.grpo:  # resolved grpo holds only the recipe's keys and Regimen's few defaults
-        overrides.setdefault("reward_weights", [recipe.reward_weights()[k] for k in fns])
+    overrides.setdefault("reward_weights", [recipe.reward_weights()[k] for k in fns])  # rewards[].weight: the one source
     if recipe.model.dtype != "float32":
         overrides.setdefault("model_init_kwargs", {"dtype": recipe.model.dtype})
     args = grpo_args(recipe, output_dir, **overrides)

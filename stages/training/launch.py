@@ -36,6 +36,31 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def ranks_dir(work: Path) -> Path:
+    """Where ranks record their pids: a private folder in this user's cache, never the (possibly shared)
+    store, so nobody can plant a pid for us to kill. One folder per work folder."""
+    import hashlib
+
+    base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "ranks"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d = base / hashlib.sha256(str(Path(work).resolve()).encode()).hexdigest()[:16]
+    d.mkdir(exist_ok=True, mode=0o700)
+    return d
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def record_rank(work: Path, rank: int) -> None:
+    """A rank's pid and its start time (so a recycled pid is never mistaken for it)."""
+    pid = os.getpid()
+    (ranks_dir(work) / f"{rank}.pid").write_text(f"{pid} {_start_time(pid) or ''}")
+
+
 def accelerate_command(recipe, spec: Path) -> list[str]:
     """`accelerate launch` for this recipe. Without a config file, `--multi_gpu` takes the torchrun path
     for any process count (with TRL's use_cpu on a CPU-only machine that means gloo ranks; `--cpu`
@@ -57,8 +82,10 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
     spec = work / "launch.json"
     output = work / "launch_output.json"
     output.unlink(missing_ok=True)
-    spec.write_text(json.dumps({"stage": stage, "recipe": recipe.model_dump(mode="json"), "inputs": inputs,
-                                "out": str(dirs.out), "checkpoints": str(work)}, default=str))
+    from regimen.stages.store import files
+
+    files.write_text(work, spec, json.dumps({"stage": stage, "recipe": recipe.model_dump(mode="json"), "inputs": inputs,
+                                             "out": str(dirs.out), "checkpoints": str(work)}, default=str))
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.accelerate.num_processes)))}
     tail: collections.deque[str] = collections.deque(maxlen=15)
     rank_errors: list[str] = []
@@ -79,12 +106,12 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
         _kill_ranks(work)
         raise
     _kill_ranks(work)
-    if rc != 0 or not output.exists():
+    if rc != 0 or not output.is_file() or output.is_symlink():
         cause = "".join(f"\n  {e}" for e in rank_errors)
         last = "\n".join(tail)
         raise StageStopped(stage, f"accelerate launch ({recipe.accelerate.num_processes} processes) exited with code {rc}"
                                   + (f"; the ranks raised:{cause}" if cause else "") + f"\nlast lines:\n{last}")
-    data = json.loads(output.read_text())
+    data = json.loads(files.read_text(work, output))
     return StageOutput(data["metrics"], data["status"], data.get("diagnosis"), data.get("extra", {}))
 
 
@@ -102,10 +129,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _kill_ranks(work: Path) -> None:
-    """Ranks that outlived their launcher (each recorded its pid) are killed."""
-    for pidfile in (work / "ranks").glob("*.pid"):
+    """Ranks that outlived their launcher (each recorded its pid and start time) are killed; a pid that
+    now belongs to another process (a different start time) is left alone."""
+    for pidfile in ranks_dir(work).glob("*.pid"):
         try:
-            os.kill(int(pidfile.read_text()), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
+            pid_text, _, started = pidfile.read_text().partition(" ")
+            pid = int(pid_text)
+            if started.strip() and _start_time(pid) == started.strip():
+                os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, ValueError, OSError):
             pass
         pidfile.unlink(missing_ok=True)

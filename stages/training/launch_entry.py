@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from regimen.stages.training.launch import die_with_parent
+from regimen.stages.training.launch import die_with_parent, record_rank
 
 
 def main(spec_path: str) -> None:
@@ -16,8 +16,7 @@ def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     work = Path(spec["checkpoints"])
     rank = int(os.environ.get("RANK", "0"))
-    (work / "ranks").mkdir(parents=True, exist_ok=True)
-    (work / "ranks" / f"{rank}.pid").write_text(str(os.getpid()))
+    record_rank(work, rank)
 
     from regimen.stages import registry
     from regimen.stages.contract import StageDirs
@@ -30,7 +29,9 @@ def main(spec_path: str) -> None:
     if rank == 0:
         output.extra["launch"] = {"launcher": "accelerate", "num_processes": int(os.environ.get("WORLD_SIZE", "1")),
                                   "backend": os.environ.get("ACCELERATE_DISTRIBUTED_BACKEND") or _backend()}
-        (work / "launch_output.json").write_text(json.dumps(asdict(output), default=str))
+        from regimen.stages.store import files
+
+        files.write_text(work, work / "launch_output.json", json.dumps(asdict(output), default=str))
 
 
 def _backend() -> str | None:

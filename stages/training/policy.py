@@ -45,17 +45,16 @@ def base_policy(recipe, store) -> dict:
     name = recipe.model.name_or_path
     if name == TINY:
         spec = recipe.model.tiny.model_dump()
-        path = resolve_base_model(name, spec, store.cache / "_base")
+        from regimen.stages.store import files
+
+        path = resolve_base_model(name, spec, files.ensure_dir(store.cache, store.cache / "_base"))
         return {"stage": "base", "model": path, "fingerprint": f"tiny-{tiny_spec_hash(spec)}"}
     local = Path(name).expanduser()
-    if local.is_dir():
-        h = hashlib.sha256()
-        for p in sorted(local.iterdir()):
-            if p.is_file():
-                h.update(f"{p.name}:{p.stat().st_size}".encode())
-                if p.suffix == ".json":
-                    h.update(p.read_bytes())
-        return {"stage": "base", "model": str(local.resolve()), "fingerprint": f"local-{h.hexdigest()[:16]}"}
+    if local.is_dir():  # by content: new weights of the same shape are a new base
+        from regimen.stages.fingerprint import tree_digest
+
+        return {"stage": "base", "model": str(local.resolve()), "fingerprint": f"local-{tree_digest(local)[:16]}"}
+    # a hub id is identified by its name (pin a revision by pointing model.name_or_path at a local snapshot)
     return {"stage": "base", "model": name, "fingerprint": "hub-" + hashlib.sha256(json.dumps(name).encode()).hexdigest()[:16]}
 
 

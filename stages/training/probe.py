@@ -101,27 +101,36 @@ class HeldoutProbe(TrainerCallback):
 
     def _probe(self, state, model) -> None:
         step = state.global_step
-        if any(h.get("heldout_probe") is not None and h.get("step") == step for h in state.log_history):
-            return  # already measured (a resumed run, or the last step equals a probe step)
-        acc = self.measure(model)
-        state.log_history.append({"step": step, "heldout_probe": acc, "probe_s": round(self.probe_s, 3)})
+        if not any(h.get("heldout_probe") is not None and h.get("step") == step for h in state.log_history):
+            acc = self.measure(model)
+            state.log_history.append({"step": step, "heldout_probe": acc, "probe_s": round(self.probe_s, 3)})
+            train = self.train_curve(state.log_history)
+            log.info("held-out probe at step %d: %.3f%s", step, acc, f" (training reward {train[-1][1]:.3f})" if train else "")
+            if self.progress is not None and int(os.environ.get("RANK", "0")) == 0:
+                try:
+                    self.progress("probe", {"step": step, "log_history": list(state.log_history)})
+                except Exception as exc:  # noqa: BLE001 - showing progress never stops training
+                    log.warning("could not show the probe's progress: %s", exc)
+            best = self.best()
+            if self.recipe.probe.keep == "best" and not self.sharded and (best is None or acc >= best["heldout_accuracy"]):
+                self._save_best(model, step, acc)
+        self.recheck(state)
+
+    def recheck(self, state) -> None:
+        """The guard's rule on the curves as they stand (also after a resume, from the restored history):
+        it fires when the rule holds at two probes in a row, so one noisy probe does not end a run."""
+        if self.fired is not None:
+            return
+        probes = [(p["step"], p["heldout_accuracy"]) for p in self.curve(state.log_history)]
         train = self.train_curve(state.log_history)
-        log.info("held-out probe at step %d: %.3f%s", step, acc, f" (training reward {train[-1][1]:.3f})" if train else "")
-        if self.progress is not None and int(os.environ.get("RANK", "0")) == 0:
-            try:
-                self.progress("probe", {"step": step, "log_history": list(state.log_history)})
-            except Exception as exc:  # noqa: BLE001 - showing progress never stops training
-                log.warning("could not show the probe's progress: %s", exc)
-        best = self.best()
-        if self.recipe.probe.keep == "best" and not self.sharded and (best is None or acc >= best["heldout_accuracy"]):
-            self._save_best(model, step, acc)
-        evidence = guard_in_training(self.train_curve(state.log_history), [(p["step"], p["heldout_accuracy"]) for p in self.curve(state.log_history)],
-                                     self.recipe.cycle.guard)
-        if evidence and self.fired is None:
-            self.fired = {"step": step, **evidence}
-            if self.recipe.cycle.guard.action == "warn":
-                self.warning = (f"reward-hacking guard (warn): at step {step} the training reward had risen {evidence['train_reward_rise']:+.3f} "
-                                f"while held-out probe accuracy changed {evidence['heldout_gain']:+.3f}")
+        guard = self.recipe.cycle.guard
+        now = guard_in_training(train, probes, guard)
+        before = guard_in_training([t for t in train if len(probes) < 2 or t[0] <= probes[-2][0]], probes[:-1], guard)
+        if now and before:
+            self.fired = {"step": probes[-1][0], **now}
+            if guard.action == "warn":
+                self.warning = (f"reward-hacking guard (warn): at step {probes[-1][0]} the training reward had risen {now['train_reward_rise']:+.3f} "
+                                f"while held-out probe accuracy changed {now['heldout_gain']:+.3f}")
                 log.warning(self.warning)
 
     def _save_best(self, model, step: int, acc: float) -> None:
@@ -142,8 +151,15 @@ class HeldoutProbe(TrainerCallback):
     # -- Trainer hooks -------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.sharded = bool(self.trainer is not None and (getattr(self.trainer, "is_fsdp_enabled", False) or getattr(self.trainer, "is_deepspeed_enabled", False)))
+        best = self.best()
+        stale = best is not None and (state.global_step == 0 or best["step"] > state.global_step)
+        if stale and int(os.environ.get("RANK", "0")) == 0:
+            shutil.rmtree(self.best_dir, ignore_errors=True)  # left by another attempt: never this run's
         if self.every and model is not None:
             self._probe(state, self._unwrap(model))
+            if self.fired_and_stopped():
+                control.should_training_stop = True
+        return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every and model is not None and state.global_step % self.every == 0:

@@ -35,6 +35,7 @@ def generate(
     desc: str = "sampling",
     seed: int | None = None,
     synced_gpus: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> list[list[str]]:
     """For each prompt, `num_return_sequences` completions (decoded, special tokens removed)."""
     import torch
@@ -52,6 +53,8 @@ def generate(
                               "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
     if synced_gpus:
         kwargs["synced_gpus"] = True
+    if do_sample and extra:
+        kwargs.update(extra)  # GRPO's other sampling settings (min_p, repetition_penalty, generation_kwargs)
     if do_sample:
         kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
     else:
