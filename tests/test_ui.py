@@ -88,5 +88,13 @@ def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available
         cells = [c.strip() for c in row.inner_text().split("\t") if c.strip()]
         assert cells[0] == name and float(cells[-1]) == pytest.approx(expected[name], abs=1e-4), (name, cells)
     page.screenshot(path=str(tmp_path / "artifact.png"), full_page=True)
+
+    # plots are shown in the UI itself: a markdown artifact holding the PNG as a data: image
+    [plot] = [a for a in server.artifacts(run["id"], "markdown") if a["key"] == f"{EXPERIMENT}-plot-heldout-accuracy"]
+    page.goto(f"{server.url}/artifacts/artifact/{plot['id']}")
+    img = page.locator("img[src^='data:image/png;base64,']").first
+    img.wait_for()
+    assert page.evaluate("(el) => el.complete && el.naturalWidth", img.element_handle()) > 300
+    page.screenshot(path=str(tmp_path / "plot.png"), full_page=True)
     print(f"\nUI: login, deployments and artifact pages in {time.monotonic() - t0:.1f}s; screenshots in {tmp_path}")
     assert (tmp_path / "deployments.png").stat().st_size > 10_000 and (tmp_path / "artifact.png").stat().st_size > 10_000

@@ -72,7 +72,7 @@ class TeacherSection(Section):
     samples_per_prompt: int = Field(4, ge=1, description="model/self: completions generated per prompt")
     min_reward: float = Field(1.0, description="model/self: keep a trace only when its total reward is at least this")
     temperature: float = Field(1.0, gt=0)
-    max_prompts: int | None = Field(None, gt=0, description="cap the prompts sent to a model teacher (default: all)")
+    max_prompts: int | None = Field(None, gt=0, description="traces for at most this many training prompts (a cycle's fresh draw; default: all)")
 
     @model_validator(mode="after")
     def _needs_model(self) -> TeacherSection:

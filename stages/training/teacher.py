@@ -17,12 +17,12 @@ def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[di
     Each cycle draws the prompts in a fresh order (seeded by the cycle), so cycle N+1 sees new traces first."""
     t = recipe.teacher
     rows = shuffled(task.train, seed=recipe.data.seed * 7919 + cycle)
+    if t.max_prompts:
+        rows = rows[: t.max_prompts]
     if t.kind in ("oracle", "weak"):
         solve = task.reference if t.kind == "oracle" else task.weak_reference
         kept = [{"prompt": r["prompt"], "completion": ref} for r in rows if (ref := solve(r)) is not None]
         return kept, {"traces_generated": float(len(rows)), "traces_kept": float(len(kept))}
-    if t.max_prompts:
-        rows = rows[: t.max_prompts]
     source = t.name_or_path if t.kind == "model" else policy_path
     return _rejection_sample(recipe, rows, source)
 
