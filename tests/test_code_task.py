@@ -78,7 +78,7 @@ def test_the_sandboxed_judge_agrees_on_a_sample():
 def test_a_shrunken_tiny_code_run_goes_end_to_end_with_the_sandboxed_judge(tmp_path):
     from regimen.stages.store import Store
 
-    shrink = {"sft.max_steps": 40, "grpo.max_steps": 4, "grpo.save_steps": 2, "grpo.logging_steps": 2, "probe.steps": 2, "probe.prompts": 16,
+    shrink = {"sft.max_steps": 150, "grpo.max_steps": 4, "grpo.save_steps": 2, "grpo.logging_steps": 2, "probe.steps": 2, "probe.prompts": 16,
               "dry_run.min_mean_reward": 0.0, "dry_run.max_frac_zero_std": 1.0, "smoke.max_steps": 2, "data.b_max": 10}
     results = run_flow(ROOT / "configs" / "tiny-code.yaml", tmp_path, overrides=shrink)
     assert [r["stage"] for r in results] == ["sft", "reward-dry-run", "grpo-smoke", "grpo", "eval"]

@@ -152,14 +152,14 @@ def test_last_checkpoint_at_max_steps_finishes_the_stage_without_an_extra_step(c
     from safetensors.torch import load_file
 
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.runner import StageResult, execute, stage_fingerprint
+    from regimen.stages.runner import StageResult, execute, stage_key
 
     store = Store(crash["store"])
     step = crash["good_step"]
     recipe = load_recipe(TINY, {"experiment": EXP, "store": str(crash["store"]), "grpo.max_steps": step, "grpo.save_steps": SAVE_STEPS})
     sft = store.latest(EXP, "sft")
     inputs = {"policy": StageResult(sft, True, 0.0, store.local_path(sft)).ref}
-    key, _ = stage_fingerprint("grpo", recipe, inputs)
+    key, _ = stage_key("grpo", recipe, inputs)
     work = store.work_dir(EXP, "grpo", key)
     shutil.copytree(crash["tmp"] / "good-checkpoint", work / f"checkpoint-{step}")
 

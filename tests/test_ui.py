@@ -90,7 +90,8 @@ def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available
     page.screenshot(path=str(tmp_path / "artifact.png"), full_page=True)
 
     # plots are shown in the UI itself: a markdown artifact holding the PNG as a data: image
-    [plot] = [a for a in server.artifacts(run["id"], "markdown") if a["key"] == f"{EXPERIMENT}-plot-heldout-accuracy"]
+    plots = [a for a in server.artifacts(run["id"], "markdown") if a["key"] == f"{EXPERIMENT}-plot-heldout-accuracy"]
+    plot = max(plots, key=lambda a: a["created"])  # one version per verdict published in the run; the newest
     page.goto(f"{server.url}/artifacts/artifact/{plot['id']}")
     img = page.locator("img[src^='data:image/png;base64,']").first
     img.wait_for()

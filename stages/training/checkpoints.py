@@ -47,8 +47,9 @@ def last_checkpoint(output_dir: Path) -> tuple[int, Path] | None:
 def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None) -> int:
     """Train to the end, resuming from the last good checkpoint. Returns the step resumed from (0 fresh).
 
-    A checkpoint is the end of training when its own `trainer_state.json` says so (`global_step >=
-    max_steps` as the Trainer computed it, which also covers epoch-based training, `max_steps: -1`).
+    A checkpoint is the end of training when its step reaches `max_steps`, or, for epoch-based training
+    (`max_steps: -1`), when its own `trainer_state.json` says so (`global_step >= max_steps` as the
+    Trainer computed it from the epochs).
     Then its weights are loaded without training (`Trainer._load_from_checkpoint`: a private method, the
     one the Trainer itself uses to resume; `resume_from_checkpoint` would train one extra step), and
     `on_finished(state)` lets callbacks see the restored log history (the guard re-reads its curves)."""
@@ -58,8 +59,8 @@ def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None)
         return 0
     step, path = last
     state = json.loads((path / "trainer_state.json").read_text())
-    planned = int(state.get("max_steps") or 0)
-    if planned > 0 and step >= planned and (max_steps <= 0 or step >= max_steps):
+    planned = max_steps if max_steps > 0 else int(state.get("max_steps") or 0)
+    if planned > 0 and step >= planned:
         trainer._load_from_checkpoint(str(path))
         trainer.state.global_step = state.get("global_step", step)
         trainer.state.max_steps = planned

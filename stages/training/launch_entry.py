@@ -28,17 +28,28 @@ def main(spec_path: str) -> None:
     output = registry.get(spec["stage"]).run(recipe, spec["inputs"], StageDirs(out=out, checkpoints=work))
     if rank == 0:
         output.extra["launch"] = {"launcher": "accelerate", "num_processes": int(os.environ.get("WORLD_SIZE", "1")),
-                                  "backend": os.environ.get("ACCELERATE_DISTRIBUTED_BACKEND") or _backend()}
+                                  "backend": _backend()}
         from regimen.stages.store import files
 
         files.write_text(work, work / "launch_output.json", json.dumps(asdict(output), default=str))
 
 
 def _backend() -> str | None:
+    """The process group's backend for the device this rank trains on. torch reports "undefined" for a
+    group created without a backend (it then picks one per device, e.g. "cpu:gloo,cuda:nccl"), and so can
+    accelerate's environment variable."""
+    import torch
     import torch.distributed as dist
 
-    return dist.get_backend() if dist.is_available() and dist.is_initialized() else None
-
+    if not (dist.is_available() and dist.is_initialized()):
+        env = os.environ.get("ACCELERATE_DISTRIBUTED_BACKEND")
+        return env if env and env != "undefined" else None
+    backend = str(dist.get_backend())
+    if backend != "undefined":
+        return backend
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    per_device = dict(part.split(":", 1) for part in str(dist.get_backend_config()).split(",") if ":" in part)
+    return per_device.get(device) or backend
 
 if __name__ == "__main__":
     main(sys.argv[1])
