@@ -1,5 +1,6 @@
 """The Prefect flow `regimen-cycle`: SFT → reward dry run → GRPO smoke → GRPO → eval (in rounds), looping
-back to SFT when evaluation stalls. The work is in `regimen.stages`; this file only orders it.
+back to SFT when evaluation stalls. The work is in `regimen.stages`; this file only orders it, by the
+stages' roles in the registry (teach, gate, train, judge), so a new stage needs no edit here.
 
 Two entries run the same cycles: `regimen_cycle(config, experiment, overrides)` is what deployments and the
 UI start (parameters checked against the allow-list in `boundary.py`, the recipe resolved once at the start
@@ -16,6 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from regimen.flows.publish import publish, publish_curves, publish_report, publish_stopped, publish_verdict
+from regimen.stages import registry
 from regimen.stages.cycle import BACK_TO_SFT, CONTINUE, REWARD_HACKING, Evaluation, decide
 from regimen.stages.errors import StageInterrupted, StageStopped
 from regimen.stages.recipe import Recipe, load_recipe
@@ -144,7 +146,7 @@ def run_cycles(recipe: Recipe):
             return Cancelled(message=f"{exc} [exit {exc.exit_code}]")
         except StageStopped as exc:
             exc.results = results  # type: ignore[attr-defined]
-            if exc.stage == "grpo" and str(exc.reason).startswith(REWARD_HACKING):
+            if exc.stage in registry.in_role("train") and str(exc.reason).startswith(REWARD_HACKING):
                 _publish_stopped(recipe, st, exc)
             raise
         finally:
@@ -167,30 +169,51 @@ def _publish_stopped(recipe: Recipe, st: Store, exc: StageStopped) -> None:
     publish_stopped(recipe.experiment, exc.stage, exc.reason, attempt)
 
 
+def teach(recipe: Recipe, policy: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int) -> tuple[dict[str, Any], float]:
+    """The cycle's starting policy and its held-out accuracy (the cycle's baseline): the teach stages
+    where the recipe has a teacher, else the judge on the policy as it is."""
+    if recipe.trains_sft() and registry.in_role("teach"):
+        for name in registry.in_role("teach"):
+            out = stage(name, recipe, {"policy": policy, "cycle": cycle}, st, results, cycle)
+            policy = out["ref"]
+        return policy, out["metrics"]["heldout_accuracy"]
+    base = stage(registry.judge(), recipe, {"policy": policy}, st, results, cycle, 0)
+    return policy, base["metrics"]["heldout_accuracy"]
+
+
+def gates(recipe: Recipe, policy: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int) -> None:
+    """Every gate on the policy, in order; a gate that fails stops the flow (StageStopped)."""
+    for name in registry.in_role("gate"):
+        stage(name, recipe, {"policy": policy}, st, results, cycle)
+
+
+def train_round(recipe: Recipe, policy: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int, round: int) -> dict[str, Any]:
+    """The train stages of one round, each from the previous one's policy; the last one's result."""
+    for name in registry.in_role("train"):
+        out = stage(name, recipe, {"policy": policy}, st, results, cycle, round)
+        policy = out["ref"]
+    return out
+
+
 def cycles(recipe: Recipe, st: Store, results: list[dict[str, Any]]) -> None:
-    """Cycle after cycle: SFT (where a teacher exists), its gates, then GRPO rounds each judged by an evaluation."""
+    """Cycle after cycle: the teach stages (where a teacher exists), the gates, then training rounds each
+    measured by the judge. Which stage plays which role is the registry's (`stages/registry.py`)."""
     policy = (recipe.cycle.start_from == "latest" and latest_policy(st, recipe.experiment)) or base_policy(recipe, st)
     history: list[dict[str, Any]] = []
     for cycle in range(1, recipe.cycle.max_cycles + 1):
-        if recipe.trains_sft():
-            sft = stage("sft", recipe, {"policy": policy, "cycle": cycle}, st, results, cycle)
-            history.append(Evaluation(cycle, 0, sft["metrics"]["heldout_accuracy"]).__dict__)
-            policy = sft["ref"]
-        else:  # no teacher: the policy's own held-out accuracy is the cycle's baseline
-            base = stage("eval", recipe, {"policy": policy}, st, results, cycle, 0)
-            history.append(Evaluation(cycle, 0, base["metrics"]["heldout_accuracy"]).__dict__)
-        stage("reward-dry-run", recipe, {"policy": policy}, st, results, cycle)
-        stage("grpo-smoke", recipe, {"policy": policy}, st, results, cycle)
+        policy, baseline = teach(recipe, policy, st, results, cycle)
+        history.append(Evaluation(cycle, 0, baseline).__dict__)
+        gates(recipe, policy, st, results, cycle)
         for round in range(1, recipe.cycle.max_rounds + 1):
-            grpo = stage("grpo", recipe, {"policy": policy}, st, results, cycle, round)
-            policy, g = grpo["ref"], grpo["metrics"]
-            ev = stage("eval", recipe, {"policy": policy}, st, results, cycle, round)
+            trained = train_round(recipe, policy, st, results, cycle, round)
+            policy, g = trained["ref"], trained["metrics"]
+            ev = stage(registry.judge(), recipe, {"policy": policy}, st, results, cycle, round)
             history.append(Evaluation(cycle, round, ev["metrics"]["heldout_accuracy"], g.get("train_reward_last"), g.get("train_reward_first")).__dict__)
             verdict = record_verdict(st.url, recipe, list(history), ev, cycle, round)
             ev.update(verdict=verdict["verdict"], decision=verdict)
             if verdict["verdict"] != CONTINUE:
                 break
         if verdict["verdict"] == REWARD_HACKING:
-            raise StageStopped("eval", f"{REWARD_HACKING}: {verdict['reason']} (trajectories: {ev['path']})")
+            raise StageStopped(registry.judge(), f"{REWARD_HACKING}: {verdict['reason']} (trajectories: {ev['path']})")
         if verdict["verdict"] != BACK_TO_SFT:
             return

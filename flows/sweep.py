@@ -1,4 +1,5 @@
-"""The Prefect flow `regimen-sweep`: one SFT and dry run, then one GRPO+eval per value of one field."""
+"""The Prefect flow `regimen-sweep`: one SFT and its gates (dry run, smoke test), then one GRPO+eval per
+value of one field."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from regimen.flows.cycle import preflight, stage
+from regimen.flows.cycle import gates, preflight, stage, train_round
 from regimen.flows.present.comparison import comparison
 from regimen.flows.present.plots import data_uri, read_log
 from regimen.flows.publish import artifact_key
+from regimen.stages import registry
 from regimen.stages.recipe import Recipe
 from regimen.stages.store import Store
 from regimen.stages.training.policy import base_policy
@@ -28,13 +30,14 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
     with st.lock(recipe.experiment):
         policy = base_policy(recipe, st)
         if recipe.trains_sft():
-            policy = stage("sft", recipe, {"policy": policy, "cycle": 1}, st, results)["ref"]
-        stage("reward-dry-run", recipe, {"policy": policy}, st, results)
+            for name in registry.in_role("teach"):
+                policy = stage(name, recipe, {"policy": policy, "cycle": 1}, st, results)["ref"]
+        gates(recipe, policy, st, results, 1)
         for value, r in zip(values, variants):
             t0 = time.perf_counter()
-            grpo = stage("grpo", r, {"policy": policy}, st, results, 1, 1)
+            grpo = train_round(r, policy, st, results, 1, 1)
             g = grpo["metrics"]
-            ev = stage("eval", r, {"policy": grpo["ref"]}, st, results, 1, 1)
+            ev = stage(registry.judge(), r, {"policy": grpo["ref"]}, st, results, 1, 1)
             per_step = r.grpo_value("per_device_train_batch_size") * r.num_processes()
             rows.append({field: value, "heldout_accuracy": ev["metrics"]["heldout_accuracy"], "train_reward_mean": g.get("train_reward_mean"),
                          "frac_reward_zero_std_mean": g.get("frac_reward_zero_std_mean"),

@@ -1,7 +1,8 @@
 """The stage contract: what every stage is, takes and returns.
 
-A stage is a module with a name, the part of the recipe that can change its result, whether it trains
-(training stages may run under `accelerate launch`), the metrics a person looks at first, and
+A stage is a module with a name, its role in the cycle, the part of the recipe that can change its
+result, whether it trains (training stages may run under `accelerate launch`), the metrics a person looks
+at first, and
 
     run(recipe, inputs, dirs) -> StageOutput
 
@@ -15,7 +16,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+Role = Literal["teach", "gate", "train", "judge"]
+ROLES: tuple[str, ...] = ("teach", "gate", "train", "judge")
+"""Where the flow runs a stage, in registry order within each role:
+
+- teach: once per cycle, when the recipe has a teacher; makes the cycle's starting policy (its metrics
+  carry `heldout_accuracy`, the cycle's baseline). Each teach stage starts from the previous one's policy.
+- gate: once per cycle, on that policy, before any training round; a gate stops the flow by returning
+  status "failed" with a diagnosis.
+- train: every round, each from the previous one's policy; the last one's policy is the round's result.
+- judge: exactly one; measures a policy on held-out data (`heldout_accuracy`), once per round and, when
+  the cycle has no teacher, once at its start. The flow decides what comes next from its history.
+"""
 
 
 @dataclass
@@ -39,6 +53,7 @@ class Stage(Protocol):
     """What the registry holds: a stage module satisfies this structurally."""
 
     NAME: str  # as the store, the flow and the CLI name it
+    ROLE: Role  # where the flow runs it (ROLES)
     TRAINS: bool  # runs a Trainer (and so may run under `launcher: accelerate`)
     KEY_METRICS: tuple[str, ...]  # shown first in summaries
 

@@ -15,6 +15,7 @@ from regimen.stages.tasks import shuffled
 from regimen.stages.training import trajectories
 
 NAME = "reward-dry-run"
+ROLE = "gate"
 TRAINS = False
 KEY_METRICS = ("mean_reward", "reward_std", "frac_reward_zero_std")
 GENERATION_FIELDS = ("num_generations", "temperature", "top_p", "top_k", "min_p", "max_completion_length", "repetition_penalty", "generation_kwargs", "seed")

@@ -12,6 +12,7 @@ from typing import Any
 from regimen.stages.contract import StageOutput
 
 NAME = "eval"
+ROLE = "judge"
 TRAINS = False
 KEY_METRICS = ("heldout_accuracy", "heldout_accuracy_unprobed")
 

@@ -20,6 +20,7 @@ from typing import Any
 from regimen.stages.contract import StageOutput
 
 NAME = "grpo"
+ROLE = "train"
 TRAINS = True
 KEY_METRICS = ("train_reward_first", "train_reward_last", "kl_last", "frac_reward_zero_std_mean", "best_step", "completions_per_s")
 

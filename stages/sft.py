@@ -11,6 +11,7 @@ from regimen.stages.contract import StageOutput
 from regimen.stages.errors import StageStopped
 
 NAME = "sft"
+ROLE = "teach"
 TRAINS = True
 KEY_METRICS = ("heldout_accuracy", "traces_kept", "train_loss_last")
 

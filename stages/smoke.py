@@ -12,6 +12,7 @@ from typing import Any
 from regimen.stages.contract import StageOutput
 
 NAME = "grpo-smoke"
+ROLE = "gate"
 TRAINS = True
 KEY_METRICS = ("mean_reward", "max_reward_std", "max_abs_loss")
 

@@ -94,6 +94,8 @@ def test_one_registry_names_every_stage_and_every_task():
     from regimen.stages.tasks.registry import TASKS
 
     assert registry.NAMES == ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
+    assert [registry.in_role(r) for r in ("teach", "gate", "train")] == [("sft",), ("reward-dry-run", "grpo-smoke"), ("grpo",)]
+    assert registry.judge() == "eval"
     for stage in registry.ORDER:
         assert isinstance(stage.TRAINS, bool) and stage.KEY_METRICS and callable(stage.run) and callable(stage.config_section)
     assert set(TASKS) >= {"addition", "code", "jsonl", "hf"}
@@ -182,3 +184,49 @@ def test_every_import_of_our_modules_resolves_including_those_inside_functions()
                 if not hasattr(module, alias.name) and f"{base}.{alias.name}" not in MODULES:
                     problems.append(f"{name}: from {base} import {alias.name}")
     assert problems == []
+
+
+def test_a_registry_the_flow_cannot_run_is_refused():
+    import types
+
+    def fake(name, role):
+        return types.SimpleNamespace(NAME=name, ROLE=role)
+
+    good = (fake("a", "teach"), fake("b", "train"), fake("c", "judge"))
+    registry.check(good)
+    for order, needle in [((*good, fake("d", "judge")), "exactly one"), ((fake("a", "teach"), fake("c", "judge")), "'train'"),
+                          ((*good, fake("a", "gate")), "repeat"), ((*good, fake("d", "review")), "ROLE must be")]:
+        with pytest.raises(ValueError, match=needle):
+            registry.check(order)
+
+
+def test_the_flows_name_no_stage_and_order_them_by_role():
+    """The flows (cycle, sweep) and the runner never name a stage: they read roles from the registry,
+    so adding a stage touches its module and the registry only."""
+    names = set(registry.NAMES)
+    for path in [ROOT / "flows" / "cycle.py", ROOT / "flows" / "sweep.py", ROOT / "stages" / "runner.py", ROOT / "flows" / "cli.py"]:
+        found = [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in names]
+        assert not found, (path.name, found)
+
+
+@pytest.mark.slow
+def test_a_stage_added_to_the_registry_alone_runs_where_its_role_says(tmp_path, monkeypatch):
+    """A gate registered in the registry (and nowhere else) runs after the built-in gates, on the SFT
+    policy, is versioned in the store like any stage, and is reused on a rerun."""
+    import extra_gate_stage
+    from conftest import TINY, run_flow
+
+    from regimen.stages.store import Store
+
+    order = (*registry.ORDER[:3], extra_gate_stage, *registry.ORDER[3:])
+    registry.check(order)
+    monkeypatch.setattr(registry, "ORDER", order)
+    monkeypatch.setattr(registry, "STAGES", {s.NAME: s for s in order})
+    monkeypatch.setattr(registry, "NAMES", tuple(s.NAME for s in order))
+    results = run_flow(TINY, tmp_path)
+    assert [r["stage"] for r in results] == ["sft", "reward-dry-run", "grpo-smoke", "weights-gate", "grpo", "eval"]
+    [m] = Store(tmp_path).versions("tiny-test", "weights-gate")
+    assert m["metrics"]["weight_files"] >= 1 and m["inputs"]["policy"]["stage"] == "sft"
+    assert (Store(tmp_path).local_path(m) / "weights.txt").read_text().endswith(".safetensors")
+    again = run_flow(TINY, tmp_path)
+    assert all(r["reused"] for r in again)
