@@ -3,8 +3,10 @@ read its peak RSS, and print results as a table. Each benchmark measures its bas
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-_PREFECT_HOME = tempfile.mkdtemp(prefix="regimen-bench-prefect-")  # one per benchmark: its database is created once,
+def scratch(prefix: str) -> str:
+    """A temp folder for this benchmark, removed when it ends (also after a failure)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+_PREFECT_HOME = scratch("regimen-bench-prefect-")  # one per benchmark: its database is created once,
 # as on a user's machine, where ~/.prefect persists between runs
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PY, ROOT, env
+from common import PY, ROOT, env, scratch
 
 
 def cmd(store: Path, experiment: str, steps: int) -> list[str]:
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--no-slot", action="store_true")
     args = ap.parse_args()
-    extra = {"REGIMEN_MACHINE_SLOTS": "0" if args.no_slot else "1", "REGIMEN_CACHE": tempfile.mkdtemp(prefix="regimen-bench-cache-")}
+    extra = {"REGIMEN_MACHINE_SLOTS": "0" if args.no_slot else "1", "REGIMEN_CACHE": scratch("regimen-bench-cache-")}
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp)
         solo(store, "warm-up", 2, extra)  # Prefect's database and the tiny base model, once

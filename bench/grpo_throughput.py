@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PY, header, run, table  # noqa: E402
+from bench.common import PY, header, run, scratch, table  # noqa: E402
 
 
 def bare(config: str, policy: str, steps: int, out: str) -> None:
@@ -66,7 +65,7 @@ def main() -> None:
         return stage(args.config, args.policy, args.steps, args.out)
 
     header(f"GRPO throughput: stage vs bare GRPOTrainer, {args.steps} steps")
-    tmp = Path(tempfile.mkdtemp(prefix="regimen-bench-grpo-"))
+    tmp = Path(scratch("regimen-bench-grpo-"))
     # the policy both start from: the recipe's SFT result
     run([PY, "-m", "regimen.flows.cli", "run", args.config, "--store", str(tmp / "sft"), "--set", "cycle.max_cycles=1", "--set", "grpo.max_steps=1",
          "--set", "smoke.max_steps=1"])

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
-from bench.common import PY, header, peak_rss_mib, table  # noqa: E402
+from bench.common import PY, header, peak_rss_mib, scratch, table  # noqa: E402
 
 STAGES = ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
 
@@ -50,7 +49,7 @@ def main() -> None:
     if args.one:
         return one(args.config, args.one[0], args.one[1], sets)
     header("peak RSS per stage")
-    store = tempfile.mkdtemp(prefix="regimen-bench-mem-")
+    store = scratch("regimen-bench-mem-")
     base_wall, base_rss, _ = peak_rss_mib([PY, "-c", "import regimen.stages.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate, trl, datasets"])
     rows = [{"stage": "(imports only)", "peak_rss_mib": base_rss, "wall_s": base_wall, "x imports": 1.0}]
     for stage in STAGES:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PY, header, manifests, regimen, run, table  # noqa: E402
+from bench.common import PY, header, manifests, regimen, run, scratch, table  # noqa: E402
 
 
 def direct(config: str, store: str, sets: list[str]) -> None:
@@ -52,7 +51,7 @@ def main() -> None:
         return direct(args.config, args.direct[0], sets)
 
     header("orchestration overhead: Prefect flow vs. direct calls")
-    tmp = Path(tempfile.mkdtemp(prefix="regimen-bench-overhead-"))
+    tmp = Path(scratch("regimen-bench-overhead-"))
     imp = run([PY, "-c", "import time; t=time.perf_counter(); import regimen.stages.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate; a=time.perf_counter()-t; import regimen.flows.cycle; print('RESULT', a, time.perf_counter()-t-a)"])
     stage_imports, prefect_imports = map(float, result(imp["out"]))
     snippet = "from prefect import flow\nimport time\n@flow\ndef noop(): pass\nt=time.perf_counter(); noop(); print('RESULT', time.perf_counter()-t)"

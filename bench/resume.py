@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
-from bench.common import header, manifests, regimen, table  # noqa: E402
+from bench.common import header, manifests, regimen, scratch, table  # noqa: E402
 
 
 def wall_at(log: list[dict], step: int) -> float:
@@ -28,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     sets = sum((["--set", s] for s in ["cycle.max_cycles=1", *args.sets]), [])
     header(f"resume after SIGKILL at GRPO step {args.kill_at}")
-    tmp = Path(tempfile.mkdtemp(prefix="regimen-bench-resume-"))
+    tmp = Path(scratch("regimen-bench-resume-"))
 
     full = regimen("run", args.config, "--store", str(tmp / "full"), *sets)
     exp = next(line.split()[1] for line in full["out"].splitlines() if line.startswith("experiment "))

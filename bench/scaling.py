@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
-from bench.common import header, manifests, regimen, table  # noqa: E402
+from bench.common import header, manifests, regimen, scratch, table  # noqa: E402
 
 
 def one(tmp: Path, name: str, sets: list[str], steps: int) -> dict:
@@ -28,7 +27,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     args = ap.parse_args()
     header(f"scaling ({args.steps} SFT and GRPO steps per run)")
-    tmp = Path(tempfile.mkdtemp(prefix="regimen-bench-scaling-"))
+    tmp = Path(scratch("regimen-bench-scaling-"))
     groups = {
         "processes": [("1 process", []), ("2 processes", ["launcher=accelerate", "accelerate.num_processes=2", "grpo.per_device_train_batch_size=32", "sft.per_device_train_batch_size=32"])],
         "model size": [("hidden 128", []), ("hidden 256", ["model.tiny.hidden_size=256", "model.tiny.intermediate_size=1024"])],

@@ -1,19 +1,29 @@
 """Test setup: Prefect state in a temp dir, no analytics, no hub; the tiny recipe path."""
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-_PREFECT_HOME = tempfile.mkdtemp(prefix="regimen-prefect-")
+
+def _scratch(prefix: str) -> str:
+    """A temp folder for this test session, removed when it ends."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+_PREFECT_HOME = _scratch("regimen-prefect-")
 os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="regimen-hf-datasets-"))
+os.environ.setdefault("HF_DATASETS_CACHE", _scratch("regimen-hf-datasets-"))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
-os.environ.setdefault("REGIMEN_CACHE", tempfile.mkdtemp(prefix="regimen-cache-"))
+os.environ.setdefault("REGIMEN_CACHE", _scratch("regimen-cache-"))
 
 import pytest  # noqa: E402
 
