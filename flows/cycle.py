@@ -198,7 +198,8 @@ def train_round(recipe: Recipe, policy: dict[str, Any], st: Store, results: list
 def cycles(recipe: Recipe, st: Store, results: list[dict[str, Any]]) -> None:
     """Cycle after cycle: the teach stages (where a teacher exists), the gates, then training rounds each
     measured by the judge. Which stage plays which role is the registry's (`stages/registry.py`)."""
-    policy = (recipe.cycle.start_from == "latest" and latest_policy(st, recipe.experiment)) or base_policy(recipe, st)
+    latest = recipe.cycle.start_from == "latest" and latest_policy(st, recipe.experiment, registry.judge(), registry.in_role("train"))
+    policy = latest or base_policy(recipe, st)
     history: list[dict[str, Any]] = []
     for cycle in range(1, recipe.cycle.max_cycles + 1):
         policy, baseline = teach(recipe, policy, st, results, cycle)

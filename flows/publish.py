@@ -12,6 +12,7 @@ from typing import Any
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from regimen.flows.present.fmt import cell, rounded
+from regimen.stages import registry
 from regimen.stages.runner import StageResult
 from regimen.stages.training import trajectories
 
@@ -48,9 +49,10 @@ def publish(result: StageResult, store) -> None:
     create_link_artifact(link=result.path.resolve().as_uri() if result.path.is_absolute() else str(result.path),
                          link_text=f"{m['stage']}/v{m['version']}", key=artifact_key(base, "folder"),
                          description="the version folder (manifest.json, metrics.json, trajectories.jsonl)")
-    if m["stage"] == "grpo" and (result.path / "train_log.jsonl").exists():
-        publish_curves(m["experiment"], {f"grpo v{m['version']}": trajectories.read(result.path / "train_log.jsonl")},
-                       store.experiment_dir(m["experiment"], "plots") / f"grpo_v{m['version']}.png", f"grpo v{m['version']}: training and held-out probe")
+    if m["stage"] in registry.in_role("train") and (result.path / "train_log.jsonl").exists():
+        name = f"{m['stage']} v{m['version']}"
+        publish_curves(m["experiment"], {name: trajectories.read(result.path / "train_log.jsonl")},
+                       store.experiment_dir(m["experiment"], "plots") / f"{m['stage']}_v{m['version']}.png", f"{name}: training and held-out probe")
 
 
 def publish_curves(experiment: str, runs: dict[str, list[dict[str, Any]]], png: Path, title: str, key: str = "curves") -> None:
@@ -79,7 +81,7 @@ def publish_verdict(experiment: str, record: dict[str, Any], eval_path: str) -> 
 def publish_stopped(experiment: str, stage: str, reason: str, attempt: str | None) -> None:
     """A stage that stopped the flow (a gate, or the guard during GRPO): its reason and what it saw."""
     md = f"### Stopped at `{stage}`\n\n{reason}\n"
-    if attempt and stage == "grpo":
+    if attempt and stage in registry.in_role("train"):
         md += "\n\n" + hacked_trajectories_markdown(Path(attempt), training=True)
     create_markdown_artifact(markdown=md, key=artifact_key(experiment, "verdict"), description=f"{stage} stopped the flow")
 

@@ -47,7 +47,7 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
             logs[str(value)] = read_log(Path(grpo["path"]) / "train_log.jsonl")
     completions = {row["completions_per_step"] for row in rows}
     note = (f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for every value "
-            f"(prompts per step = completions / num_generations); SFT and the dry run are shared.")
+            f"(prompts per step = completions / num_generations); SFT and its gates (dry run, smoke test with the base recipe) are shared.")
     tag = f"{field}={'_'.join(map(str, values))}".replace("/", "-")
     files = comparison(rows, field, st.experiment_dir(recipe.experiment, "sweeps", tag), logs, note)
     markdown = files["md"].read_text().replace("](sweep.png)", f"]({data_uri(files['png'])})")

@@ -132,10 +132,10 @@ def test_latest_policy_skips_evaluations_that_suspected_hacking(tmp_path):
         store.commit(d, manifest(stage="grpo", key=key))
         e = store.staging_dir("exp", "eval")
         (e / "metrics.json").write_text("{}")
-        ev = store.commit(e, manifest(stage="eval", key="e" + key, inputs={"policy": {"fingerprint": key}}))
+        ev = store.commit(e, manifest(stage="eval", key="e" + key, inputs={"policy": {"stage": "grpo", "fingerprint": key}}))
         store.record_decision("exp", {"eval_version": ev["version"], "verdict": verdict})
     assert good["version"] == 1
-    assert latest_policy(store, "exp")["fingerprint"] == "g1"
+    assert latest_policy(store, "exp", "eval", ("grpo",))["fingerprint"] == "g1"
 
 
 def test_truncated_file_makes_a_version_damaged_and_not_reused(tmp_path):

@@ -7,25 +7,28 @@ from pathlib import Path
 from typing import Any
 
 from regimen.flows.present import plots
+from regimen.stages import registry
 from regimen.stages.store import Store
 
 
 def history(store: Store, experiment: str) -> list[dict[str, Any]]:
-    """SFT results and evaluations in the order they were made, with each evaluation's latest verdict."""
-    rows = [m for stage in ("sft", "grpo", "eval") for m in store.versions(experiment, stage)]
+    """Teach results (SFT) and the judge's evaluations in the order they were made, with each evaluation's
+    latest verdict and the training stage whose policy it measured."""
+    teach, train, judge = registry.in_role("teach"), registry.in_role("train"), registry.judge()
+    rows = [m for stage in (*teach, *train, judge) for m in store.versions(experiment, stage)]
     rows.sort(key=lambda m: m.get("finished_at", ""))
-    by_fp = {m["fingerprint"]: m for m in rows if m["stage"] == "grpo"}
+    by_fp = {m["fingerprint"]: m for m in rows if m["stage"] in train}
     verdicts = store.verdicts_by_eval(experiment)
     out = []
     for m in rows:
         met = m.get("metrics", {})
-        if m["stage"] == "sft":
-            out.append({"label": f"c{m.get('cycle')} sft v{m['version']}", "stage": "sft", "cycle": m.get("cycle"), "round": 0,
+        if m["stage"] in teach:
+            out.append({"label": f"c{m.get('cycle')} {m['stage']} v{m['version']}", "stage": m["stage"], "cycle": m.get("cycle"), "round": 0,
                         "version": m["version"], "heldout_accuracy": met.get("heldout_accuracy"), "train_reward": None, "verdict": None})
-        elif m["stage"] == "eval":
+        elif m["stage"] == judge:
             grpo = by_fp.get((m.get("inputs", {}).get("policy") or {}).get("fingerprint"), {})
             g = grpo.get("metrics", {})
-            out.append({"label": f"c{m.get('cycle')}.{m.get('round')} eval v{m['version']}", "stage": "eval", "cycle": m.get("cycle"),
+            out.append({"label": f"c{m.get('cycle')}.{m.get('round')} {judge} v{m['version']}", "stage": judge, "cycle": m.get("cycle"),
                         "round": m.get("round"), "version": m["version"], "heldout_accuracy": met.get("heldout_accuracy"),
                         "train_reward": g.get("train_reward_last"), "verdict": verdicts.get(m["version"], {}).get("verdict"),
                         "grpo_version": grpo.get("version"), "kl": g.get("kl_last"), "frac_reward_zero_std": g.get("frac_reward_zero_std_mean"),
@@ -38,10 +41,11 @@ def make_plots(store: Store, experiment: str, target: float | None = None) -> li
     out_dir = store.experiment_dir(experiment, "plots")
     made = []
     grpo_runs = {}
-    for m in store.versions(experiment, "grpo"):
-        log = plots.read_log(store.local_path(m) / "train_log.jsonl")
-        if log:
-            grpo_runs[f"grpo v{m['version']} (c{m.get('cycle')}.{m.get('round')})"] = log
+    for stage in registry.in_role("train"):
+        for m in store.versions(experiment, stage):
+            log = plots.read_log(store.local_path(m) / "train_log.jsonl")
+            if log:
+                grpo_runs[f"{stage} v{m['version']} (c{m.get('cycle')}.{m.get('round')})"] = log
     if grpo_runs:
         made.append(plots.training_curves(dict(list(grpo_runs.items())[-4:]), out_dir / "grpo_curves.png", f"{experiment}: GRPO training curves"))
     points = [p for p in history(store, experiment) if p["heldout_accuracy"] is not None]

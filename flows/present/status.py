@@ -51,7 +51,7 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             detail.append(f"interrupted run (pid {running.get('pid')} gone)")
         for step, _ckpt in ckpts:
             detail.append(f"has checkpoint at step {step}")
-        if stage == "eval" and latest and (v := verdicts.get(latest["version"])):
+        if stage == registry.judge() and latest and (v := verdicts.get(latest["version"])):
             detail.append(f"verdict {v.get('verdict')}")
         rows.append({
             "stage": stage,

@@ -41,15 +41,20 @@ def _backend() -> str | None:
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        env = os.environ.get("ACCELERATE_DISTRIBUTED_BACKEND")
-        return env if env and env != "undefined" else None
-    backend = str(dist.get_backend())
-    if backend != "undefined":
-        return backend
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    per_device = dict(part.split(":", 1) for part in str(dist.get_backend_config()).split(",") if ":" in part)
-    return per_device.get(device) or backend
+    env = os.environ.get("ACCELERATE_DISTRIBUTED_BACKEND")
+    fallback = env if env and env != "undefined" else None
+    try:  # a record for the manifest, asked after training: never worth failing the finished stage
+        if not (dist.is_available() and dist.is_initialized()):
+            return fallback
+        backend = str(dist.get_backend())
+        if backend != "undefined":
+            return backend
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        per_device = dict(part.split(":", 1) for part in str(dist.get_backend_config()).split(",") if ":" in part)
+        return per_device.get(device) or fallback
+    except Exception:  # noqa: BLE001
+        return fallback
+
 
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -58,19 +58,23 @@ def base_policy(recipe, store) -> dict:
     return {"stage": "base", "model": name, "fingerprint": "hub-" + hashlib.sha256(json.dumps(name).encode()).hexdigest()[:16]}
 
 
-def latest_policy(store, experiment: str) -> dict | None:
-    """The newest evaluated GRPO policy of this experiment (for `cycle.start_from: latest`), never one
-    whose evaluation's verdict suspected reward hacking (verdicts are kept beside the evaluations)."""
+def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...]) -> dict | None:
+    """The newest evaluated trained policy of this experiment (for `cycle.start_from: latest`): the
+    policy the `judge` stage last measured, made by one of the `trained_by` stages (the caller reads both
+    from the registry), never one whose verdict suspected reward hacking (verdicts are kept beside the
+    evaluations)."""
     from regimen.stages.cycle import REWARD_HACKING
 
     verdicts = store.verdicts_by_eval(experiment)
-    ev = next((m for m in reversed(store.versions(experiment, "eval"))
+    ev = next((m for m in reversed(store.versions(experiment, judge))
                if verdicts.get(m["version"], {}).get("verdict") not in (REWARD_HACKING, None)), None)
     if not ev:
         return None
     ref = ev["inputs"]["policy"]
-    manifest = next((m for m in store.versions(experiment, "grpo") if m["fingerprint"] == ref.get("fingerprint")), None)
+    if ref.get("stage") not in trained_by:
+        return None
+    manifest = next((m for m in store.versions(experiment, ref["stage"]) if m["fingerprint"] == ref.get("fingerprint")), None)
     if manifest is None or store.check(manifest):
         return None
     path = store.local_path(manifest)
-    return {"stage": "grpo", "version": manifest["version"], "fingerprint": manifest["fingerprint"], "path": str(path), "model": str(path / "model")}
+    return {"stage": ref["stage"], "version": manifest["version"], "fingerprint": manifest["fingerprint"], "path": str(path), "model": str(path / "model")}
