@@ -128,12 +128,24 @@ def code_version(module: str) -> str:
     return h.hexdigest()[:16]
 
 
+def content_digest(manifest: dict[str, Any]) -> str | None:
+    """What a version's model is, byte for byte: a digest of the sha256 its manifest records for each
+    file under `model/` (None when it holds no model). A stage rerun after its version was damaged can
+    produce other weights under the same fingerprint (non-deterministic kernels, another machine); a
+    consumer's fingerprint includes this, so an evaluation is reused only for the weights it measured."""
+    files = {rel: sha for rel, sha in (manifest.get("files") or {}).items() if rel.startswith("model/")}
+    return digest(files)[:32] if files else None
+
+
 def input_digests(inputs: dict[str, Any]) -> dict[str, Any]:
-    """Inputs as they enter the fingerprint: references by digest, never by local path."""
+    """Inputs as they enter the fingerprint: references by fingerprint and content digest, never by
+    local path."""
     out: dict[str, Any] = {}
     for key, value in inputs.items():
         if isinstance(value, dict) and "fingerprint" in value:
             out[key] = {"stage": value.get("stage"), "fingerprint": value["fingerprint"]}
+            if value.get("content"):
+                out[key]["content"] = value["content"]
         elif isinstance(value, list):
             out[key] = [input_digests(v) if isinstance(v, dict) else v for v in value]
         else:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from regimen.stages import registry
 from regimen.stages.contract import StageDirs, StageOutput
 from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
-from regimen.stages.fingerprint import code_version, digest, input_digests
+from regimen.stages.fingerprint import code_version, content_digest, digest, input_digests
 from regimen.stages.store import Store, now_iso
 
 log = logging.getLogger("regimen.runner")
@@ -43,6 +43,8 @@ class StageResult:
         ref = {"stage": m["stage"], "version": m["version"], "fingerprint": m["fingerprint"], "path": str(self.path)}
         if (self.path / "model").is_dir():
             ref["model"] = str(self.path / "model")
+        if content := content_digest(m):
+            ref["content"] = content
         return ref
 
 

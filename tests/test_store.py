@@ -245,3 +245,21 @@ def test_a_run_that_lost_its_lease_never_commits(tmp_path):
         with pytest.raises(StoreError, match="lost the experiment's lease"):
             store.commit(stage_files(store), manifest())
     assert store.versions("exp", "sft") == []
+
+
+def test_a_consumer_is_reused_only_for_the_weights_it_consumed(tmp_path):
+    """Two versions with one fingerprint (a stage rerun after its version was damaged) whose weights
+    differ give their consumers different fingerprints; identical weights give the same one."""
+    from conftest import TINY
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.runner import StageResult, stage_key
+
+    store = Store(tmp_path)
+    refs = []
+    for text in ("weights-a", "weights-b", "weights-a"):
+        m = store.commit(stage_files(store, text), manifest(key="same-fingerprint"))
+        refs.append(StageResult(m, False, 0.0, store.local_path(m)).ref)
+    assert len({r["fingerprint"] for r in refs}) == 1 and refs[0]["content"] != refs[1]["content"] and refs[0]["content"] == refs[2]["content"]
+    recipe = load_recipe(TINY, {"store": str(tmp_path)})
+    keys = [stage_key("eval", recipe, {"policy": r})[0] for r in refs]
+    assert keys[0] != keys[1] and keys[0] == keys[2]

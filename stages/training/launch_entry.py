@@ -32,6 +32,18 @@ def main(spec_path: str) -> None:
         from regimen.stages.store import files
 
         files.write_text(work, work / "launch_output.json", json.dumps(asdict(output), default=str))
+    _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Every rank leaves together and closes the process group before exit, as torch asks: a gloo group
+    left open can abort a rank at interpreter exit ("terminate called without an active exception"),
+    which fails a stage whose work is done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _backend() -> str | None:

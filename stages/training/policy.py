@@ -76,5 +76,8 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     manifest = next((m for m in store.versions(experiment, ref["stage"]) if m["fingerprint"] == ref.get("fingerprint")), None)
     if manifest is None or store.check(manifest):
         return None
+    from regimen.stages.fingerprint import content_digest
+
     path = store.local_path(manifest)
-    return {"stage": ref["stage"], "version": manifest["version"], "fingerprint": manifest["fingerprint"], "path": str(path), "model": str(path / "model")}
+    return {"stage": ref["stage"], "version": manifest["version"], "fingerprint": manifest["fingerprint"], "path": str(path), "model": str(path / "model"),
+            "content": content_digest(manifest)}
