@@ -49,7 +49,9 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _print_run(results: list[dict[str, Any]], started: float) -> None:
+def _print_run(results: list[dict[str, Any]], started: float, stopped: bool = False) -> None:
+    """The run's table and timings; `stopped`: the flow ended early (a gate, the guard, an interruption),
+    so the stage that stopped it is not in `results` and no overhead ratio is claimed."""
     if not results:
         return
     console.print(summary_table(results))
@@ -58,7 +60,10 @@ def _print_run(results: list[dict[str, Any]], started: float) -> None:
     total = time.perf_counter() - started
     stages = sum(r["wall_s"] for r in results)
     reused = sum(1 for r in results if r["reused"])
-    if stages:
+    if stopped:
+        console.print(f"wall time {total:.1f}s; the {len(results)} stage(s) that finished took {stages:.1f}s"
+                      + (f" ({reused} reused)" if reused else ""))
+    elif stages:
         console.print(f"wall time {total:.1f}s; stages {stages:.1f}s; orchestration overhead x{total / stages:.3f} (wall / sum of stages)"
                       + (f"; {reused} of {len(results)} stages reused" if reused else ""))
     else:
@@ -188,12 +193,12 @@ def run(
     if state.is_cancelled():
         from regimen.flows.cycle import LAST_RESULTS
 
-        _print_run(LAST_RESULTS, started)
+        _print_run(LAST_RESULTS, started, stopped=True)
         raise _interrupted(state.message or "the run was cancelled")
     try:
         results = state.result()
     except RegimenError as exc:
-        _print_run(getattr(exc, "results", []), started)
+        _print_run(getattr(exc, "results", []), started, stopped=True)
         raise
     except BaseException as exc:  # Prefect's own ending of a run (a cancel) or an unexpected crash: one line
         raise _as_regimen_error(exc, state) from None
