@@ -263,3 +263,24 @@ def test_a_consumer_is_reused_only_for_the_weights_it_consumed(tmp_path):
     recipe = load_recipe(TINY, {"store": str(tmp_path)})
     keys = [stage_key("eval", recipe, {"policy": r})[0] for r in refs]
     assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_latest_policy_takes_the_intact_version_with_the_weights_that_were_evaluated(tmp_path):
+    from regimen.stages.runner import StageResult
+    from regimen.stages.training.policy import latest_policy
+
+    store = Store(tmp_path)
+    versions = []
+    for _ in range(2):  # the same weights committed twice under one fingerprint (v1 later damaged, v2 its rerun)
+        d = store.staging_dir("exp", "grpo")
+        (d / "model").mkdir()
+        (d / "model" / "w.bin").write_text("weights")
+        versions.append(store.commit(d, manifest(stage="grpo", key="g")))
+    ref = StageResult(versions[0], False, 0.0, store.local_path(versions[0])).ref
+    e = store.staging_dir("exp", "eval")
+    (e / "metrics.json").write_text("{}")
+    ev = store.commit(e, manifest(stage="eval", key="e", inputs={"policy": ref}))
+    store.record_decision("exp", {"eval_version": ev["version"], "verdict": "back-to-sft"})
+    (store.local_path(versions[0]) / "model" / "w.bin").write_text("damaged")
+    found = latest_policy(store, "exp", "eval", ("grpo",))
+    assert found["version"] == 2 and found["content"] == ref["content"]

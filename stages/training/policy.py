@@ -73,11 +73,15 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     ref = ev["inputs"]["policy"]
     if ref.get("stage") not in trained_by:
         return None
-    manifest = next((m for m in store.versions(experiment, ref["stage"]) if m["fingerprint"] == ref.get("fingerprint")), None)
-    if manifest is None or store.check(manifest):
-        return None
     from regimen.stages.fingerprint import content_digest
 
+    # the intact version holding the weights that evaluation measured (a retrained version can share
+    # the fingerprint of a damaged one)
+    same = [m for m in reversed(store.versions(experiment, ref["stage"])) if m["fingerprint"] == ref.get("fingerprint")
+            and (not ref.get("content") or content_digest(m) == ref["content"])]
+    manifest = next((m for m in same if not store.check(m)), None)
+    if manifest is None:
+        return None
     path = store.local_path(manifest)
     return {"stage": ref["stage"], "version": manifest["version"], "fingerprint": manifest["fingerprint"], "path": str(path), "model": str(path / "model"),
             "content": content_digest(manifest)}
