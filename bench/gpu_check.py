@@ -1,7 +1,7 @@
 """The GPU check, in one script: the pipeline on a real-shaped model on one GPU, in four settings, with
 each stage's device, wall time, peak GPU memory and completions/s.
 
-    python bench/gpu_check.py [--out /tmp/gpu-check] [--quick]
+    python bench/gpu_check.py [--out DIR] [--quick]      (default DIR: a fresh temp folder, printed)
 
 Settings (each a full `regimen run`: dry run -> smoke -> GRPO -> eval, no SFT, then one with SFT):
   bf16            the real-shaped Qwen3 model (built here, ~25M parameters) in bfloat16
@@ -21,6 +21,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,10 +74,11 @@ SETTINGS = {
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/gpu-check")
+    ap.add_argument("--out", default=None, help="where models, data and runs go (default: a fresh temp folder)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    out = Path(args.out)
+    out = Path(args.out or tempfile.mkdtemp(prefix="regimen-gpu-check-"))
+    print(f"gpu check: writing under {out}")
     out.mkdir(parents=True, exist_ok=True)
     import torch
 

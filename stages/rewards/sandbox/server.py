@@ -27,8 +27,8 @@ The sample's filesystem (`slot.py`, like the cgroups and the confinement): a fre
 library (its site-packages masked by an empty tmpfs) and the multiarch shared-library folders its
 extension modules load from (with the /lib, /lib64 symlinks recreated) plus /etc/ld.so.cache; a minimal
 /dev (null, zero, full, random, urandom, a fresh /dev/shm); a new /proc (`hidepid=invisible,subset=pid`
-where the kernel has it); a fresh size-limited tmpfs on /tmp with /tmp/work (S's folder) and
-/tmp/judge (J's). The old root is detached after pivot_root, so the host's files, its pathname unix
+where the kernel has it); a fresh size-limited tmpfs as the sandbox's own temp folder, holding S's
+work folder and J's (`slot.WORKDIR_S`, `slot.WORKDIR_J`; paths inside the new root, never the host's). The old root is detached after pivot_root, so the host's files, its pathname unix
 sockets, the project and its data are simply not there. Abstract unix sockets and the network are
 per sample (a new network namespace has only a loopback interface, which is down); so is SysV IPC.
 

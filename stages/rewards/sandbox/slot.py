@@ -40,6 +40,7 @@ PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
 _PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217, "i686": 217, "i386": 217, "armv7l": 218}
 
+# Paths inside the sandbox's fresh root (its private tmpfs after pivot_root), never the host's /tmp.
 WORKDIR_S = "/tmp/work"
 WORKDIR_J = "/tmp/judge"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
