@@ -75,6 +75,24 @@ def test_the_sandboxed_judge_agrees_on_a_sample():
     assert right == [1.0] * 16 and wrong == [0.0] * 16
 
 
+def test_the_tiny_code_teacher_traces_a_third_of_what_grpo_trains_on(tmp_path):
+    """The recipe's design: the oracle traces 240 of the 720 training functions, never a held-out one,
+    and GRPO's prompts are all 720 (the verifier needs no solution)."""
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training.teacher import traces
+
+    recipe = load_recipe(ROOT / "configs" / "tiny-code.yaml", {"store": str(tmp_path)})
+    task = load_task(recipe.data)
+    assert (len(task.train), len(task.heldout)) == (720, 180)
+    rows, counts = traces(recipe, task, cycle=1, policy_path="unused by the oracle")
+    train = {r["prompt"]: r["solution"] for r in task.train}
+    assert counts == {"traces_generated": 240.0, "traces_kept": 240.0} and len({r["prompt"] for r in rows}) == 240
+    assert all(train[r["prompt"]] == r["completion"] for r in rows)  # exact traces, of training functions only
+    again, _ = traces(recipe, task, cycle=2, policy_path="unused by the oracle")
+    assert {r["prompt"] for r in again} != {r["prompt"] for r in rows}  # a later cycle draws other functions
+
+
 @pytest.mark.slow
 def test_a_shrunken_tiny_code_run_goes_end_to_end_with_the_sandboxed_judge(tmp_path):
     from regimen.stages.store import Store
