@@ -5,9 +5,10 @@ wall time each got.
 
     python bench/why_rl.py [--recipe configs/tiny-code-weak-teacher.yaml] [--json]
 
-(c) runs first (`regimen run`), and its wall time T is the budget; (a) and (b) are calibrated on a short
-run of their own (steps per second), then given the number of steps that fills T. (a) and (b) call the
-stages directly through the runner (the same code the flow runs), in fresh stores.
+(c) runs first (`regimen run`), and its wall time T is the budget; (a) and (b) are calibrated on two
+short runs of their own (k and 2k steps: the difference is the cost of k steps, the rest of the first is
+the stage's fixed cost: model load, traces, held-out eval), then given the number of steps that fills T.
+(a) and (b) call the stages directly through the runner (the same code the flow runs), in fresh stores.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ def stage_run(recipe, name: str, inputs: dict, store):
     t0 = time.perf_counter()
     result = execute(name, recipe, inputs, store, experiment=recipe.experiment)
     return result, time.perf_counter() - t0
+
+
+def steps_for(budget: float, short: float, long: float, k: int) -> tuple[int, float, float]:
+    """Steps that fill `budget`, from the wall times of a k-step and a 2k-step run: (steps, per step, fixed)."""
+    per_step = (long - short) / k
+    if per_step <= 0:  # noise larger than k steps' cost: charge everything to the steps
+        per_step = long / (2 * k)
+    fixed = max(0.0, short - k * per_step)
+    return max(k, int((budget - fixed) / per_step)), per_step, fixed
 
 
 def main() -> None:
@@ -52,25 +62,29 @@ def main() -> None:
                         "sft_pass@1": sft[0]["metrics"]["heldout_accuracy"] if sft else None,
                         "teacher_pass@1": sft[0]["metrics"].get("teacher_heldout_accuracy") if sft else None}
 
-        base = load_recipe(ROOT / args.recipe)
-        # (a) SFT only: calibrate steps/s, then fill the budget
-        cal = load_recipe(ROOT / args.recipe, {"sft.max_steps": 60, "experiment": "calib-sft"})
+        # (a) SFT only: calibrate (fixed cost and cost per step), then fill the budget
         s_store = Store(tmp / "sft-only")
-        policy = base_policy(cal, s_store)
-        r, wall = stage_run(cal, "sft", {"policy": policy, "cycle": 1}, s_store)
-        per_step = wall / 60
-        steps = max(60, int(budget / per_step))
+        walls = []
+        for k in (60, 120):
+            cal = load_recipe(ROOT / args.recipe, {"sft.max_steps": k, "experiment": f"calib-sft-{k}"})
+            policy = base_policy(cal, s_store)
+            walls.append(stage_run(cal, "sft", {"policy": policy, "cycle": 1}, s_store)[1])
+        steps, per_step, fixed = steps_for(budget, walls[0], walls[1], 60)
+        out["calibration"] = {"sft": {"per_step_s": per_step, "fixed_s": fixed}}
         sft_only = load_recipe(ROOT / args.recipe, {"sft.max_steps": steps, "experiment": "sft-only"})
         r, wall = stage_run(sft_only, "sft", {"policy": policy, "cycle": 1}, s_store)
         out["sft_only"] = {"wall_s": wall, "steps": steps, "heldout_pass@1": r.manifest["metrics"]["heldout_accuracy"]}
 
         # (b) GRPO only, from the base policy
         g_store = Store(tmp / "grpo-only")
-        cal = load_recipe(ROOT / args.recipe, {"grpo.max_steps": 10, "experiment": "calib-grpo", "probe.steps": 0})
-        policy = base_policy(cal, g_store)
-        r, wall = stage_run(cal, "grpo", {"policy": policy}, g_store)
-        per_step = wall / 10
-        steps = max(10, int(budget / per_step))
+        walls = []
+        for k in (10, 20):  # with the probe, as the run itself; its eval is part of the path's time
+            cal = load_recipe(ROOT / args.recipe, {"grpo.max_steps": k, "experiment": f"calib-grpo-{k}"})
+            policy = base_policy(cal, g_store)
+            r, wall = stage_run(cal, "grpo", {"policy": policy}, g_store)
+            walls.append(wall + stage_run(cal, "eval", {"policy": r.ref}, g_store)[1])
+        steps, per_step, fixed = steps_for(budget, walls[0], walls[1], 10)
+        out["calibration"]["grpo"] = {"per_step_s": per_step, "fixed_s": fixed}
         grpo_only = load_recipe(ROOT / args.recipe, {"grpo.max_steps": steps, "experiment": "grpo-only"})
         r, wall_g = stage_run(grpo_only, "grpo", {"policy": policy}, g_store)
         ev, wall_e = stage_run(grpo_only, "eval", {"policy": r.ref}, g_store)
@@ -80,6 +94,8 @@ def main() -> None:
         return
     print(f"budget: Regimen's cycle took {out['cycle']['wall_s']:.0f}s (exit {out['cycle']['exit']}); teacher's own held-out pass@1 "
           f"{out['cycle']['teacher_pass@1']}")
+    for name, c in out["calibration"].items():
+        print(f"calibration {name}: {c['per_step_s']:.3f} s a step, {c['fixed_s']:.1f} s fixed")
     print(f"{'path':<12} {'wall s':>8} {'steps':>7} {'held-out pass@1':>16}")
     for name in ("sft_only", "grpo_only", "cycle"):
         row = out[name]
