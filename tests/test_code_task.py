@@ -92,6 +92,15 @@ def test_the_tiny_code_teacher_traces_a_third_of_what_grpo_trains_on(tmp_path):
     again, _ = traces(recipe, task, cycle=2, policy_path="unused by the oracle")
     assert {r["prompt"] for r in again} != {r["prompt"] for r in rows}  # a later cycle draws other functions
 
+    from regimen.stages.store import Store
+    from regimen.stages.training import trajectories
+    from regimen.stages.training.grpo_trainer import build_trainer
+    from regimen.stages.training.policy import base_policy
+
+    policy = base_policy(recipe, Store(tmp_path))["model"]
+    trainer, _ = build_trainer(recipe, policy, tmp_path / "grpo", trajectories.Recorder())
+    assert sorted(trainer.train_dataset["prompt"]) == sorted(train)  # GRPO: every training function, traced or not
+
 
 @pytest.mark.slow
 def test_a_shrunken_tiny_code_run_goes_end_to_end_with_the_sandboxed_judge(tmp_path):
