@@ -64,10 +64,10 @@ def main() -> None:
 
         # (a) SFT only: calibrate (fixed cost and cost per step), then fill the budget
         s_store = Store(tmp / "sft-only")
+        policy = base_policy(load_recipe(ROOT / args.recipe), s_store)  # the same base model for every run
         walls = []
         for k in (60, 120):
             cal = load_recipe(ROOT / args.recipe, {"sft.max_steps": k, "experiment": f"calib-sft-{k}"})
-            policy = base_policy(cal, s_store)
             walls.append(stage_run(cal, "sft", {"policy": policy, "cycle": 1}, s_store)[1])
         steps, per_step, fixed = steps_for(budget, walls[0], walls[1], 60)
         out["calibration"] = {"sft": {"per_step_s": per_step, "fixed_s": fixed}}
@@ -77,10 +77,10 @@ def main() -> None:
 
         # (b) GRPO only, from the base policy
         g_store = Store(tmp / "grpo-only")
+        policy = base_policy(load_recipe(ROOT / args.recipe), g_store)
         walls = []
         for k in (10, 20):  # with the probe, as the run itself; its eval is part of the path's time
             cal = load_recipe(ROOT / args.recipe, {"grpo.max_steps": k, "experiment": f"calib-grpo-{k}"})
-            policy = base_policy(cal, g_store)
             r, wall = stage_run(cal, "grpo", {"policy": policy}, g_store)
             walls.append(wall + stage_run(cal, "eval", {"policy": r.ref}, g_store)[1])
         steps, per_step, fixed = steps_for(budget, walls[0], walls[1], 10)
