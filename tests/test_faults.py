@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,20 @@ GOOD = [{"prompt": f"Q: {i}+1=", "answer": str(i + 1)} for i in range(20)]
 
 
 def test_a_huge_row_is_refused_at_once_not_read_into_memory(tmp_path, capsys):
+    from regimen.stages.tasks import InputError, read_jsonl
+
     train = jsonl(tmp_path / "train.jsonl", GOOD[:3] + ['{"prompt": "' + "x" * (50 << 20) + '", "answer": "1"}'] + GOOD[3:])
-    started = time.monotonic()
     code, err = run_jsonl(tmp_path, capsys, train)
     assert code == 2 and f"{train}:4" in err and "over 1024 KiB" in err
-    assert time.monotonic() - started < 60
+    # the reader itself never holds the 50 MiB row: it reads at most the cap and a byte
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r":4: the line is over 1024 KiB"):
+            list(read_jsonl(train))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"peak {peak >> 20} MiB while refusing a 50 MiB row"
 
 
 @pytest.mark.parametrize("bad, needle", [

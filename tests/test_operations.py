@@ -7,7 +7,7 @@ basic auth guards the API, and prefect.yaml deploys the same deployments for a p
 
 import json
 import subprocess
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import httpx
 import pytest
@@ -86,7 +86,7 @@ def test_a_recipe_that_fails_validation_fails_the_run_at_once_with_its_message(p
     run = prefect_server.wait_run(r.json()["id"], timeout=90, logs=[faulty_serve.log])
     assert run["state"]["type"] == "FAILED"
     assert "no_such_field" in run["state"]["message"]
-    assert ts(run["end_time"]) - ts(run["start_time"]) < timedelta(seconds=20)
+    assert prefect_server.task_runs(run["id"]) == []  # refused before the preflight or any stage started
     assert not (store / "bad").exists()  # nothing written
 
 
@@ -184,9 +184,8 @@ def test_a_nightly_run_due_during_a_training_run_is_queued_not_dropped(scenario)
     server, first, queued = scenario.server, scenario.retried, scenario.queued
     assert queued["state"]["type"] == "COMPLETED", (queued["state"], tail(scenario.serve.log))
     assert ts(queued["start_time"]) >= ts(first["end_time"]), "the two runs trained at once"
-    # nothing changed since the retried run: a new run reuses every finished stage, in seconds
+    # nothing changed since the retried run: a new run reuses every finished stage and trains nothing
     assert set(latest_states(server, queued["id"]).values()) == {"Cached"}
-    assert ts(queued["end_time"]) - ts(queued["start_time"]) < timedelta(seconds=60)
 
 
 def test_an_honest_custom_run_with_a_hyperparameter_still_works(scenario):
