@@ -185,6 +185,7 @@ class Serve:
     proc: subprocess.Popen
     log: Path
     visible_s: float = 0.0  # from starting `regimen serve` to both deployments listed by the API
+    registered: dict = field(default_factory=dict)  # the deployments as the API showed them then (later tests change them)
 
 
 def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
@@ -199,7 +200,7 @@ def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
     while True:
         found = server.deployments()
         if all(name in found and found[name]["updated"] != before.get(name) for name in ("on-demand", "nightly")):
-            return Serve(proc, log, time.monotonic() - t0)
+            return Serve(proc, log, time.monotonic() - t0, found)
         if proc.poll() is not None or time.monotonic() - t0 > 90:
             stop(proc)
             raise AssertionError(f"`regimen serve` did not register its deployments (exit {proc.returncode}):\n{tail(log)}")
@@ -263,8 +264,8 @@ def scenario(prefect_server, ops_dirs, faulty_serve):
     # while nothing serves: a person pauses the nightly schedule, and retries the failed run the way
     # `prefect flow-run retry` and the UI's Retry do (force it back to Scheduled)
     nightly = sc.after_stop
-    r = prefect_server.http.patch(f"{prefect_server.api}/deployments/{nightly['id']}/schedules/{nightly['schedules'][0]['id']}",
-                                  json={"active": False})
+    r = prefect_server._retry(lambda: prefect_server.http.patch(  # SQLite busy answers 503, as for the other writes
+        f"{prefect_server.api}/deployments/{nightly['id']}/schedules/{nightly['schedules'][0]['id']}", json={"active": False}))
     assert r.status_code == 204, r.text
     r = prefect_server.post(f"/flow_runs/{run_id}/set_state",
                             {"state": {"type": "SCHEDULED", "message": "Retried via the API"}, "force": True})

@@ -24,7 +24,7 @@ pytest_plugins = ["prefect_ops"]
 pytestmark = pytest.mark.slow
 
 EXP = "resume"
-MAX_STEPS, SAVE_STEPS = 60, 10  # ~40 tiny GRPO steps a second on 2 CPU cores: a second or two to aim at
+MAX_STEPS, SAVE_STEPS = 200, 10  # ~40 tiny GRPO steps a second on 2 CPU cores: seconds to aim at, not one
 EARLIER = ("sft", "reward-dry-run", "grpo-smoke")
 
 

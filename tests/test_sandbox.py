@@ -847,8 +847,13 @@ def test_honest_controls_score_one_everywhere(hostile):
 
 @needs_isolation
 def test_batch_is_bounded(hostile):
-    # A dozen items use their whole CPU or wall-clock budget, on 2 slots: bounded well below a minute.
-    assert hostile["elapsed"] < 60, hostile["elapsed"]
+    # A dozen items use their whole CPU or wall-clock budget (each stopped at it: test_runaway_code_is_stopped),
+    # on 2 slots that work side by side: the batch takes its busier slot's items and little else, however
+    # loaded the machine is (a slot that waited on the other, or on a hung item, would add to it).
+    busy = [sum(r.duration_s for r in hostile["results"] if r.slot == s) for s in (0, 1)]
+    print(f"\nbatch {hostile['elapsed']:.1f}s, slots busy {busy[0]:.1f}s and {busy[1]:.1f}s")
+    # one slot after the other would take max(busy) + min(busy)
+    assert min(busy) > 0 and hostile["elapsed"] < max(busy) + max(2.0, min(busy) / 2), (hostile["elapsed"], busy)
 
 
 @needs_isolation
@@ -876,7 +881,7 @@ def test_an_honest_sample_beside_a_cpu_hog_scores_one(hostile):
 def test_runaway_code_is_stopped(hostile, name):
     r = hostile["by_name"][name]
     _zero(r)
-    assert r.duration_s < WALL_S + 3.0, r.duration_s
+    assert r.duration_s < WALL_S + 5.0, r.duration_s  # the wall cap, and the time to kill and reap
 
 
 @needs_isolation
@@ -1117,7 +1122,10 @@ def test_servers_are_kept_between_calls():
 
     for pid in servers:
         os.kill(pid, signal.SIGKILL)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while set(servers) & set(_children_serving()):  # killed, not yet reaped by the kernel
+        assert time.monotonic() < deadline, "SIGKILLed servers still running after 10 s"
+        time.sleep(0.05)
     restarted = run_batch([(CONTROL, CONTROL_TESTS)] * 2, workers=2, config=cfg)
     assert [r.passed for r in restarted] == [4, 4], restarted
     assert not set(servers) & set(_children_serving())
@@ -1128,7 +1136,14 @@ def test_servers_are_kept_between_calls():
         except BaseException:
             code = 2
         os._exit(code)
-    _, status = os.waitpid(child, 0)
+    deadline = time.monotonic() + 120
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:  # e.g. a lock some thread of this process held at the fork
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            raise AssertionError("the forked child did not finish in 120 s")
+        time.sleep(0.1)
+    status = done[1]
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     after = run_batch([(CONTROL, CONTROL_TESTS)] * 2, workers=2, config=cfg)
     assert [r.passed for r in after] == [4, 4], after

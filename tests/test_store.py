@@ -153,7 +153,9 @@ def test_same_size_change_is_caught_by_the_full_hash_when_mtime_moved(tmp_path):
     store = Store(tmp_path)
     m = store.commit(stage_files(store, "aaaa"), manifest(key="same"))
     path = tmp_path / "exp/sft/v1/model/w.bin"
-    path.write_text("bbbb")  # same size, new mtime
+    before = path.stat()
+    path.write_text("bbbb")  # same size, new mtime (moved by a second, for filesystems with coarse timestamps)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
     assert store.check(m) == ["model/w.bin: sha256 differs from the manifest"]
     path.write_text("aaaa")  # content restored: the full hash says intact again
     assert store.check(m) == []
