@@ -849,7 +849,7 @@ def test_honest_controls_score_one_everywhere(hostile):
 def test_batch_is_bounded(hostile):
     # A dozen items use their whole CPU or wall-clock budget (each stopped at it: test_runaway_code_is_stopped),
     # on 2 slots that work side by side: the batch takes its busier slot's items and little else, however
-    # loaded the machine is (a slot that waited on the other, or on a hung item, would add to it).
+    # loaded the machine is (time a slot spent waiting on the other would add to it).
     busy = [sum(r.duration_s for r in hostile["results"] if r.slot == s) for s in (0, 1)]
     print(f"\nbatch {hostile['elapsed']:.1f}s, slots busy {busy[0]:.1f}s and {busy[1]:.1f}s")
     # one slot after the other would take max(busy) + min(busy)
@@ -1123,7 +1123,7 @@ def test_servers_are_kept_between_calls():
     for pid in servers:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while set(servers) & set(_children_serving()):  # killed, not yet reaped by the kernel
+    while set(servers) & set(_children_serving()):  # signalled, not yet exited (a zombie has no cmdline)
         assert time.monotonic() < deadline, "SIGKILLed servers still running after 10 s"
         time.sleep(0.05)
     restarted = run_batch([(CONTROL, CONTROL_TESTS)] * 2, workers=2, config=cfg)
