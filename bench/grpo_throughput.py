@@ -24,10 +24,10 @@ def bare(config: str, policy: str, steps: int, out: str) -> None:
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training.model import load_tokenizer
     from regimen.stages.rewards import from_specs
-    from regimen.stages.training.args import grpo_args
+    from regimen.stages.recipe.trl import for_stage
 
     recipe = load_recipe(config, [f"grpo.max_steps={steps}", "grpo.save_strategy=no"])
-    args = grpo_args(recipe, out)
+    args = for_stage(recipe, "grpo", out)
     fns = from_specs(recipe.rewards)
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=policy, reward_funcs=list(fns.values()), args=args, train_dataset=Dataset.from_list(load_task(recipe.data).train),

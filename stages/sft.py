@@ -69,7 +69,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
 
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import trajectories
-    from regimen.stages.training.args import device_for, sft_args
+    from regimen.stages.recipe.trl import device_for, for_stage
     from regimen.stages.training.checkpoints import MarkComplete, train_resumable
     from regimen.stages.training.heldout import heldout_eval
     from regimen.stages.training.model import load_model, load_tokenizer
@@ -84,7 +84,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
                            f"({int(counts['traces_generated'])} generated); lower the threshold, sample more, or use a stronger teacher")
     tokenizer = load_tokenizer(policy)
     model = load_model(policy, dtype=recipe.model.dtype)
-    args = sft_args(recipe, dirs.checkpoints)
+    args = for_stage(recipe, "sft", dirs.checkpoints)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(as_sft_rows(rows)), processing_class=tokenizer,
                          peft_config=peft_config(recipe), callbacks=[MarkComplete()])
     resumed = train_resumable(trainer, dirs.checkpoints, args.max_steps)

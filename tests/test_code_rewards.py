@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from regimen.stages.rewards import code as code_rewards, sandbox
+from regimen.stages import sandbox
+from regimen.stages.rewards import code as code_rewards
 from regimen.stages.rewards.code import PROBLEMS_PATH, extract_code, has_code_block, humaneval_snippet, load_code_problems, mbpp_snippets, unit_tests_reward
 from regimen.stages.errors import InputError
 from regimen.stages.rewards import get_reward, is_gameable, known_rewards

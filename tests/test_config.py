@@ -82,7 +82,7 @@ def test_set_is_typed_by_the_schema():
 def test_batch_rule_counts_processes():
     # 16 completions suit groups of 8 on one process and on two (16x2=32), but 12 suits neither
     load_recipe(TINY, ["grpo.num_generations=8", "grpo.per_device_train_batch_size=16", "launcher=accelerate", "accelerate.num_processes=2"])
-    with pytest.raises(InputError, match="x 3 process"):
+    with pytest.raises(InputError, match=r"grpo\.(per_device_train_batch_size|num_generations).*with 3 processes"):
         load_recipe(TINY, ["grpo.num_generations=8", "grpo.per_device_train_batch_size=4", "launcher=accelerate", "accelerate.num_processes=3"])
 
 
@@ -90,11 +90,17 @@ def test_check_prints_resolved_recipe_with_where_each_value_came_from(capsys):
     code, out, _ = run_cli(["check", str(TINY)], capsys)
     assert code == 0
     resolved = yaml.safe_load(out.rsplit("\n# ", 1)[0])
-    assert resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == "none"
+    assert resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == []  # the object's value: TRL turns "none" into []
     assert resolved["experiment"] == "tiny-test"
     lines = out.splitlines()
     assert "  beta: 0.04  # recipe" in lines  # tiny.yaml sets it
-    assert any(l.startswith("  report_to: none  # TRL default") for l in lines)
+    assert any(l.startswith("  report_to: []  # TRL default") for l in lines)
+    from regimen.stages.recipe import load_recipe as load, trl
+
+    built = trl.config(load(TINY), "grpo")  # what `check` printed is read from the object training uses
+    assert resolved["grpo"]["generation_batch_size"] == built.generation_batch_size == 16
+    assert resolved["grpo"]["reward_weights"] == built.reward_weights == [1.0, 0.2]
+    assert any(l.startswith("  reward_weights: [1.0, 0.2]  # Regimen, when the trainer is built: from rewards[].weight") for l in lines)
     assert any(l.startswith("  ddp_find_unused_parameters: false  # Regimen:") for l in lines)
     assert "  max_new_tokens: 4  # from grpo.max_completion_length" in lines
 

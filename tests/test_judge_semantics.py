@@ -8,9 +8,10 @@ import textwrap
 
 import pytest
 
-from regimen.stages.rewards import get_reward, sandbox
+from regimen.stages import sandbox
+from regimen.stages.rewards import get_reward
 from regimen.stages.rewards.code import prompt_code, row_job, row_tests
-from regimen.stages.rewards.sandbox import Job, SandboxConfig, run_batch
+from regimen.stages.sandbox import Job, SandboxConfig, run_batch
 
 ISOLATED, WHY = sandbox.isolation_status()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason=f"isolated sandbox unavailable: {WHY}")
@@ -154,7 +155,7 @@ def test_the_judge_binds_only_what_it_chooses():
     the solution's but modules."""
     import math
 
-    from regimen.stages.rewards.sandbox import judge, wire
+    from regimen.stages.sandbox import judge, wire
 
     reported = [
         ("add", "import", ["operator", "add"]),  # a claim that `add` is the standard library's: not bound
@@ -184,7 +185,7 @@ def test_the_judge_binds_only_what_it_chooses():
 def test_names_the_tests_bind_are_theirs():
     """A name a test snippet binds at module level, anywhere in it, is never the solution's, even in the
     snippets before the line that binds it runs; names local to its functions and comprehensions are."""
-    from regimen.stages.rewards.sandbox.judge import test_names
+    from regimen.stages.sandbox.judge import test_names
 
     tests = [
         "assert add(1, 2) == 3\ndef expected(a, b):\n    return a + b",

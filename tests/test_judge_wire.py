@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from regimen.stages.rewards.sandbox import wire
+from regimen.stages.sandbox import wire
 
 
 PLAIN = [

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import TINY, run_flow
 from regimen.stages.recipe import load_recipe
-from regimen.stages.training.launch import accelerate_command
+from regimen.stages.launcher import accelerate_command
 from regimen.stages.store import Store
 
 
@@ -15,7 +15,7 @@ def test_command_uses_the_torchrun_path_for_several_processes(tmp_path):
     r = load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"])
     cmd = accelerate_command(r, tmp_path / "spec.json")
     assert "--multi_gpu" in cmd and "--cpu" not in cmd
-    assert cmd[cmd.index("--num_processes") + 1] == "2" and cmd[-3:] == ["-m", "regimen.stages.training.launch_entry", str(tmp_path / "spec.json")]
+    assert cmd[cmd.index("--num_processes") + 1] == "2" and cmd[-3:] == ["-m", "regimen.stages.launch_entry", str(tmp_path / "spec.json")]
     r = load_recipe(TINY, ["launcher=accelerate", "accelerate.config_file=configs/accelerate/ddp.yaml"])
     cmd = accelerate_command(r, tmp_path / "spec.json")
     assert cmd[cmd.index("--config_file") + 1] == "configs/accelerate/ddp.yaml" and "--multi_gpu" not in cmd

@@ -103,7 +103,7 @@ def test_generation_outside_trl_goes_where_the_trainer_runs(monkeypatch, real_mo
     import torch
 
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.training import args as targs
+    from regimen.stages.recipe import trl as targs
     from regimen.stages.training.model import load_policy
 
     recipe = load_recipe(REAL, [f"model.name_or_path={real_model}", f"data.data_files={ROOT / 'pyproject.toml'}"], check_trl=False)

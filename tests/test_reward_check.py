@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from regimen.stages.rewards import sandbox
+from regimen.stages import sandbox
 from regimen.stages.errors import InputError
-from regimen.stages.rewards.check import main
+from regimen.flows.present.reward_check import main
 
 SAMPLES = [
     {"prompt": "Q: 2+2=", "completion": "4", "answer": "4"},

@@ -20,10 +20,10 @@ import time
 
 import pytest
 
-from regimen.stages.rewards import sandbox
+from regimen.stages import sandbox
 from regimen.stages.rewards.code import PROBLEMS_PATH
-from regimen.stages.rewards.sandbox import Job, SandboxConfig, SandboxResult, SandboxUnavailable, run_batch, run_tests
-from regimen.stages.rewards.sandbox.server import verdict
+from regimen.stages.sandbox import Job, SandboxConfig, SandboxResult, SandboxUnavailable, run_batch, run_tests
+from regimen.stages.sandbox.server import verdict
 
 ISOLATED, WHY = sandbox.isolation_status()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason=f"isolated sandbox unavailable: {WHY}")

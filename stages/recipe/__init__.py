@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import re
-import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -145,16 +143,13 @@ def _allowed_fields(loc: tuple, err: dict[str, Any]) -> list[str]:
 
 
 def trl_check(recipe: Recipe) -> None:
-    """Build TRL's own config objects once, so TRL's cross-field validation runs before training."""
-    from regimen.stages.training.args import grpo_args, sft_args
+    """Build TRL's own config objects (`recipe/trl.py`): TRL's validation runs now, at the door."""
+    from regimen.stages.recipe import trl
 
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for section, build in (("sft", sft_args), ("grpo", grpo_args)):
-            try:
-                build(recipe, tmp)
-            except (ValueError, TypeError) as exc:
-                raise InputError(f"recipe: {section}: TRL rejects these settings: {exc}") from None
+    try:
+        trl.check(recipe)
+    except trl.Rejected as exc:
+        raise InputError(f"recipe: {exc}") from None
 
 
 def raw_of(recipe: Recipe) -> dict[str, Any]:
@@ -212,25 +207,7 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
     for section, value in dumped.items():
         given = raw.get(section, _MISSING)
         if section in ("sft", "grpo"):
-            lines.append(f"{section}:  # TRL {defaults.trl_class(section).__name__} fields")
-            given = given if isinstance(given, dict) else {}
-            shown = set()
-            for key, val in value.items():
-                if key in given:
-                    emit(1, key, val, "recipe")
-                else:
-                    emit(1, key, val, f"Regimen: {defaults.REGIMEN_DEFAULTS[section][key][1]}")
-                shown.add(key)
-            for key, (val, why) in _built_by_regimen(recipe, section).items():
-                if key not in shown:
-                    emit(1, key, val, f"Regimen, when the trainer is built: {why}")
-                    shown.add(key)
-            names = defaults.trl_fields(section) if all_fields else defaults.KEY_FIELDS[section]
-            for key in names:
-                if key not in shown and key not in defaults.RESERVED:
-                    emit(1, key, _plain(defaults.trl_default(section, key)), "TRL default")
-            if not all_fields:
-                lines.append(f"  # ... and {len(defaults.trl_fields(section)) - len(shown | set(names))} more TRL defaults (regimen check --all)")
+            _explain_trl(recipe, section, given, all_fields, emit, lines)
         elif section == "eval" and isinstance(value, dict):
             lines.append("eval:")
             for key, val in value.items():
@@ -253,26 +230,41 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
 _MISSING = object()
 
 
-def _built_by_regimen(recipe: Recipe, section: str) -> dict[str, tuple[Any, str]]:
-    """Values `training/args.py` and the GRPO trainer set when they build TRL's config (not TRL's defaults)."""
-    from regimen.stages.training.args import accelerator
+def _explain_trl(recipe: Recipe, section: str, given: Any, all_fields: bool, emit, lines: list[str]) -> None:
+    """A TRL section as training will use it: every value read from the config object itself
+    (`recipe/trl.py`), commented with where it came from."""
+    from regimen.stages.recipe import trl
 
-    out: dict[str, tuple[Any, str]] = {}
-    given = getattr(recipe, section)
-    if "use_cpu" not in given and accelerator() is None:
-        out["use_cpu"] = (True, "no CUDA or MPS on this machine")
-    if given.get("use_cpu") or "use_cpu" in out:
-        out["bf16"] = (False, "training on the CPU")
-    if section == "grpo":
-        out["reward_weights"] = ([r.weight for r in recipe.rewards], "from rewards[].weight")
-        if recipe.model.dtype != "float32":
-            out["model_init_kwargs"] = ({"dtype": recipe.model.dtype}, "from model.dtype")
-    return out
+    built = trl.config(recipe, section)
+    lines.append(f"{section}:  # TRL {type(built).__name__}, as training builds it")
+    given = given if isinstance(given, dict) else {}
+    extra = trl.settings(recipe, section)
+    names = defaults.trl_fields(section) if all_fields else defaults.KEY_FIELDS[section]
+    shown = []
+    for key in [*getattr(recipe, section), *(k for k in extra if k not in getattr(recipe, section)), *names]:
+        if key in shown or key in defaults.RESERVED - {"reward_weights"} or not hasattr(built, key):
+            continue
+        shown.append(key)
+        if key in given:
+            origin = "recipe"
+        elif key in defaults.REGIMEN_DEFAULTS[section]:
+            origin = f"Regimen: {defaults.REGIMEN_DEFAULTS[section][key][1]}"
+        elif key in extra and key in trl.BUILT_BY_REGIMEN:
+            origin = f"Regimen, when the trainer is built: {trl.BUILT_BY_REGIMEN[key]}"
+        else:
+            origin = "TRL default"
+        emit(1, key, _plain(getattr(built, key)), origin)
+    if not all_fields:
+        lines.append(f"  # ... and {len(defaults.trl_fields(section)) - len(shown)} more TRL values (regimen check --all)")
 
 
 def _plain(value: Any) -> Any:
-    if hasattr(value, "value"):  # enums
+    if hasattr(value, "value") and not isinstance(value, (list, dict)):  # enums
         return value.value
-    if isinstance(value, (str, int, float, bool, type(None), list, dict)):
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (str, int, float, bool, type(None))):
         return value
     return str(value)

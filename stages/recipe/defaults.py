@@ -34,6 +34,7 @@ KEY_FIELDS = {
             "gradient_accumulation_steps", "max_length", "completion_only_loss", "assistant_only_loss", "gradient_checkpointing",
             "bf16", "logging_steps", "save_steps", "seed", "report_to"),
     "grpo": ("max_steps", "num_train_epochs", "learning_rate", "lr_scheduler_type", "per_device_train_batch_size", "gradient_accumulation_steps",
+             "generation_batch_size", "steps_per_generation",
              "num_generations", "max_completion_length", "temperature", "top_p", "beta", "loss_type", "scale_rewards", "use_vllm",
              "gradient_checkpointing", "bf16", "logging_steps", "save_steps", "seed", "report_to"),
 }

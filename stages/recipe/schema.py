@@ -227,20 +227,10 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _rules(self) -> Recipe:
-        g = self.grpo_value
-        if g("num_generations") < 2:
-            raise ValueError("grpo.num_generations must be at least 2: GRPO compares attempts within a group")
-        if g("beta") <= 0:
+        """Regimen's own rules; TRL's (group sizes, batch divisibility, ...) run when the configs are built
+        (`recipe/trl.py`, at the door: `load_recipe`)."""
+        if self.grpo["beta"] <= 0:
             raise ValueError("grpo.beta must be > 0: Regimen's GRPO stage always trains with a KL penalty that limits drift")
-        procs = self.num_processes()
-        per_step = g("per_device_train_batch_size") * procs * (g("steps_per_generation") or g("gradient_accumulation_steps") or 1)
-        if g("generation_batch_size"):
-            per_step = g("generation_batch_size")
-        if per_step % g("num_generations"):
-            raise ValueError(
-                f"grpo: the completions per generation batch ({per_step} = per_device_train_batch_size "
-                f"{g('per_device_train_batch_size')} x {procs} process(es) x steps_per_generation) must be divisible by "
-                f"num_generations ({g('num_generations')}) so every prompt gets a whole group")
         from regimen.stages.rewards import check_specs
 
         names = check_specs(self.rewards)
@@ -254,11 +244,16 @@ class Recipe(Section):
 
     # -- resolved values ----------------------------------------------------------------------
     def grpo_value(self, key: str) -> Any:
-        """A GRPO setting as TRL will see it: the recipe's, Regimen's, else TRL's default."""
-        return self.grpo[key] if key in self.grpo else defaults.trl_default("grpo", key)
+        """A GRPO setting as training uses it: read from the recipe's `GRPOConfig` itself (`recipe/trl.py`)."""
+        from regimen.stages.recipe import trl
+
+        return getattr(trl.config(self, "grpo"), key)
 
     def sft_value(self, key: str) -> Any:
-        return self.sft[key] if key in self.sft else defaults.trl_default("sft", key)
+        """An SFT setting as training uses it: read from the recipe's `SFTConfig` itself."""
+        from regimen.stages.recipe import trl
+
+        return getattr(trl.config(self, "sft"), key)
 
     def max_new_tokens(self) -> int:
         """Completion length outside TRL (dry run, evaluation, teacher, probe): eval.max_new_tokens, else GRPO's."""

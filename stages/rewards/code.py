@@ -2,7 +2,7 @@
 and `code_block` (gameable on purpose), plus the helpers that turn datasets' test formats into jobs.
 
 A row's tests are a list of Python snippets that the sandbox's judge runs, in order, in its own process,
-calling the solution's functions in another process (see `regimen.stages.rewards.sandbox`); a snippet
+calling the solution's functions in another process (see `regimen.stages.sandbox`); a snippet
 passes when it runs to its end without raising. Each row is read in its own format, so one dataset may
 mix them (a column that is None or empty for a row does not hide that row's own format):
 - `tests`: the list itself (a single string is one snippet; a string holding a JSON list is that list),
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.rewards import sandbox
+from regimen.stages import sandbox
 from regimen.stages.errors import InputError
 from regimen.stages.rewards.registry import RewardFn, completion_text, register, register_factory
 

@@ -63,18 +63,15 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     from datasets import Dataset
     from trl import GRPOTrainer
 
+    from regimen.stages.recipe.trl import for_stage
     from regimen.stages.rewards import from_specs
     from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training.args import grpo_args
     from regimen.stages.training.checkpoints import MarkComplete
     from regimen.stages.training.model import load_tokenizer
     from regimen.stages.training.policy import peft_config
 
-    fns = from_specs(recipe.rewards)
-    overrides.setdefault("reward_weights", [recipe.reward_weights()[k] for k in fns])  # rewards[].weight: the one source
-    if recipe.model.dtype != "float32":
-        overrides.setdefault("model_init_kwargs", {"dtype": recipe.model.dtype})
-    args = grpo_args(recipe, output_dir, **overrides)
+    fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
+    args = for_stage(recipe, "grpo", output_dir, **overrides)
     task = load_task(recipe.data)
     trainer = GRPOTrainer(
         model=policy,

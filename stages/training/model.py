@@ -120,7 +120,7 @@ def load_model(path: str, *, dtype: str = "float32", device: str | None = None):
 
 def load_policy(path: str, recipe):
     """(model, tokenizer) for generation outside TRL: on the device the Trainer uses, in the recipe's dtype."""
-    from regimen.stages.training.args import device_for
+    from regimen.stages.recipe.trl import device_for
 
     return load_model(path, dtype=recipe.model.dtype, device=device_for(recipe)), load_tokenizer(path)
 

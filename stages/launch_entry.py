@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from regimen.stages.training.launch import die_with_parent, record_rank
+from regimen.stages.launcher import die_with_parent, record_rank
 
 
 def main(spec_path: str) -> None:
