@@ -11,6 +11,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # The temporary server's anonymous usage telemetry is off unless asked for: on a machine without internet
 # (a training box, CI) it prints an ERROR with a traceback at every run, which reads like Regimen failing.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Likewise the Hugging Face hub's telemetry (TRL reports each trainer it builds): a training box often has
+# no internet, and nothing Regimen does needs the hub to know.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# Logs of `regimen.*` loggers outside a flow run (the sandbox's, the store's lock) stay on the terminal and
+# are not an error: they belong to no run in the UI.
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 import logging  # noqa: E402
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from typing import Annotated, Any, Optional
 
@@ -49,9 +48,10 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _print_run(results: list[dict[str, Any]], started: float, stopped: bool = False) -> None:
-    """The run's table and timings; `stopped`: the flow ended early (a gate, the guard, an interruption),
-    so the stage that stopped it is not in `results` and no overhead ratio is claimed."""
+def _print_run(outcome, started: float) -> None:
+    """The run's table and timings. A run that stopped early (a gate, the guard, an interruption) has not
+    run the stage that stopped it, so no overhead ratio is claimed."""
+    results = outcome.results
     if not results:
         return
     console.print(summary_table(results))
@@ -60,101 +60,16 @@ def _print_run(results: list[dict[str, Any]], started: float, stopped: bool = Fa
     total = time.perf_counter() - started
     stages = sum(r["wall_s"] for r in results)
     reused = sum(1 for r in results if r["reused"])
-    if stopped:
+    if outcome.exit_code:
         console.print(f"wall time {total:.1f}s; the {len(results)} stage(s) that finished took {stages:.1f}s"
                       + (f" ({reused} reused)" if reused else ""))
-    elif stages:
-        console.print(f"wall time {total:.1f}s; stages {stages:.1f}s; orchestration overhead x{total / stages:.3f} (wall / sum of stages)"
-                      + (f"; {reused} of {len(results)} stages reused" if reused else ""))
+    elif reused < len(results):
+        console.print(f"wall time {total:.1f}s; stages {stages:.1f}s; fixed cost {total - stages:.1f}s (wall minus the stages' own time)")
     else:
-        console.print(f"wall time {total:.1f}s; all {len(results)} stages reused (nothing changed)")
+        console.print(f"wall time {total:.1f}s; every stage reused (nothing changed)")
     last_eval = next((r for r in reversed(results) if r.get("decision")), None)
     if last_eval:
         console.print(f"verdict: [bold]{last_eval['verdict']}[/] — {last_eval['decision']['reason']}")
-
-
-def warm_up_prefect() -> threading.Thread:
-    """Start Prefect's temporary server (when no PREFECT_API_URL is set) in a thread, so its boot overlaps
-    the recipe's validation and the heavy imports. The server dies with this process, even on SIGKILL:
-    it is started with PR_SET_PDEATHSIG, which Linux ties to the thread that started it, so that thread
-    stays alive (blocked) for the process's lifetime. Join `ready` before the flow starts."""
-    ready = threading.Event()
-
-    def start() -> None:
-        try:
-            from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-            if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-                return
-            from prefect.server.api.server import SubprocessASGIServer
-
-            server = SubprocessASGIServer()
-            _die_with_parent(server)
-            try:
-                server.start()
-            except Exception:  # leave nothing half-started; the flow's own start-up will report a real problem
-                server.stop()
-                return
-        finally:
-            ready.set()
-        threading.Event().wait()  # keep this thread (the server's "parent" for PDEATHSIG) alive
-
-    thread = threading.Thread(target=start, name="prefect-warm-up", daemon=True)
-    thread.ready = ready  # type: ignore[attr-defined]
-    thread.start()
-    return thread
-
-
-def _die_with_parent(server) -> None:
-    """Prefect's SubprocessASGIServer starts uvicorn with a bare Popen (`_run_uvicorn_command`, a private
-    method: there is no option for this); wrap it so the child asks Linux to kill it when we die."""
-    import subprocess
-
-    from regimen.stages.launcher import die_with_parent
-
-    original = server._run_uvicorn_command
-
-    def run_with_pdeathsig():
-        real = subprocess.Popen
-
-        class Popen(real):  # type: ignore[misc, valid-type]
-            def __init__(self, *args, **kwargs):
-                kwargs.setdefault("preexec_fn", die_with_parent)
-                super().__init__(*args, **kwargs)
-
-        subprocess.Popen = Popen  # only while this one command starts; start() runs it on this thread
-        try:
-            return original()
-        finally:
-            subprocess.Popen = real
-
-    server._run_uvicorn_command = run_with_pdeathsig
-
-
-class _QuietFailures(logging.Filter):
-    """Keep Prefect's tracebacks and 'Finished in state Failed' lines off the terminal (they stay in
-    Prefect's logs, which use another handler): the CLI prints one line of its own."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.levelno >= logging.ERROR:
-            return False
-        msg = record.getMessage()
-        if record.levelno >= logging.ERROR and "Traceback (most recent call last)" in msg:
-            return False
-        return not ("Finished in state" in msg and any(s in msg for s in ("Failed", "Cancelled", "Crashed")))
-
-
-def _quiet_prefect_console() -> None:
-    from prefect.logging.configuration import ensure_logging_setup
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    ensure_logging_setup()  # Prefect configures its handlers lazily; make them exist, then filter them
-    loggers = [logging.getLogger(), *[logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("prefect")]]
-    for logger in loggers:
-        for handler in logger.handlers:
-            terminal = isinstance(handler, PrefectConsoleHandler) or type(handler) in (logging.StreamHandler,) or type(handler).__name__ == "_SafeStreamHandler"
-            if terminal and not any(isinstance(f, _QuietFailures) for f in handler.filters):
-                handler.addFilter(_QuietFailures())
 
 
 def resolve(config: str, set_: list[str] | None, experiment: str | None, store: str | None):
@@ -168,12 +83,16 @@ def resolve(config: str, set_: list[str] | None, experiment: str | None, store: 
     return load_recipe(config, overrides)
 
 
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="show everything the libraries print (Prefect's log keeps it either way)")]
+
+
 @app.command()
 def run(
     config: Annotated[str, typer.Argument(help="YAML recipe, e.g. configs/default.yaml")],
     set_: SetOpt = None,
     store: StoreOpt = None,
     experiment: ExperimentOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the flow `regimen-cycle` over the recipe's stages and print a summary."""
     started = time.perf_counter()
@@ -181,37 +100,37 @@ def run(
 
     parse_set(set_ or [])
     read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
-    server = warm_up_prefect()
-    try:
+    from regimen.flows.present.terminal import terminal
+    from regimen.flows.server import api_for_this_run
+
+    with api_for_this_run() as api_ready:  # a temporary server boots while the recipe is validated
         recipe = resolve(config, set_, experiment, store)  # validated and resolved once: exit 2, nothing written
-        from regimen.flows.cycle import regimen_cycle_recipe
-    finally:
-        server.ready.wait()  # never start the flow while the server is half-started
-    _quiet_prefect_console()
-    console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
-    state = regimen_cycle_recipe(recipe, return_state=True)
-    if state.is_cancelled():
-        from regimen.flows.cycle import LAST_RESULTS
+        from regimen.flows.cycle import RunResult, regimen_cycle_recipe
 
-        _print_run(LAST_RESULTS, started, stopped=True)
-        raise _interrupted(state.message or "the run was cancelled")
-    try:
-        results = state.result()
-    except RegimenError as exc:
-        _print_run(getattr(exc, "results", []), started, stopped=True)
-        raise
-    except BaseException as exc:  # Prefect's own ending of a run (a cancel) or an unexpected crash: one line
-        raise _as_regimen_error(exc, state) from None
-    _print_run(results, started)
+        api_ready()
+        with terminal(console, verbose=verbose):
+            console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
+            state = regimen_cycle_recipe(recipe, return_state=True)
+            _flush_prefect_logs()
+    outcome = state.result(raise_on_failure=False)
+    if not isinstance(outcome, RunResult):  # an unexpected crash: one line, Prefect's log has the traceback
+        raise _as_regimen_error(outcome, state)
+    _print_run(outcome, started)
+    if outcome.exit_code:
+        error = InputError(outcome.message or "bad input") if outcome.exit_code == 2 else RegimenError(outcome.message or state.message or "the run stopped")
+        error.exit_code = outcome.exit_code
+        raise error
 
 
-def _interrupted(message: str) -> RegimenError:
-    import re
+def _flush_prefect_logs() -> None:
+    """Send the run's remaining log lines to Prefect before a temporary server stops (Prefect's own
+    `APILogHandler.flush`)."""
+    from prefect.logging.handlers import APILogHandler
 
-    code = re.search(r"\[exit (\d+)\]$", message)
-    error = RegimenError(re.sub(r"\s*\[exit \d+\]$", "", message))
-    error.exit_code = int(code.group(1)) if code else 130
-    return error
+    for handler in logging.getLogger("prefect.flow_runs").handlers:
+        if isinstance(handler, APILogHandler):
+            handler.flush()
+            return
 
 
 def _as_regimen_error(exc: BaseException, state) -> RegimenError:
@@ -224,6 +143,8 @@ def _as_regimen_error(exc: BaseException, state) -> RegimenError:
         from regimen.stages.store.files import describe_os_error
 
         return RegimenError(f"the run failed: {describe_os_error(exc, exc.filename or '')}")
+    if isinstance(exc, RegimenError):
+        return exc
     detail = str(exc).splitlines()[0] if str(exc) else ""
     return RegimenError(f"the run failed: {name}{': ' + detail if detail else ''} (Prefect's log has the traceback)")
 
@@ -279,20 +200,24 @@ def sweep(
     set_: SetOpt = None,
     store: StoreOpt = None,
     experiment: ExperimentOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """One GRPO+eval per value of one field (--set grpo.num_generations=2,8,16) from the same SFT, then a comparison."""
     from regimen.flows.present.comparison import COLUMNS, parse_sweep, variant
 
     field, values, rest = parse_sweep(list(set_ or []))
-    server = warm_up_prefect()
-    try:
+    from regimen.flows.present.terminal import terminal
+    from regimen.flows.server import api_for_this_run
+
+    with api_for_this_run() as api_ready:
         recipe = resolve(config, rest, experiment, store)
         variants = [variant(recipe, field, v) for v in values]  # all validated before anything runs
         from regimen.flows.sweep import regimen_sweep
-    finally:
-        server.ready.wait()
-    _quiet_prefect_console()
-    out = regimen_sweep(recipe=recipe, field=field, values=values, variants=variants)
+
+        api_ready()
+        with terminal(console, verbose=verbose):
+            out = regimen_sweep(recipe=recipe, field=field, values=values, variants=variants)
+            _flush_prefect_logs()
     table = Table(title=f"sweep over {field}")
     cols = [field, *COLUMNS]
     for c in cols:
@@ -361,6 +286,13 @@ def make_model(
 
 
 def main() -> None:
+    import atexit
+    import gc
+
+    # Runs after every exit handler registered later (Prefect's, which send the run's last events and logs):
+    # the interpreter's final garbage collection over a heap of models and libraries took 1.8 s of a tiny
+    # run's exit and frees nothing the operating system would not free at once.
+    atexit.register(gc.freeze)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         app(standalone_mode=False)

@@ -9,22 +9,39 @@ of the run); `regimen_cycle_recipe(recipe)` is what the CLI starts with the reci
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled, Completed, Failed
 
-from regimen.flows.publish import publish, publish_curves, publish_report, publish_stopped, publish_verdict
+from regimen.flows.publish import Presenter, publish, publish_curves, publish_report, publish_stopped, publish_verdict
 from regimen.stages import registry
 from regimen.stages.cycle import BACK_TO_SFT, CONTINUE, REWARD_HACKING, Evaluation, decide
-from regimen.stages.errors import StageInterrupted, StageStopped
+from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
 from regimen.stages.recipe import Recipe, load_recipe
-from regimen.stages.runner import StageResult, execute, stage_key
+from regimen.stages.runner import StageResult, execute
 from regimen.stages.store import Store
 from regimen.stages.store.lock import machine_slot
 from regimen.stages.training.policy import base_policy, latest_policy
+
+log = logging.getLogger("regimen.run")  # one line per stage start and end (the CLI shows them; Prefect's log keeps them)
+
+
+@dataclass
+class RunResult:
+    """What a run did, as the flow's result: on Completed, and as the data of the Failed or Cancelled state
+    a stopped or interrupted run ends in. The CLI reads its exit code and table from here."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)  # one summary per stage call, in order
+    exit_code: int = 0  # 0 done, 1 a gate, the guard, a stage or the store stopped it, 2 bad input, 130/143 interrupted
+    message: str | None = None  # why it stopped
+    stage: str | None = None  # the stage that stopped it
+    error: str | None = None  # the kind of stop: StageStopped, StageInterrupted, InputError, StoreError, ExperimentBusy
 
 
 def summary(result: StageResult) -> dict[str, Any]:
@@ -38,61 +55,68 @@ def summary(result: StageResult) -> dict[str, Any]:
     }
 
 
-def stage_cache_key(context: Any, parameters: dict[str, Any]) -> str:
-    """Prefect's cache key for a stage is the store's fingerprint (scoped to the store and experiment),
-    so a retried or re-triggered run shows finished stages as Cached in the UI."""
-    store = Store(parameters["store_url"])
-    where = store.root if store.local else store.url  # two checkouts' `artifacts` folders are two stores
-    scope = hashlib.sha256(f"{where}|{parameters['recipe'].experiment}".encode()).hexdigest()[:12]
-    return f"regimen-{parameters['stage']}-{scope}-{parameters['key']}"
+def key_figures(out: dict[str, Any]) -> str:
+    metrics = out.get("metrics") or {}
+    shown = [f"{k}={metrics[k]:.3g}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
+             for k in registry.get(out["stage"]).KEY_METRICS if k in metrics]
+    return ", ".join(shown)
 
 
-@task(name="stage", task_run_name="{stage} (cycle {cycle}, round {round})", cache_key_fn=stage_cache_key)
-def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], store_url: str, key: str, section: dict[str, Any],
-              cycle: int = 1, round: int = 1) -> dict[str, Any]:
-    """One stage through the store (reused by fingerprint, or run and committed), then its artifacts.
-    A stage that computes holds this machine's compute slot, so two runs take turns."""
+@dataclass
+class Run:
+    """What the stages of one run share: one Store, one Presenter (publishing off the critical path), and
+    the summaries of the stages so far."""
+
+    store: Store
+    presenter: Presenter
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+@task(name="stage", task_run_name="{stage} (cycle {cycle}, round {round})", cache_policy=NO_CACHE, persist_result=False)
+def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycle: int = 1, round: int = 1):
+    """One stage through the store: the runner reuses an intact version with the stage's fingerprint (the
+    one place that decides reuse; the task run then ends as *Cached*) or runs the stage and commits it;
+    then its artifacts. A stage that computes holds this machine's compute slot, so two runs take turns."""
     logger = get_run_logger()
-    st = Store(store_url)
+    store = run.store
 
     def progress(event: str, data: dict[str, Any]) -> None:  # the probe curve, live in the UI while GRPO trains
         if event == "probe":
-            publish_curves(recipe.experiment, {f"{stage} (running, cycle {cycle}.{round})": data["log_history"]},
-                           st.experiment_dir(recipe.experiment, "plots") / "grpo_running.png",
-                           f"{stage} cycle {cycle}.{round}: training reward and held-out probe, step {data['step']}", key="curves")
+            run.presenter.submit_latest("curves", publish_curves, recipe.experiment, {f"{stage} (running, cycle {cycle}.{round})": data["log_history"]},
+                                        store.experiment_dir(recipe.experiment, "plots") / "grpo_running.png",
+                                        f"{stage} cycle {cycle}.{round}: training reward and held-out probe, step {data['step']}", key="curves")
 
-    result = execute(stage, recipe, inputs, st, key=(key, section), cycle=cycle, round_=round,
+    result = execute(stage, recipe, inputs, store, cycle=cycle, round_=round,
                      slot=lambda: machine_slot(f"{recipe.experiment}/{stage}", say=logger.warning), progress=progress)
-    publish(result, st)
-    logger.info("%s v%s %s in %.1fs", stage, result.manifest["version"], "reused" if result.reused else "ran", result.wall_s)
-    return summary(result)
+    run.presenter.submit(publish, result, store)
+    out = summary(result)
+    return Completed(name="Cached", data=out) if result.reused else out  # how Prefect names a reused result in the UI
 
 
-def stage(name: str, recipe: Recipe, inputs: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int = 1, round: int = 0) -> dict[str, Any]:
-    """Run `name` as a task; Prefect's cache may only answer for versions the store still holds intact."""
-    key, section = stage_key(name, recipe, inputs)  # once per stage call
-    in_store = st.find_intact(recipe.experiment, name, key)[0] is not None
-    state = run_stage.with_options(refresh_cache=not in_store)(name, recipe, inputs, st.url, key, section, cycle=cycle, round=round, return_state=True)
-    out = state.result()
-    if state.name == "Cached":
-        out = {**out, "reused": True, "wall_s": 0.0}
-    results.append(out)
+def stage(name: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycle: int = 1, round: int = 0) -> dict[str, Any]:
+    """Run `name` as a task and add its summary to the run's results."""
+    where = f"cycle {cycle}" + (f", round {round}" if round else "")
+    log.info("%s (%s) ...", name, where)
+    out = run_stage(name, recipe, inputs, run, cycle=cycle, round=round, return_state=True).result()
+    log.info("%s v%s %s in %.1fs%s", name, out["version"], "reused" if out["reused"] else "ran", out["wall_s"],
+             f": {figures}" if (figures := key_figures(out)) else "")
+    run.results.append(out)
     return out
 
 
-@task(name="verdict", task_run_name="verdict (cycle {cycle}, round {round})")
-def record_verdict(store_url: str, recipe: Recipe, history: list[dict[str, Any]], eval_result: dict[str, Any], cycle: int, round: int) -> dict[str, Any]:
+@task(name="verdict", task_run_name="verdict (cycle {cycle}, round {round})", cache_policy=NO_CACHE, persist_result=False)
+def record_verdict(run: Run, recipe: Recipe, history: list[dict[str, Any]], eval_result: dict[str, Any], cycle: int, round: int) -> dict[str, Any]:
     """Evaluation measures; the flow decides: the pure decision on the history, kept beside the evaluation."""
     decision = decide([Evaluation.from_dict(e) for e in history], recipe.cycle).as_dict()
     record = {"eval_version": eval_result["version"], "eval_fingerprint": eval_result["ref"]["fingerprint"], "cycle": cycle, "round": round,
               "cycle_settings": recipe.cycle.model_dump(mode="json"), "history": history, **decision}
-    Store(store_url).record_decision(recipe.experiment, record)
-    publish_verdict(recipe.experiment, record, eval_result["path"])
+    run.store.record_decision(recipe.experiment, record)
+    run.presenter.submit(publish_verdict, recipe.experiment, record, eval_result["path"])
     return record
 
 
-@flow(name="regimen-cycle")
-def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+@flow(name="regimen-cycle", persist_result=False)
+def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, overrides: dict[str, Any] | None = None):
     """Train a policy in cycles of SFT and GRPO from a recipe.
 
     Args:
@@ -112,16 +136,13 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
     return run_cycles(recipe)
 
 
-@flow(name="regimen-cycle", validate_parameters=False)
-def regimen_cycle_recipe(recipe: Recipe) -> list[dict[str, Any]]:
+@flow(name="regimen-cycle", validate_parameters=False, persist_result=False)
+def regimen_cycle_recipe(recipe: Recipe):
     """The same cycles for a recipe the caller (the CLI) has already resolved."""
     return run_cycles(recipe)
 
 
-LAST_RESULTS: list[dict[str, Any]] = []  # what the last run in this process did (the CLI prints it after an interruption)
-
-
-@task(name="preflight")
+@task(name="preflight", cache_policy=NO_CACHE, persist_result=False)
 def preflight(recipe: Recipe) -> dict[str, Any]:
     """Data and rewards checked before anything trains or anything is written (`stages/preflight.py`)."""
     from regimen.stages import preflight as checks
@@ -130,33 +151,32 @@ def preflight(recipe: Recipe) -> dict[str, Any]:
 
 
 def run_cycles(recipe: Recipe):
-    """The cycles under the experiment's lock. An interruption (Ctrl-C, SIGTERM, a cancel) ends the run
-    as Cancelled in Prefect, with what was interrupted and how a rerun resumes as its message."""
-    from prefect.states import Cancelled
-
-    preflight(recipe)
-    st = Store(recipe.store)
+    """The cycles under the experiment's lock, with one Store for the whole run. Returns a RunResult; a run
+    that a gate, the guard, a stage or the store stopped ends as Failed, an interrupted one (Ctrl-C,
+    SIGTERM, a cancel) as Cancelled, each with its message and the RunResult as the state's data."""
     results: list[dict[str, Any]] = []
-    LAST_RESULTS[:] = []
-    with st.lock(recipe.experiment):
-        try:
-            cycles(recipe, st, results)
-        except StageInterrupted as exc:
-            LAST_RESULTS[:] = results
-            return Cancelled(message=f"{exc} [exit {exc.exit_code}]")
-        except StageStopped as exc:
-            exc.results = results  # type: ignore[attr-defined]
-            if exc.stage in registry.in_role("train") and str(exc.reason).startswith(REWARD_HACKING):
-                _publish_stopped(recipe, st, exc)
-            raise
-        finally:
-            LAST_RESULTS[:] = results
-            if results:
-                try:
-                    publish_report(st, recipe)
-                except Exception as exc:  # noqa: BLE001 - a report is never worth hiding the run's own outcome
-                    get_run_logger().warning("could not publish the report: %s", exc)
-    return results
+    presenter = Presenter()
+    try:
+        preflight(recipe)
+        run = Run(Store(recipe.store), presenter, results)
+        with run.store.lock(recipe.experiment):
+            try:
+                cycles(recipe, run)
+            except StageStopped as exc:
+                if exc.stage in registry.in_role("train") and str(exc.reason).startswith(REWARD_HACKING):
+                    presenter.submit(_publish_stopped, recipe, run.store, exc)
+                raise
+            finally:
+                if results:
+                    presenter.submit(publish_report, run.store, recipe)
+                presenter.close()  # what is still queued is published before the run ends
+    except StageInterrupted as exc:
+        return Cancelled(message=str(exc), data=RunResult(results, exc.exit_code, str(exc), exc.stage, type(exc).__name__))
+    except RegimenError as exc:  # a gate, the guard, a stage, the store, the lock; bad input found at preflight
+        return Failed(message=str(exc), data=RunResult(results, exc.exit_code, str(exc), getattr(exc, "stage", None), type(exc).__name__))
+    finally:
+        presenter.close()
+    return RunResult(results)
 
 
 def _publish_stopped(recipe: Recipe, st: Store, exc: StageStopped) -> None:
@@ -169,48 +189,49 @@ def _publish_stopped(recipe: Recipe, st: Store, exc: StageStopped) -> None:
     publish_stopped(recipe.experiment, exc.stage, exc.reason, attempt)
 
 
-def teach(recipe: Recipe, policy: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int) -> tuple[dict[str, Any], float]:
+def teach(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> tuple[dict[str, Any], float]:
     """The cycle's starting policy and its held-out accuracy (the cycle's baseline): the teach stages
     where the recipe has a teacher, else the judge on the policy as it is."""
     if recipe.trains_sft() and registry.in_role("teach"):
         for name in registry.in_role("teach"):
-            out = stage(name, recipe, {"policy": policy, "cycle": cycle}, st, results, cycle)
+            out = stage(name, recipe, {"policy": policy, "cycle": cycle}, run, cycle)
             policy = out["ref"]
         return policy, out["metrics"]["heldout_accuracy"]
-    base = stage(registry.judge(), recipe, {"policy": policy}, st, results, cycle, 0)
+    base = stage(registry.judge(), recipe, {"policy": policy}, run, cycle, 0)
     return policy, base["metrics"]["heldout_accuracy"]
 
 
-def gates(recipe: Recipe, policy: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int) -> None:
+def gates(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> None:
     """Every gate on the policy, in order; a gate that fails stops the flow (StageStopped)."""
     for name in registry.in_role("gate"):
-        stage(name, recipe, {"policy": policy}, st, results, cycle)
+        stage(name, recipe, {"policy": policy}, run, cycle)
 
 
-def train_round(recipe: Recipe, policy: dict[str, Any], st: Store, results: list[dict[str, Any]], cycle: int, round: int) -> dict[str, Any]:
+def train_round(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int, round: int) -> dict[str, Any]:
     """The train stages of one round, each from the previous one's policy; the last one's result."""
     for name in registry.in_role("train"):
-        out = stage(name, recipe, {"policy": policy}, st, results, cycle, round)
+        out = stage(name, recipe, {"policy": policy}, run, cycle, round)
         policy = out["ref"]
     return out
 
 
-def cycles(recipe: Recipe, st: Store, results: list[dict[str, Any]]) -> None:
+def cycles(recipe: Recipe, run: Run) -> None:
     """Cycle after cycle: the teach stages (where a teacher exists), the gates, then training rounds each
     measured by the judge. Which stage plays which role is the registry's (`stages/registry.py`)."""
+    st = run.store
     latest = recipe.cycle.start_from == "latest" and latest_policy(st, recipe.experiment, registry.judge(), registry.in_role("train"))
     policy = latest or base_policy(recipe, st)
     history: list[dict[str, Any]] = []
     for cycle in range(1, recipe.cycle.max_cycles + 1):
-        policy, baseline = teach(recipe, policy, st, results, cycle)
+        policy, baseline = teach(recipe, policy, run, cycle)
         history.append(Evaluation(cycle, 0, baseline).__dict__)
-        gates(recipe, policy, st, results, cycle)
+        gates(recipe, policy, run, cycle)
         for round in range(1, recipe.cycle.max_rounds + 1):
-            trained = train_round(recipe, policy, st, results, cycle, round)
+            trained = train_round(recipe, policy, run, cycle, round)
             policy, g = trained["ref"], trained["metrics"]
-            ev = stage(registry.judge(), recipe, {"policy": policy}, st, results, cycle, round)
+            ev = stage(registry.judge(), recipe, {"policy": policy}, run, cycle, round)
             history.append(Evaluation(cycle, round, ev["metrics"]["heldout_accuracy"], g.get("train_reward_last"), g.get("train_reward_first")).__dict__)
-            verdict = record_verdict(st.url, recipe, list(history), ev, cycle, round)
+            verdict = record_verdict(run, recipe, list(history), ev, cycle, round)
             ev.update(verdict=verdict["verdict"], decision=verdict)
             if verdict["verdict"] != CONTINUE:
                 break

@@ -1,5 +1,6 @@
 """Deployments of the flow `regimen-cycle`: `on-demand` (no schedule: the UI's Run button) and `nightly`
-(a cron schedule), served by this process with Prefect's `serve`. `prefect.yaml` makes the same two
+(a cron schedule), served by this process with Prefect's Runner (`_serve`: Prefect's `serve` built from
+its public parts, so that runs execute this process's flow object). `prefect.yaml` makes the same two
 deployments for a process work pool (`prefect deploy --all`, then `prefect worker start`).
 
 The parameters a person fills in on the UI's "Custom run" form are the flow's own (config, experiment,
@@ -33,8 +34,7 @@ from typing import Any
 from prefect.client.schemas.actions import DeploymentScheduleCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.client.schemas.schedules import CronSchedule
-from prefect.deployments.runner import EntrypointType, RunnerDeployment
-from prefect.utilities.callables import ParameterSchema
+from prefect.deployments.runner import EntrypointType
 
 FLOW = "regimen-cycle"
 ON_DEMAND = "on-demand"
@@ -43,47 +43,35 @@ DEFAULT_CRON = "0 2 * * *"
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
 
 
-class ClosedParameterSchema(ParameterSchema):
-    """The flow's parameter schema with `additionalProperties: false`, so the server also refuses an
-    unknown parameter (a typo such as `overide`) with 409 instead of creating a run that crashes."""
-
-    additionalProperties: bool = False
-
-
-def _refuse_unknown_parameters(deployment: RunnerDeployment) -> RunnerDeployment:
-    # Prefect keeps the schema in a private attribute and offers no option for this; if that changes,
-    # unknown parameters are merely accepted (and the run fails at once), so fall back quietly.
-    schema = getattr(deployment, "_parameter_openapi_schema", None)
-    if isinstance(schema, ParameterSchema):
-        deployment._parameter_openapi_schema = ClosedParameterSchema(**schema.model_dump(), additionalProperties=False)
-    return deployment
-
-
-def deployments(config: str, *, cron: str = DEFAULT_CRON, timezone: str = "UTC", nightly_paused: bool = False) -> list[RunnerDeployment]:
-    """The two deployments, with `config` (a recipe name inside the configs folder) as their default."""
-    from regimen.flows.cycle import regimen_cycle
-
-    defaults: dict[str, Any] = {"config": config}
+def deployment_options(config: str, *, cron: str = DEFAULT_CRON, timezone: str = "UTC", nightly_paused: bool = False) -> dict[str, dict[str, Any]]:
+    """The two deployments' options (`Runner.add_flow` keyword arguments), with `config` (a recipe name
+    inside the configs folder) as their default."""
     common: dict[str, Any] = dict(
-        parameters=defaults,
+        parameters={"config": config},
         concurrency_limit=ONE_AT_A_TIME,
         enforce_parameter_schema=True,
-        entrypoint_type=EntrypointType.MODULE_PATH,  # flows.cycle.regimen_cycle: independent of the working folder
+        entrypoint_type=EntrypointType.MODULE_PATH,  # recorded for people; serve runs its own flow object, never the entrypoint
         tags=["regimen"],
     )
-    return [_refuse_unknown_parameters(d) for d in (
-        regimen_cycle.to_deployment(
-            ON_DEMAND,
-            description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, experiment or overrides).",
-            **common,
-        ),
-        regimen_cycle.to_deployment(
-            NIGHTLY,
-            schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone=timezone), active=not nightly_paused)],
-            description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
-            **common,
-        ),
-    )]
+    return {
+        ON_DEMAND: dict(description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, experiment or overrides).", **common),
+        NIGHTLY: dict(schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone=timezone), active=not nightly_paused)],
+                      description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
+                      **common),
+    }
+
+
+def closed_parameter_schema() -> dict[str, Any]:
+    """The flow's parameter schema (Prefect's public `parameter_schema`) with `additionalProperties:
+    false`, so the server also refuses an unknown parameter (a typo such as `overide`) with 409 instead
+    of creating a run that crashes."""
+    from prefect.utilities.callables import parameter_schema
+
+    from regimen.flows.cycle import regimen_cycle
+
+    schema = parameter_schema(regimen_cycle).model_dump_for_openapi()
+    schema["additionalProperties"] = False
+    return schema
 
 
 def check_schedule(cron: str, timezone: str) -> None:
@@ -145,7 +133,8 @@ def operator_environment(config: str, store: str, allow: list[str], configs_dir:
 def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None,
                       configs_dir: str | None = None) -> None:
     """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped."""
-    from prefect import serve
+    import asyncio
+
     from rich.console import Console
 
     from regimen.stages.recipe import load_recipe
@@ -160,8 +149,35 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
     if paused:
         err.print(f"{FLOW}/{NIGHTLY} was paused on the server and stays paused: resume its schedule in the UI "
                   f"or with `prefect deployment schedule resume {FLOW}/{NIGHTLY} SCHEDULE_ID`", markup=False, highlight=False)
-    serve(*deployments(name, cron=cron, timezone=timezone, nightly_paused=paused), limit=1, pause_on_shutdown=False)
+    from prefect.exceptions import TerminationSignal
+
+    try:
+        asyncio.run(_serve(deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused)))
+    except (KeyboardInterrupt, TerminationSignal):
+        pass
     err.print(f"serve stopped. The schedule of {FLOW}/{NIGHTLY} is left as it is"
               + ("" if paused else ": runs due while nothing serves them show as Late and start when `regimen serve` runs again")
               + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause {FLOW}/{NIGHTLY} SCHEDULE_ID`"
               " (`prefect deployment schedule ls` shows the id).", markup=False, highlight=False)
+
+
+async def _serve(options: dict[str, dict[str, Any]]) -> None:
+    """Prefect's `serve`, built from its public parts so that each flow run executes this process's own
+    flow object: `Runner.add_flow` registers the flow itself, and its runs start as
+    `run_flow_in_subprocess(flow, ...)`, which never reads a deployment's entrypoint, path or pull steps
+    from the server (`Runner.add_deployment`, what `serve()` uses, re-resolves them at every run, also in
+    this process on a crash or a cancel). One run at a time (`limit=1`); stopping leaves the schedules as
+    they are (`pause_on_shutdown=False`)."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.runner import Runner
+
+    from regimen.flows.cycle import regimen_cycle
+
+    runner = Runner(name="regimen", limit=1, pause_on_shutdown=False)
+    ids = {name: await runner.aadd_flow(regimen_cycle, name=name, **kw) for name, kw in options.items()}
+    schema = closed_parameter_schema()
+    async with get_client() as client:
+        for deployment_id in ids.values():
+            await client.update_deployment(deployment_id, DeploymentUpdate(parameter_openapi_schema=schema))
+    await runner.start()

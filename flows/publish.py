@@ -1,13 +1,23 @@
 """Prefect artifacts from stage outputs: a metrics table, a sample of trajectories, a link to the folder,
 the cycle's verdict, and the plots, shown *in* the UI (markdown artifacts with the PNG as a
 `data:image/png;base64,...` image; a `file://` link is something the UI cannot open).
-Keys are `<experiment>-<stage>`, so versions accumulate in the UI."""
+Keys are `<experiment>-<stage>`, so versions accumulate in the UI.
+
+Publishing is off the training's critical path (`Presenter`): plots and API calls run on one background
+thread while the next stage computes, a live probe plot asked for while the previous one is still being
+drawn replaces it (the latest wins), and a run waits for what is still queued only when it ends. A plot or
+an artifact that fails (the Prefect server is away, a full disk) is a warning, never the run's failure.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
@@ -15,6 +25,51 @@ from regimen.flows.present.fmt import cell, rounded
 from regimen.stages import registry
 from regimen.stages.runner import StageResult
 from regimen.stages.training import trajectories
+
+
+log = logging.getLogger("regimen.publish")
+
+
+class Presenter:
+    """One background thread for a run's plots and artifacts (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="regimen-publish")
+        self.pending: list[Future] = []
+        self.latest: dict[str, tuple[Callable[..., Any], tuple, dict]] = {}
+        self.lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Run `fn` on the publishing thread, in the caller's context (Prefect's run context: artifacts are
+        linked to the flow and task run that asked for them)."""
+        ctx = contextvars.copy_context()
+        with self.lock:
+            self.pending = [f for f in self.pending if not f.done()]
+            self.pending.append(self.pool.submit(ctx.run, self._guarded, fn, args, kwargs))
+
+    def submit_latest(self, slot: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Like `submit`, but while a job of this `slot` waits, a newer one replaces its arguments."""
+        with self.lock:
+            queued = slot in self.latest
+            self.latest[slot] = (fn, args, kwargs)
+        if not queued:
+            self.submit(self._run_latest, slot)
+
+    def _run_latest(self, slot: str) -> None:
+        with self.lock:
+            fn, args, kwargs = self.latest.pop(slot)
+        fn(*args, **kwargs)
+
+    @staticmethod
+    def _guarded(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - presentation never fails a run
+            log.warning("could not publish %s: %s", getattr(fn, "__name__", "an artifact"), str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+
+    def close(self) -> None:
+        """Wait for everything queued, then stop the thread."""
+        self.pool.shutdown(wait=True)
 
 
 def artifact_key(*parts: str) -> str:

@@ -4,16 +4,17 @@ value of one field."""
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from regimen.flows.cycle import gates, preflight, stage, train_round
+from regimen.flows.cycle import Run, gates, preflight, stage, train_round
 from regimen.flows.present.comparison import comparison
 from regimen.flows.present.plots import data_uri, read_log
-from regimen.flows.publish import artifact_key
+from regimen.flows.publish import Presenter, artifact_key
 from regimen.stages import registry
 from regimen.stages.recipe import Recipe
 from regimen.stages.store import Store
@@ -25,19 +26,20 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
     """Compare values of one recipe field (e.g. grpo.num_generations=[2, 8, 16]) from the same SFT policy."""
     preflight(recipe)
     st = Store(recipe.store)
-    results: list[dict[str, Any]] = []
+    run = Run(st, Presenter())
+    results = run.results
     rows, logs = [], {}
-    with st.lock(recipe.experiment):
+    with st.lock(recipe.experiment), closing(run.presenter):
         policy = base_policy(recipe, st)
         if recipe.trains_sft():
             for name in registry.in_role("teach"):
-                policy = stage(name, recipe, {"policy": policy, "cycle": 1}, st, results)["ref"]
-        gates(recipe, policy, st, results, 1)
+                policy = stage(name, recipe, {"policy": policy, "cycle": 1}, run)["ref"]
+        gates(recipe, policy, run, 1)
         for value, r in zip(values, variants):
             t0 = time.perf_counter()
-            grpo = train_round(r, policy, st, results, 1, 1)
+            grpo = train_round(r, policy, run, 1, 1)
             g = grpo["metrics"]
-            ev = stage(registry.judge(), r, {"policy": grpo["ref"]}, st, results, 1, 1)
+            ev = stage(registry.judge(), r, {"policy": grpo["ref"]}, run, 1, 1)
             per_step = r.grpo_value("per_device_train_batch_size") * r.num_processes()
             rows.append({field: value, "heldout_accuracy": ev["metrics"]["heldout_accuracy"], "train_reward_mean": g.get("train_reward_mean"),
                          "frac_reward_zero_std_mean": g.get("frac_reward_zero_std_mean"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 from typing import Any
 
 from regimen.stages.contract import StageOutput

@@ -54,12 +54,29 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 
 def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = None, overrides: dict | None = None):
-    """The flow as the CLI starts it: the recipe resolved once, then handed to `regimen_cycle_recipe`."""
-    from regimen.flows.cycle import regimen_cycle_recipe
+    """The flow as the CLI starts it: the recipe resolved once, then handed to `regimen_cycle_recipe`.
+    Returns the stages' summaries; a run that stopped raises the error the CLI would exit with."""
+    from regimen.flows.cycle import RunResult, regimen_cycle_recipe
+    from regimen.stages.errors import InputError, RegimenError
     from regimen.stages.recipe import load_recipe
 
     extra = dict(overrides or {})
     extra["store"] = str(store)
     if experiment:
         extra["experiment"] = experiment
-    return regimen_cycle_recipe(load_recipe(config, extra))
+    state = regimen_cycle_recipe(load_recipe(config, extra), return_state=True)
+    outcome = state.result(raise_on_failure=False)
+    if not isinstance(outcome, RunResult):
+        raise outcome
+    if outcome.exit_code:
+        from regimen.stages import errors
+
+        kind = getattr(errors, outcome.error or "", None)
+        if kind is errors.StageStopped:
+            error = kind(outcome.stage, outcome.message.removeprefix(f"{outcome.stage}: "))
+        else:
+            error = (kind if isinstance(kind, type) and kind not in (errors.StageInterrupted,) else (InputError if outcome.exit_code == 2 else RegimenError))(outcome.message)
+        error.exit_code = outcome.exit_code
+        error.results = outcome.results
+        raise error
+    return outcome.results

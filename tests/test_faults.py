@@ -236,12 +236,12 @@ def test_no_prefect_server_outlives_a_sigkilled_run(tmp_path):
     proc = _start(store)
     try:
         _wait_for(store, "tiny-test/sft/running.json", proc)
-        servers = [k for k in _children(proc.pid) if b"uvicorn" in Path(f"/proc/{k}/cmdline").read_bytes()]
+        servers = [k for k in _children(proc.pid) if b"regimen.flows.server" in Path(f"/proc/{k}/cmdline").read_bytes()]
         assert servers, "the temporary Prefect server should be a child of the run"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 20
-        while any(Path(f"/proc/{k}").exists() and b"uvicorn" in Path(f"/proc/{k}/cmdline").read_bytes() for k in servers):
+        while any(Path(f"/proc/{k}").exists() and b"regimen.flows.server" in Path(f"/proc/{k}/cmdline").read_bytes() for k in servers):
             assert time.monotonic() < deadline, "the temporary Prefect server outlived its SIGKILLed parent"
             time.sleep(0.2)
     finally:

@@ -23,7 +23,7 @@ import pytest
 from regimen.stages import sandbox
 from regimen.stages.rewards.code import PROBLEMS_PATH
 from regimen.stages.sandbox import Job, SandboxConfig, SandboxResult, SandboxUnavailable, run_batch, run_tests
-from regimen.stages.sandbox.server import verdict
+from regimen.stages.sandbox.sample import verdict
 
 ISOLATED, WHY = sandbox.isolation_status()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason=f"isolated sandbox unavailable: {WHY}")

@@ -220,10 +220,10 @@ def test_an_expired_lease_of_a_crashed_holder_is_taken_over(tmp_path):
 
     url = "memory://regimen-lease-expired"
     store = Store(url, cache_dir=tmp_path / "m1")
-    store.fs.pipe_file(store._join("exp", ".lease.json"), _json.dumps({"owner": "pid 1 on crashed", "token": "x", "expires": _time.time() - 1}).encode())
+    store.fs.pipe_file(store.join("exp", ".lease.json"), _json.dumps({"owner": "pid 1 on crashed", "token": "x", "expires": _time.time() - 1}).encode())
     with store.lock("exp"):
-        assert _json.loads(store.fs.cat_file(store._join("exp", ".lease.json")))["token"] != "x"
-    store.fs.pipe_file(store._join("exp", ".lease.json"), _json.dumps({"owner": "pid 2 on alive", "token": "y", "expires": _time.time() + 60}).encode())
+        assert _json.loads(store.fs.cat_file(store.join("exp", ".lease.json")))["token"] != "x"
+    store.fs.pipe_file(store.join("exp", ".lease.json"), _json.dumps({"owner": "pid 2 on alive", "token": "y", "expires": _time.time() + 60}).encode())
     with pytest.raises(ExperimentBusy, match="pid 2 on alive"):
         with Store(url, cache_dir=tmp_path / "m2").lock("exp"):
             pass
@@ -238,7 +238,7 @@ def test_a_run_that_lost_its_lease_never_commits(tmp_path):
 
     url = "memory://regimen-lease-lost"
     store = Store(url, cache_dir=tmp_path / "m1")
-    path = store._join("exp", ".lease.json")
+    path = store.join("exp", ".lease.json")
     with lease(store.fs, path, experiment="exp", url=url, ttl_s=0.3, lost=lost_lease(url, "exp")):
         store.fs.pipe_file(path, _json.dumps({"owner": "another machine", "token": "theirs", "expires": _time.time() + 60}).encode())
         deadline = _time.time() + 5

@@ -3,7 +3,6 @@ failed attempts, a run in progress or interrupted, and the last good Trainer che
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from regimen.stages import registry
@@ -15,19 +14,16 @@ from regimen.stages.training.checkpoints import last_checkpoint
 def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
     check_name(experiment)
     store = Store(store_url)
-    if store.local and not (Path(store.root) / experiment).is_dir() and not (store.cache / experiment).is_dir():
-        raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
-    if not store.local and not store.fs.exists(store._join(experiment)):
+    if not store.has_experiment(experiment):
         raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
     verdicts = store.verdicts_by_eval(experiment)
     rows = []
     for stage in registry.NAMES:
-        versions, malformed = store._scan(experiment, stage)
+        versions, malformed = store.scan(experiment, stage)
         failures = store.failures(experiment, stage)
         running = store.running_info(experiment, stage)
         damaged = [f"v{m['version']} ({'; '.join(p)})" for m in versions if (p := store.check(m))]
-        work = Path(store.cache) / experiment / stage / "work"
-        ckpts = [c for d in sorted(work.glob("*")) if d.is_dir() and not d.is_symlink() and (c := last_checkpoint(d))] if work.is_dir() else []
+        ckpts = [c for d in store.work_dirs(experiment, stage) if (c := last_checkpoint(d))]
         latest = versions[-1] if versions else None
         last_fail = failures[-1] if failures else None
         if running and not running.get("stale"):

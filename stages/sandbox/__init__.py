@@ -14,11 +14,13 @@ that judges it, and sees nothing of the host it does not need. Per sample, two p
   nothing the solution patches (builtins, `math.isclose`, its own `abs`) changes what the tests call.
   Only J and the trusted set-up code write results; S never holds the result pipe.
 
-Both run in the per-sample namespaces built by `server.py` (the process tree and the job loop) and
-`slot.py` (a minimal allow-listed root, fresh /tmp, /dev/shm, /proc, IPC and network), as different
-unprivileged uids, under rlimits, cgroups (a CPU share per slot, CPU-time accounting, memory and pids
-limits) and a seccomp filter (`syscalls.py`). `pool.py` is the parent side: worker slots, one warm
-server process each, kept between calls with the same limits (`shutdown()` closes them; so does exit).
+Both run in the per-sample namespaces built by `tree.py` (the process tree of a sample), `slot.py` (a
+minimal allow-listed root, fresh /tmp, /dev/shm, /proc, IPC and network), as different unprivileged
+uids, under rlimits, cgroups (a CPU share per slot, CPU-time accounting, memory and pids limits) and a
+seccomp filter (`syscalls.py`); `server.py` runs one slot's job loop and `sample.py` watches one sample.
+The parent side: `jobs.py` (what is asked, what comes back), `worker.py` (one server process's handle)
+and `pool.py` (worker slots, one warm server process each, kept between calls with the same limits;
+`shutdown()` closes them, so does exit).
 
 What a test can do with the solution: call its top-level functions with plain-data arguments (copies:
 in-place changes are not seen) and get plain-data results (an instance of a subclass of a plain type,
@@ -49,7 +51,9 @@ uid drop either: the solution runs as the caller's user and can signal the calle
 is logged.
 """
 
-from .pool import Job, SandboxConfig, SandboxResult, SandboxUnavailable, as_job, isolation_status, run_batch, run_tests, shutdown
-from .pool import _default_uid_base, _Server, _unavailable_message  # noqa: F401  (used by tests)
+from .jobs import Job, SandboxConfig, SandboxResult, SandboxUnavailable, as_job
+from .jobs import _default_uid_base, _unavailable_message  # noqa: F401  (used by tests)
+from .pool import isolation_status, run_batch, run_tests, shutdown
+from .worker import _Server  # noqa: F401  (used by tests)
 
 __all__ = ["Job", "SandboxConfig", "SandboxResult", "SandboxUnavailable", "as_job", "isolation_status", "run_batch", "run_tests", "shutdown"]

@@ -21,312 +21,31 @@ Servers are started from one long-lived thread of this process (`_Spawner`): a s
 killed when its parent goes (PR_SET_PDEATHSIG), and the kernel sends that when the *thread* that
 started it ends, which for a batch's worker threads is at the end of every call.
 
-Stdlib only, apart from the optional `pyseccomp` (libseccomp) that `syscalls.py` uses to build the
-syscall filter; without it isolation counts as unavailable.
+The job types are in `jobs.py`, one server process's handle in `worker.py`. Stdlib only, apart from
+the optional `pyseccomp` (libseccomp) that `syscalls.py` uses to build the syscall filter; without it
+isolation counts as unavailable.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
-import queue
-import select
-import signal
-import subprocess
-import sys
 import threading
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
-from . import server as _server_module
-from . import syscalls
+from . import worker
+from .jobs import Job, SandboxConfig, SandboxResult, SandboxUnavailable, _infra, as_job
+from .worker import _Server, _ServerDied
 
 log = logging.getLogger("regimen.sandbox")
 
-_SERVER_SCRIPT = os.path.abspath(_server_module.__file__)
-_SERVER_START_TIMEOUT_S = 30.0
-_BACKSTOP_S = 15.0  # extra seconds the parent waits for a server's answer before declaring it dead
 _MAX_SLOTS = 128  # two uids per slot, 256 uids per parent process, shared by all its pools
 _MAX_KEPT = 4  # idle pools kept warm between calls
 _warned_unisolated = False
 _status_lock = threading.Lock()
 _status_cache: tuple[bool, str] | None = None
-
-
-class SandboxUnavailable(RuntimeError):
-    """Isolation is unavailable on this host and the caller did not allow unisolated execution."""
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Limits for one sample (the solution and all its tests together). Defaults suit MBPP/HumanEval."""
-
-    timeout_s: float = 5.0
-    """CPU seconds the sample may use (solution, judge and every process they start, counted by the
-    slot's CPU cgroup; without one, RLIMIT_CPU per process, this rounded up plus two seconds)."""
-    wall_timeout_s: float | None = None
-    """Wall-clock backstop for samples that sleep or wait; default 3 × timeout_s + 2 s."""
-    memory_mb: int = 512
-    """Address-space limit of each of the solution's processes; the slot's memory cgroup allows this plus
-    256 MiB for the judge, and within it the OOM killer takes the solution's processes first."""
-    nproc: int = 32
-    """Processes (threads count) the solution's uid may have."""
-    cpus_per_slot: float = 1.0
-    """CPU share of one worker slot (cgroup CPU quota), so a sample cannot starve its neighbours."""
-    file_size_mb: int = 16
-    """Largest file the solution may write (RLIMIT_FSIZE)."""
-    open_files: int = 64
-    """RLIMIT_NOFILE."""
-    tmpfs_mb: int = 64
-    """Size of the sample's fresh /tmp (the working folders live there); /dev/shm gets a quarter."""
-    output_limit: int = 16384
-    """Bytes of stdout+stderr kept per sample; more is discarded (the solution can go on printing)."""
-    allow_unisolated: bool = False
-    """Run without namespaces, mounts or the syscall filter where they are unavailable, instead of
-    raising SandboxUnavailable. The solution and the judge stay separate processes."""
-    isolation: bool = True
-    """False skips the namespaces even where they work (tests); it still needs `allow_unisolated=True`."""
-    use_cgroups: bool = True
-    """Use cgroups (CPU share and accounting, memory, pids) for each worker slot where the host has them."""
-    uid_base: int | None = None
-    """First unprivileged uid; slot k uses uid_base + 2k (solution) and uid_base + 2k + 1 (judge).
-    Default: derived from the parent's pid so that two processes scoring at once do not share uids."""
-
-    def __post_init__(self) -> None:
-        for name in ("timeout_s", "memory_mb", "nproc", "file_size_mb", "open_files", "tmpfs_mb", "output_limit"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"SandboxConfig.{name} must be positive, got {getattr(self, name)!r}")
-        if self.open_files < 8:
-            raise ValueError("SandboxConfig.open_files must be at least 8")
-        if self.wall_timeout_s is not None and not self.wall_timeout_s > 0:
-            raise ValueError(f"SandboxConfig.wall_timeout_s must be positive, got {self.wall_timeout_s!r}")
-        if not self.cpus_per_slot >= 0:
-            raise ValueError(f"SandboxConfig.cpus_per_slot must be >= 0 (0: no quota), got {self.cpus_per_slot!r}")
-
-    @property
-    def wall_s(self) -> float:
-        return self.wall_timeout_s if self.wall_timeout_s is not None else 3 * self.timeout_s + 2
-
-
-@dataclass(frozen=True)
-class Job:
-    """One sample to judge."""
-
-    code: str
-    """The solution: Python source, run in its own process."""
-    tests: list[str]
-    """Test snippets, run in order by the judge; a snippet passes when it runs to its end without raising."""
-    entry_point: str | None = None
-    """The function under test: the one solution name that may shadow a builtin or a set-up name."""
-    setup: str | None = None
-    """Trusted code the judge runs before the tests (a HumanEval prompt's helpers, MBPP's
-    test_setup_code/test_imports); its names are never shadowed by the solution's."""
-
-
-@dataclass
-class SandboxResult:
-    passed: int
-    """Test snippets that ran to their end without raising (0 whenever the run ended abnormally)."""
-    total: int
-    error: str | None = None
-    """None when every snippet ran; else why not (load failure, timeout, early exit, infra)."""
-    status: str = "ok"
-    """ok: the judge finished (tests may still have failed); aborted: the sample timed out or the
-    judge was killed (scores 0); infra: the sandbox itself or the row's set-up code failed (not the
-    solution's fault; no score)."""
-    tests: list[bool] = field(default_factory=list)
-    """Per snippet: ran to its end without raising."""
-    test_errors: list[str | None] = field(default_factory=list)
-    """Per snippet: the exception it raised (`AssertionError`, `NameError: ...`), None when it passed
-    or did not run."""
-    output: str = ""
-    """Captured stdout+stderr of the solution and the judge, at most `output_limit` bytes."""
-    duration_s: float = 0.0
-    isolated: bool = True
-    cpu_s: float | None = None
-    """CPU seconds the sample used, where the slot has a CPU cgroup."""
-    slot: int | None = None
-    """The worker slot that ran it."""
-
-    @property
-    def fraction(self) -> float:
-        return self.passed / self.total if self.total else 0.0
-
-
-def _default_uid_base() -> int:
-    return 1_000_000 + (os.getpid() % 100_000) * 256
-
-
-def _interpreter() -> str:
-    return sys.executable or "/usr/bin/python3"
-
-
-class _ServerDied(Exception):
-    pass
-
-
-def _unavailable_message(reason: str) -> str:
-    return (
-        f"sandbox: cannot isolate untrusted code on this host ({reason}). Refusing to run model-written "
-        "code without namespaces, a minimal filesystem and a syscall filter. To run it anyway, at your own "
-        "risk, allow unisolated execution explicitly (allow_unisolated=True; in a recipe, the unit_tests "
-        "reward's `allow_unisolated: true` option)."
-    )
-
-
-class _Server:
-    """One worker slot: a long-lived server process that runs one sample at a time."""
-
-    def __init__(self, slot: int, cfg: SandboxConfig, uid_index: int | None = None):
-        """`slot`: the position reported in results; `uid_index`: which pair of uids it runs samples
-        as (default `slot`; a pool passes the indices it reserved)."""
-        self.slot = slot
-        self.cfg = cfg
-        index = slot if uid_index is None else uid_index
-        base = cfg.uid_base if cfg.uid_base is not None else _default_uid_base()
-        program, why = syscalls.program()
-        settings = asdict(cfg)
-        settings.update(
-            uid_s=base + 2 * index, uid_j=base + 2 * index + 1, parent_pid=os.getpid(), slot=slot, wall_timeout_s=cfg.wall_s,
-            seccomp=program.hex() if program else None, seccomp_error=why,
-        )
-        self.proc = _spawner.popen(
-            [_interpreter(), "-I", "-S", _SERVER_SCRIPT, "--serve", json.dumps(settings)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={},
-            start_new_session=True,
-            close_fds=True,
-        )
-        self._buf = b""
-        self.cgroups: list[str] = []
-        hello = self._read(time.monotonic() + _SERVER_START_TIMEOUT_S)
-        if hello is None:
-            self.close()
-            raise RuntimeError("sandbox: the sandbox server did not start (see stderr for its traceback)")
-        self.isolated = bool(hello.get("isolated"))
-        self.reason = str(hello.get("reason") or "")
-        self.cgroups = list(hello.get("cgroups") or [])
-        self.cpu_accounting = bool(hello.get("cpu_accounting"))
-        if not hello.get("ready"):
-            self.close()
-            raise SandboxUnavailable(_unavailable_message(self.reason))
-
-    def _read(self, deadline: float) -> dict | None:
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        try:
-            return json.loads(line)
-        except ValueError:
-            return None
-
-    def run(self, job: Job) -> SandboxResult:
-        try:
-            self.proc.stdin.write(json.dumps(asdict(job)).encode() + b"\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
-        except OSError as exc:
-            raise _ServerDied(f"sandbox server unreachable: {exc}") from None
-        reply = self._read(time.monotonic() + self.cfg.wall_s + _BACKSTOP_S)
-        if reply is None:
-            raise _ServerDied(f"sandbox server (slot {self.slot}) died or hung; exit code {self.proc.poll()}")
-        known = SandboxResult.__dataclass_fields__
-        return SandboxResult(**{k: v for k, v in reply.items() if k in known}, slot=self.slot)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def begin_close(self) -> None:
-        """Close the job stream: the server finishes, cleans up and exits (see `close`)."""
-        try:
-            if self.proc.stdin:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-
-    def forget(self) -> None:
-        """In a forked child: let go of this process's copies of the server's pipes without touching
-        the server (it is the parent's). /dev/null is put in their place, so that closing the file
-        objects later closes nothing of the child's."""
-        try:
-            null = os.open(os.devnull, os.O_RDWR)
-        except OSError:
-            return
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream is not None and not stream.closed:
-                    os.dup2(null, stream.fileno())
-            except (OSError, ValueError):
-                pass
-        os.close(null)
-
-    def close(self) -> None:
-        self.begin_close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        for path in self.cgroups:  # the server removes them; this covers a server that was killed
-            try:
-                os.rmdir(path)
-            except OSError:
-                pass
-
-
-class _Spawner:
-    """Starts server processes from one long-lived daemon thread (see the module docstring: a server
-    dies with the thread that started it, and a call's worker threads end with the call)."""
-
-    def __init__(self) -> None:
-        self.requests: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-        self.lock = threading.Lock()
-
-    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
-        with self.lock:
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._loop, name="sandbox-spawner", daemon=True)
-                self.thread.start()
-        box: dict[str, Any] = {}
-        done = threading.Event()
-        self.requests.put((args, kwargs, box, done))
-        done.wait()
-        if "error" in box:
-            raise box["error"]
-        return box["proc"]
-
-    def _loop(self) -> None:
-        while True:
-            args, kwargs, box, done = self.requests.get()
-            try:
-                box["proc"] = subprocess.Popen(*args, **kwargs)
-            except BaseException as exc:  # handed to the caller
-                box["error"] = exc
-            finally:
-                done.set()
-                del args, kwargs, box, done
-
-
-_spawner = _Spawner()
 
 
 class _Pool:
@@ -442,7 +161,7 @@ def _at_exit() -> None:
 def _after_fork_in_child() -> None:
     """A forked child owns none of its parent's servers: it lets go of its copies of their pipes and
     starts with no pools, fresh locks and no spawner thread."""
-    global _pools_lock, _idle, _busy, _free_indices, _spawner, _status_lock
+    global _pools_lock, _idle, _busy, _free_indices, _status_lock
     for pool in [*_idle, *_busy]:
         for server in pool.servers:
             if server is not None:
@@ -451,37 +170,12 @@ def _after_fork_in_child() -> None:
     _pools_lock = threading.Lock()
     _status_lock = threading.Lock()
     _idle, _busy, _free_indices = [], set(), set(range(_MAX_SLOTS))
-    _spawner = _Spawner()
+    worker.after_fork_in_child()
 
 
 atexit.register(_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def as_job(item: Any, index: int = 0) -> Job:
-    """A Job from a Job, a `(code, tests)` pair, or a dict with `code`, `tests` and optionally
-    `entry_point` and `setup`. Raises TypeError naming the item."""
-    if isinstance(item, Job):
-        job = item
-    elif isinstance(item, dict):
-        unknown = set(item) - {"code", "tests", "entry_point", "setup"}
-        if unknown or not {"code", "tests"} <= set(item):
-            raise TypeError(f"run_batch: item {index}: a dict needs `code` and `tests` (and optionally `entry_point`, `setup`), got {sorted(item)}")
-        job = Job(item["code"], item["tests"], item.get("entry_point"), item.get("setup"))
-    elif isinstance(item, (tuple, list)) and len(item) == 2:
-        job = Job(item[0], item[1])
-    else:
-        raise TypeError(f"run_batch: item {index} must be a (code, tests) pair, a dict or a Job")
-    if not isinstance(job.code, str):
-        raise TypeError(f"run_batch: item {index}: code must be a str, got {type(job.code).__name__}")
-    if not isinstance(job.tests, (list, tuple)) or not all(isinstance(t, str) for t in job.tests):
-        raise TypeError(f"run_batch: item {index}: tests must be a list of str")
-    if job.entry_point is not None and not (isinstance(job.entry_point, str) and job.entry_point.isidentifier()):
-        raise TypeError(f"run_batch: item {index}: entry_point must be a Python identifier, got {job.entry_point!r}")
-    if job.setup is not None and not isinstance(job.setup, str):
-        raise TypeError(f"run_batch: item {index}: setup must be a str")
-    return Job(job.code, list(job.tests), job.entry_point or None, job.setup or None)
 
 
 def run_batch(
@@ -511,81 +205,101 @@ def run_batch(
     if not jobs:
         return []
     slots = max(1, min(workers or os.cpu_count() or 1, _MAX_SLOTS))
-    n_workers = min(slots, len(jobs))
-    results: list[SandboxResult | None] = [None] * len(jobs)
-    lock = threading.Lock()
-    failures: list[BaseException] = []
-    last_error = ["sandbox servers kept failing"]
-    if schedule == "round_robin":
-        queues = [list(range(slot, len(jobs), n_workers)) for slot in range(n_workers)]
-    else:
-        shared = list(range(len(jobs)))
-        queues = [shared] * n_workers
-
-    def take(slot: int) -> int | None:
-        with lock:
-            mine = queues[slot]
-            if failures or not mine:
-                return None
-            return mine.pop(0)
-
-    def worker(slot: int) -> None:
-        troubles = 0  # failed starts and deaths of this slot's server; past 3 the slot gives up
-        try:
-            while (i := take(slot)) is not None:
-                job = jobs[i]
-                while results[i] is None:
-                    try:
-                        results[i] = pool.server(slot).run(job)
-                    except SandboxUnavailable as exc:
-                        with lock:
-                            failures.append(exc)
-                        return
-                    except _ServerDied as exc:  # not retried: one solution never runs twice
-                        results[i] = _infra(len(job.tests), str(exc))
-                        pool.drop(slot)
-                        troubles += 1
-                    except (OSError, RuntimeError) as exc:  # the server did not start: retry
-                        last_error[0] = f"could not start a sandbox server: {exc}"
-                        troubles += 1
-                    if troubles > 3:
-                        if results[i] is None:
-                            results[i] = _infra(len(job.tests), last_error[0])
-                        if schedule == "round_robin":  # nobody else takes this slot's items
-                            with lock:
-                                rest, queues[slot] = queues[slot], []
-                            for k in rest:
-                                results[k] = _infra(len(jobs[k].tests), last_error[0])
-                        return  # the other slots take the remaining items
-        except BaseException:  # a bug here: the slot's server may be mid-job, so it is not kept
-            pool.drop(slot)
-            raise
-
+    batch = _Batch(jobs, min(slots, len(jobs)), schedule)
     pool = _acquire(cfg, slots)
     keep = False
     try:
-        threads = [threading.Thread(target=worker, args=(slot,), name=f"sandbox-{slot}", daemon=True) for slot in range(n_workers)]
+        batch.run(pool)
+        keep = not batch.failures
+    finally:
+        _release(pool, keep)
+    if batch.failures:
+        raise batch.failures[0]
+    return batch.results_in_order()
+
+
+class _Batch:
+    """The items of one `run_batch` call and the worker threads that take them, one per slot."""
+
+    def __init__(self, jobs: list[Job], n_workers: int, schedule: str):
+        self.jobs, self.n_workers, self.schedule = jobs, n_workers, schedule
+        self.results: list[SandboxResult | None] = [None] * len(jobs)
+        self.lock = threading.Lock()
+        self.failures: list[BaseException] = []
+        self.last_error = "sandbox servers kept failing"
+        if schedule == "round_robin":
+            self.queues = [list(range(slot, len(jobs), n_workers)) for slot in range(n_workers)]
+        else:
+            shared = list(range(len(jobs)))
+            self.queues = [shared] * n_workers
+
+    def run(self, pool: "_Pool") -> None:
+        threads = [threading.Thread(target=self.worker, args=(pool, slot), name=f"sandbox-{slot}", daemon=True) for slot in range(self.n_workers)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        keep = not failures
-    finally:
-        _release(pool, keep)
-    if failures:
-        raise failures[0]
-    out: list[SandboxResult] = []
-    for i, r in enumerate(results):
-        if r is None:  # every slot gave up (or a worker thread crashed)
-            r = _infra(len(jobs[i].tests), last_error[0])
-        if r.status == "infra":
-            log.warning("sandbox: item %d not scored: %s", i, r.error)
-        out.append(r)
-    return out
 
+    def take(self, slot: int) -> int | None:
+        with self.lock:
+            mine = self.queues[slot]
+            if self.failures or not mine:
+                return None
+            return mine.pop(0)
 
-def _infra(total: int, reason: str) -> SandboxResult:
-    return SandboxResult(passed=0, total=total, error=reason, status="infra", tests=[False] * total, test_errors=[None] * total)
+    def worker(self, pool: "_Pool", slot: int) -> None:
+        """Run this slot's items; a slot whose server fails to start or dies more than 3 times gives up
+        and leaves the remaining items to the other slots (round-robin: marks its own as infra)."""
+        troubles = 0
+        try:
+            while (i := self.take(slot)) is not None:
+                while self.results[i] is None:
+                    outcome = self._attempt(pool, slot, i)
+                    if outcome == "unavailable":
+                        return
+                    troubles += outcome == "trouble"
+                    if troubles > 3:
+                        self._give_up(slot, i)
+                        return
+        except BaseException:  # a bug here: the slot's server may be mid-job, so it is not kept
+            pool.drop(slot)
+            raise
+
+    def _attempt(self, pool: "_Pool", slot: int, i: int) -> str:
+        job = self.jobs[i]
+        try:
+            self.results[i] = pool.server(slot).run(job)
+            return "ok"
+        except SandboxUnavailable as exc:
+            with self.lock:
+                self.failures.append(exc)
+            return "unavailable"
+        except _ServerDied as exc:  # not retried: one solution never runs twice
+            self.results[i] = _infra(len(job.tests), str(exc))
+            pool.drop(slot)
+            return "trouble"
+        except (OSError, RuntimeError) as exc:  # the server did not start: retry
+            self.last_error = f"could not start a sandbox server: {exc}"
+            return "trouble"
+
+    def _give_up(self, slot: int, i: int) -> None:
+        if self.results[i] is None:
+            self.results[i] = _infra(len(self.jobs[i].tests), self.last_error)
+        if self.schedule == "round_robin":  # nobody else takes this slot's items
+            with self.lock:
+                rest, self.queues[slot] = self.queues[slot], []
+            for k in rest:
+                self.results[k] = _infra(len(self.jobs[k].tests), self.last_error)
+
+    def results_in_order(self) -> list[SandboxResult]:
+        out: list[SandboxResult] = []
+        for i, r in enumerate(self.results):
+            if r is None:  # every slot gave up (or a worker thread crashed)
+                r = _infra(len(self.jobs[i].tests), self.last_error)
+            if r.status == "infra":
+                log.warning("sandbox: item %d not scored: %s", i, r.error)
+            out.append(r)
+        return out
 
 
 def _warn_unisolated(reason: str) -> None:

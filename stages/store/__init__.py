@@ -109,14 +109,29 @@ class Store:
             raise StoreError(f"store {self.url}: cannot create {self.cache}: {files.describe_os_error(exc, self.cache)}") from None
 
     # -- paths -------------------------------------------------------------------------------
-    def _join(self, *parts: str) -> str:
+    def join(self, *parts: str) -> str:
+        """A path (or URL path) inside the store."""
         return "/".join([self.root.rstrip("/"), *parts])
 
+    def has_experiment(self, experiment: str) -> bool:
+        """Whether the store holds anything of `experiment` (versions, failed attempts, work folders)."""
+        check_name(experiment)
+        if self.local:
+            return (Path(self.root) / experiment).is_dir() or (self.cache / experiment).is_dir()
+        return bool(self.fs.exists(self.join(experiment))) or (self.cache / experiment).is_dir()
+
+    def work_dirs(self, experiment: str, stage: str) -> list[Path]:
+        """The stage's resumable work folders on this machine (one per fingerprint; links left out)."""
+        work = self.cache / check_name(experiment) / stage / "work"
+        if not work.is_dir() or work.is_symlink():
+            return []
+        return [d for d in sorted(work.iterdir()) if d.is_dir() and not d.is_symlink()]
+
     def stage_path(self, experiment: str, stage: str) -> str:
-        return self._join(check_name(experiment), stage)
+        return self.join(check_name(experiment), stage)
 
     def version_path(self, experiment: str, stage: str, version: int) -> str:
-        return self._join(check_name(experiment), stage, f"v{version}")
+        return self.join(check_name(experiment), stage, f"v{version}")
 
     def local_stage_dir(self, experiment: str, stage: str) -> Path:
         """Where work for this stage happens on this machine (the store itself when local)."""
@@ -159,7 +174,7 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot list {path}: {files.describe_os_error(exc, path)}") from None
 
-    def _scan(self, experiment: str, stage: str) -> tuple[list[dict[str, Any]], list[str]]:
+    def scan(self, experiment: str, stage: str) -> tuple[list[dict[str, Any]], list[str]]:
         """Completed versions' manifests (oldest first) and folders whose manifest is malformed."""
         found, malformed = [], []
         for entry in self._entries(self.stage_path(experiment, stage)):
@@ -181,10 +196,10 @@ class Store:
 
     def versions(self, experiment: str, stage: str) -> list[dict[str, Any]]:
         """Completed versions' manifests, oldest first (malformed ones are left out; see `malformed`)."""
-        return self._scan(experiment, stage)[0]
+        return self.scan(experiment, stage)[0]
 
     def malformed(self, experiment: str, stage: str) -> list[str]:
-        return self._scan(experiment, stage)[1]
+        return self.scan(experiment, stage)[1]
 
     def latest(self, experiment: str, stage: str) -> dict[str, Any] | None:
         versions = self.versions(experiment, stage)
@@ -310,7 +325,7 @@ class Store:
                         if not os.path.lexists(target):
                             raise
                         continue
-                remote_staging = self._join(experiment, stage, f".staging-{uuid.uuid4().hex[:12]}")
+                remote_staging = self.join(experiment, stage, f".staging-{uuid.uuid4().hex[:12]}")
                 self.fs.put(str(staging).rstrip("/") + "/", remote_staging, recursive=True)
                 if self.fs.exists(target):
                     self.fs.rm(remote_staging, recursive=True)
@@ -334,10 +349,10 @@ class Store:
                 target = files.ensure_dir(self.cache, Path(self.stage_path(experiment, stage)) / "failed") / name
                 os.rename(staging, target)
                 return str(target)
-            self.fs.put(str(staging).rstrip("/") + "/", self._join(experiment, stage, "failed", name), recursive=True)
+            self.fs.put(str(staging).rstrip("/") + "/", self.join(experiment, stage, "failed", name), recursive=True)
             shutil.rmtree(staging, ignore_errors=True)
-            return self._join(experiment, stage, "failed", name)
-        path = self._join(experiment, stage, "failed", name, "error.json")
+            return self.join(experiment, stage, "failed", name)
+        path = self.join(experiment, stage, "failed", name, "error.json")
         if self.local:
             files.write_text(Path(self.root), Path(path), text)
             return path
@@ -347,14 +362,14 @@ class Store:
         return path
 
     def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
-        entries = sorted(self._entries(self._join(check_name(experiment), stage, "failed")))
+        entries = sorted(self._entries(self.join(check_name(experiment), stage, "failed")))
         return [r for e in entries if isinstance(r := self._read_json(f"{e}/error.json"), dict)]
 
     # -- the cycle's verdicts ----------------------------------------------------------------
     def record_decision(self, experiment: str, record: dict[str, Any]) -> str:
         """Keep one verdict of the cycle (it names the evaluation it judged); never overwritten."""
         name = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:6]}.json"
-        path = self._join(check_name(experiment), "decisions", name)
+        path = self.join(check_name(experiment), "decisions", name)
         text = json.dumps({**record, "recorded_at": now_iso()}, indent=1, default=str)
         if self.local:
             files.write_text(Path(self.root), Path(path), text)
@@ -366,7 +381,7 @@ class Store:
 
     def decisions(self, experiment: str) -> list[dict[str, Any]]:
         """Every recorded verdict, oldest first."""
-        entries = sorted(self._entries(self._join(check_name(experiment), "decisions")))
+        entries = sorted(self._entries(self.join(check_name(experiment), "decisions")))
         return [r for e in entries if e.endswith(".json") and isinstance(r := self._read_json(e), dict)]
 
     def verdicts_by_eval(self, experiment: str) -> dict[int, dict[str, Any]]:
@@ -424,6 +439,6 @@ class Store:
                 self._sweep_staging(experiment)
                 yield
                 return
-            with lease(self.fs, self._join(experiment, ".lease.json"), experiment=experiment, url=self.url, lost=lost_lease(self.url, experiment)):
+            with lease(self.fs, self.join(experiment, ".lease.json"), experiment=experiment, url=self.url, lost=lost_lease(self.url, experiment)):
                 self._sweep_staging(experiment)
                 yield

@@ -122,14 +122,20 @@ def identity(opts: Options) -> dict[str, Any]:
     elif Path(opts.path).exists():
         ident["files_sha256"] = {str(p): file_digest(str(p)) for p in sorted(Path(opts.path).rglob("*")) if p.is_file()}
     else:
-        ident["dataset_fingerprint"] = _hub_fingerprint(json.dumps(ident, sort_keys=True))
+        ident["rows_sha256"] = _rows_digest(json.dumps(ident, sort_keys=True))
     return ident
 
 
 @functools.lru_cache(maxsize=16)
-def _hub_fingerprint(key: str) -> str:
-    import datasets
+def _rows_digest(key: str) -> str:
+    """A hub dataset's identity: the sha256 of its rows as loaded (its content, not a library's cache key)."""
+    import hashlib
 
-    opts = Options.model_validate({k: v for k, v in json.loads(key).items()})
-    ds = datasets.load_dataset(opts.path, opts.name, data_files=opts.data_files, split=opts.split, revision=opts.revision)
-    return str(getattr(ds, "_fingerprint", ""))
+    opts = Options.model_validate(json.loads(key))
+    task = load(opts)
+    h = hashlib.sha256()
+    for side in (task.train, task.heldout):
+        for row in side:
+            h.update(json.dumps(row, sort_keys=True, default=str).encode() + b"\n")
+        h.update(b"--\n")
+    return h.hexdigest()

@@ -49,24 +49,73 @@ def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None)
 
     A checkpoint is the end of training when its step reaches `max_steps`, or, for epoch-based training
     (`max_steps: -1`), when its own `trainer_state.json` says so (`global_step >= max_steps` as the
-    Trainer computed it from the epochs).
-    Then its weights are loaded without training (`Trainer._load_from_checkpoint`: a private method, the
-    one the Trainer itself uses to resume; `resume_from_checkpoint` would train one extra step), and
+    Trainer computed it from the epochs). Then its weights are loaded without training (`load_weights`;
+    `resume_from_checkpoint` would train one extra step, measured), the Trainer's state is restored from
+    the checkpoint's `trainer_state.json` (transformers' public `TrainerState.load_from_json`), and
     `on_finished(state)` lets callbacks see the restored log history (the guard re-reads its curves)."""
+    from transformers import TrainerState
+
     last = last_checkpoint(output_dir)
     if last is None:
         trainer.train()
         return 0
     step, path = last
-    state = json.loads((path / "trainer_state.json").read_text())
-    planned = max_steps if max_steps > 0 else int(state.get("max_steps") or 0)
-    if planned > 0 and step >= planned:
-        trainer._load_from_checkpoint(str(path))
-        trainer.state.global_step = state.get("global_step", step)
-        trainer.state.max_steps = planned
-        trainer.state.log_history = state.get("log_history", [])
+    state = TrainerState.load_from_json(str(path / "trainer_state.json"))
+    planned = max_steps if max_steps > 0 else int(state.max_steps or 0)
+    if planned > 0 and step >= planned and load_weights(trainer, path):
+        state.global_step = state.global_step or step
+        state.max_steps = planned
+        trainer.state = state
         if on_finished is not None:
             on_finished(trainer.state)
         return step
     trainer.train(resume_from_checkpoint=str(path))
     return step
+
+
+def load_weights(trainer, checkpoint: Path) -> bool:
+    """Load a checkpoint's weights into the trainer's model with public APIs: a PEFT adapter through
+    peft's `set_peft_model_state_dict`, a whole model through transformers' `load_sharded_checkpoint` (an
+    index of shards) or `load_state_dict` (one `model.safetensors`; tied weights are not saved, hence not
+    strict). False when the checkpoint holds no such file (a sharded FSDP/DeepSpeed state): the caller
+    then resumes through the Trainer, which trains one step more."""
+    from safetensors.torch import load_file
+
+    checkpoint = Path(checkpoint)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    try:
+        from peft import PeftModel, set_peft_model_state_dict
+
+        if isinstance(model, PeftModel):
+            adapter = checkpoint / "adapter_model.safetensors"
+            if not adapter.is_file():
+                return False
+            set_peft_model_state_dict(model, load_file(str(adapter)))
+            return True
+    except ImportError:
+        pass
+    if (checkpoint / "model.safetensors.index.json").is_file():
+        from transformers.modeling_utils import load_sharded_checkpoint
+
+        load_sharded_checkpoint(model, str(checkpoint), strict=False)
+        return True
+    weights = checkpoint / "model.safetensors"
+    if not weights.is_file():
+        return False
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    if unexpected or any(k not in _tied(model) for k in missing):
+        raise RuntimeError(f"{weights} does not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return True
+
+
+def _tied(model) -> set[str]:
+    """Parameter names that share their tensor with another parameter (not saved twice in a checkpoint)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        key = tensor.data_ptr()
+        if key in seen:
+            tied.update((name, seen[key]))
+        else:
+            seen[key] = name
+    return tied

@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from regimen.stages.training import trajectories
+from regimen.stages.training import progress, trajectories
 
 
 class StepCounter(TrainerCallback):
@@ -82,7 +82,7 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
         peft_config=peft_config(recipe),
         callbacks=[MarkComplete(), StepCounter(recorder), Clock(), FaultInjection(stage), *(callbacks or [])],
     )
-    return trainer, fns
+    return progress.quiet(trainer, stage), fns
 
 
 def curve_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:

@@ -1,0 +1,141 @@
+"""Prefect's API for one `regimen run` when no `PREFECT_API_URL` is set: a temporary server that is this
+process's own child, and dies with it.
+
+Prefect's own temporary server (`SubprocessASGIServer`) gives no way to tie the server's life to ours:
+a `regimen run` that is SIGKILLed would leave it running. So the CLI starts the same app itself:
+`python -m regimen.flows.server PARENT_PID` binds a free port on 127.0.0.1 first (and prints it, so the
+parent never guesses a port that another process takes meanwhile), asks Linux to kill it when its parent
+dies (PR_SET_PDEATHSIG, set in the child itself, so no `preexec_fn` and no patched `Popen`), and serves
+`prefect.server.api.server.create_app(ephemeral=True)` with uvicorn on that socket: the API without the UI
+and with the services an ephemeral server runs, on Prefect's database in PREFECT_HOME, as Prefect's own
+temporary server does. The parent points `PREFECT_API_URL` at it (`temporary_settings`) for the run.
+
+Its boot (imports, database migrations) overlaps the recipe's validation in the parent: the parent only
+waits for `/api/health` right before the flow starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+HEALTH_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
+
+
+class TemporaryServer:
+    """A started child server: its URL, and `ready()` to wait until it answers."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="regimen-prefect-server-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "regimen.flows.server", str(os.getpid())], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=self.log, env={**os.environ, "PREFECT_UI_ENABLED": "false"})
+        line = self.proc.stdout.readline().decode().strip() if self.proc.stdout else ""
+        if not line.isdigit():
+            self.stop()
+            raise RuntimeError(f"the temporary Prefect server did not start: {self.tail()}")
+        self.url = f"http://127.0.0.1:{line}/api"
+
+    def tail(self, n: int = 2000) -> str:
+        try:
+            return Path(self.log.name).read_text(errors="replace")[-n:].strip() or "(no output)"
+        except OSError:
+            return "(no output)"
+
+    def ready(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        """Wait until the API answers `/health` (raises RuntimeError with the server's output if it died)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the temporary Prefect server exited with code {self.proc.returncode}: {self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the temporary Prefect server did not answer within {timeout_s:.0f} s: {self.tail()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+
+@contextmanager
+def api_for_this_run():
+    """Yield a `ready()` callable to call before the flow starts. Without a configured PREFECT_API_URL (and
+    with Prefect's ephemeral mode allowed) a temporary server is started as this process's child and
+    PREFECT_API_URL points at it until the block ends (and flow-run heartbeats are off: nothing outlives
+    the run to watch them); otherwise nothing is started."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        yield lambda: None
+        return
+    import atexit
+
+    server = TemporaryServer()
+    # Stopped at exit, after Prefect's own exit handlers (registered later, run earlier) have sent the
+    # run's last events and log lines to it; it dies with this process anyway (PR_SET_PDEATHSIG).
+    atexit.register(server.stop)
+    try:
+        # Heartbeats let a long-lived server mark a run whose process vanished as Crashed; this server
+        # vanishes with the run, and joining the heartbeat thread costs up to a second at the run's end.
+        with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            os.environ["PREFECT_API_URL"] = server.url  # for this process's children (an accelerate launch's ranks)
+            try:
+                yield server.ready
+            finally:
+                os.environ.pop("PREFECT_API_URL", None)
+    except BaseException:
+        server.stop()
+        raise
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before the line above
+        sys.exit(0)
+
+
+def main(parent: int) -> None:
+    _die_with_parent(parent)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    print(sock.getsockname()[1], flush=True)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing more on the pipe the parent read the port from
+    import uvicorn
+    from prefect.server.api.server import create_app
+
+    config = uvicorn.Config(create_app(ephemeral=True, final=True), log_level="error", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,260 @@
+"""The process tree of one sample, forked from the slot's zygote: Z, A, B, S (the solution) and J (the judge).
+
+    server (root, single-threaded; reads jobs on stdin, writes results on stdout; holds the tests)
+      └─ Z, the zygote: forked at start-up, before the server read any job, so its memory never held a
+         test, a solution or anything of an earlier sample. It joins the slot's cgroups and a UTS
+         namespace of its own once. Per job it receives file descriptors only (memfds with the code
+         and with the tests, the output and result pipes, a control socket) and forks:
+           └─ A (root): unshare(mount, pid, network, IPC); forks B; hands B's pidfd to the server;
+              waits for B and reports how it ended (`judge-exit`).
+                └─ B (root, pid 1 of the new pid namespace): builds the sample's root filesystem from
+                   an allow-list (`slot.py`), pivot_root's into it, forks S (connected by a socketpair),
+                   waits until S's set-up is done, then reads the tests and becomes J. When J ends,
+                   every process of the namespace is killed.
+                     └─ S, the solution (its own uid): reads the code from its memfd, keeps only the
+                        socket and the output pipe, rlimits, oom_score_adj 1000, drops to the slot's
+                        solution uid, no_new_privs, seccomp filter; then `callee.serve`.
+                ( B as J, the judge (another uid, not dumpable, oom_score_adj -1000): keeps the socket,
+                  the output pipe and the result pipe, same confinement; then `judge.run`, which
+                  reports pass/fail on the result pipe. )
+
+S is forked before B reads the tests, and never holds the result pipe or anything of J's; only J and
+the trusted set-up side (A, B) write results, so nothing S does can forge a verdict or an `infra`.
+
+Also the file-descriptor helpers the server side shares (`sample.py`). Stdlib only: the server script
+imports it by path (`python -I -S`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+try:
+    from . import callee, judge
+    from .slot import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl
+except ImportError:  # imported by the server script as a top-level module
+    import callee  # type: ignore[no-redef]
+    import judge  # type: ignore[no-redef]
+    from slot import (  # type: ignore[no-redef]
+        CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl,
+    )
+
+_EXIT_INFRA = 121
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _line(fd: int, text: str) -> None:
+    """One result line (infra reports from the trusted side); short enough to be written atomically."""
+    try:
+        _write_all(fd, (" ".join(text.split())[:400] + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _memfd(data: bytes) -> int:
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("regimen-sandbox", 0)
+    else:  # pragma: no cover - not Linux
+        import tempfile
+
+        fd = os.dup(tempfile.TemporaryFile().fileno())
+    _write_all(fd, data)
+    return fd
+
+
+def _place_fds(mapping: dict[int, int]) -> None:
+    """Make fd `k` a copy of `v` for each item (k = 0..n-1), then close every other descriptor."""
+    import fcntl
+
+    high = {k: fcntl.fcntl(v, fcntl.F_DUPFD, 256) for k, v in mapping.items()}
+    for k, v in high.items():
+        os.dup2(v, k, inheritable=True)
+    os.closerange(max(mapping) + 1, 1 << 20)
+
+
+def _exit_code(status: int) -> int:
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _zygote(slot: Slot, zsock: socket.socket) -> None:
+    """Z: never returns. Its memory holds no job: it only ever receives file descriptors. It is the
+    subreaper of everything below it, and when the server goes (its stream closes, or the server dies:
+    SIGTERM by PDEATHSIG) it kills and reaps what is left, so no zombie is handed to init."""
+    children: set[int] = set()
+
+    def leave(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        slot.kill_cgroups(spare=os.getpid())
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    time.sleep(0.005)
+            except ChildProcessError:
+                break
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the server died before the line above
+        leave()
+    if slot.s.get("isolation", True) and slot.root:
+        # One UTS namespace per slot (hostname "sandbox"; nobody inside may change it). The network
+        # namespace is per sample, like mounts, pids and IPC: a unix socket can outlive every process
+        # of its sample (passed in flight inside a cycle of sockets until the kernel collects it), so
+        # a network namespace shared by a slot's samples could carry a bit from one to the next.
+        try:
+            _check(_c().unshare(CLONE_NEWUTS), "unshare")
+            _c().sethostname(b"sandbox", 7)
+        except OSError:
+            pass
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans (B when A dies, daemons when unisolated) stay below Z
+    except OSError:
+        pass
+    while True:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(zsock, 16, 8)
+        except OSError:
+            leave()
+        if not msg or len(fds) != 5:
+            leave()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _line(fds[3], f"infra could not fork: {exc}")
+            pid = -1
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            zsock.close()
+            _job_a(slot, msg == b"i", *fds)
+        if pid > 0:
+            children.add(pid)
+        for fd in fds:
+            os.close(fd)
+
+
+def _job_a(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, res_w: int, ctl: int) -> None:
+    """A: never returns. Unshares, forks B, hands B's pidfd to the server, reports how B (J) ended."""
+    try:
+        os.setsid()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if isolated:  # the UTS namespace is the slot's, made once by Z (see _zygote)
+            _check(_c().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
+        b = os.fork()
+        if b == 0:
+            os.close(ctl)
+            _job_b(slot, isolated, code_fd, job_fd, out_w, res_w)
+        for fd in (code_fd, job_fd, out_w):
+            os.close(fd)
+        pidfd = os.pidfd_open(b) if hasattr(os, "pidfd_open") else None
+        with socket.socket(fileno=ctl) as sock:
+            socket.send_fds(sock, [f"{b} {os.getpid()}".encode()], [pidfd] if pidfd is not None else [])
+        if pidfd is not None:
+            os.close(pidfd)
+        _, status = os.waitpid(b, 0)
+        _line(res_w, f"judge-exit {_exit_code(status)}")  # B has been reaped: its namespace is empty
+        os._exit(0)
+    except BaseException as exc:
+        _line(res_w, f"infra {type(exc).__name__}: {exc}")
+        os._exit(_EXIT_INFRA)
+
+
+def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, res_w: int) -> None:
+    """B: never returns. Builds the root, forks S, then becomes J (pid 1: when J ends, every process
+    of the namespace is killed)."""
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if isolated:
+            slot.build_root()
+        s_sock, j_sock = (end.detach() for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+        st_r, st_w = os.pipe()
+        s = os.fork()  # before anything of the job's tests is read into this process
+        if s == 0:
+            _role_s(slot, code_fd, s_sock, out_w, st_w)
+        os.close(st_w)
+        os.close(code_fd)
+        os.close(s_sock)
+        status = b""
+        while chunk := os.read(st_r, 4096):
+            status += chunk
+        os.close(st_r)
+        if status != b"k":
+            _line(res_w, "infra the solution's process could not be set up: " + status[1:].decode("utf-8", "replace"))
+            os._exit(_EXIT_INFRA)
+    except BaseException as exc:
+        _line(res_w, f"infra {type(exc).__name__}: {exc}")
+        os._exit(_EXIT_INFRA)
+    _role_j(slot, job_fd, j_sock, out_w, res_w)
+
+
+def _role_s(slot: Slot, code_fd: int, sock: int, out_w: int, st_w: int) -> None:
+    """S: never returns. Trusted set-up, then the untrusted code (callee.serve)."""
+    try:
+        spec = json.loads(_read_fd(code_fd))
+        devnull = os.open(os.devnull, os.O_RDWR)
+        _place_fds({0: devnull, 1: out_w, 2: out_w, 3: sock, 4: st_w})
+        st_w = 4
+        slot.confine("s")
+        os.chdir(spec["workdir"])
+        os.environ.clear()
+        os.environ.update(_ENV, HOME=spec["workdir"], TMPDIR=spec["workdir"])
+    except BaseException as exc:
+        try:
+            os.write(st_w, b"!" + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"))
+        finally:
+            os._exit(_EXIT_INFRA)
+    os.write(st_w, b"k")
+    os.close(st_w)
+    code = spec["code"]
+    del spec
+    callee.serve(3, code)
+    os._exit(0)
+
+
+def _role_j(slot: Slot, job_fd: int, sock: int, out_w: int, res_w: int) -> None:
+    """J: never returns."""
+    try:
+        job = json.loads(_read_fd(job_fd))
+        devnull = os.open(os.devnull, os.O_RDWR)
+        _place_fds({0: devnull, 1: out_w, 2: out_w, 3: res_w, 4: sock})
+        res_w = 3
+        slot.confine("j")
+        os.chdir(job["workdir"])
+        os.environ.clear()
+        os.environ.update(_ENV, HOME=job["workdir"], TMPDIR=job["workdir"])
+    except BaseException as exc:
+        _line(res_w, f"infra the judge's process could not be set up: {type(exc).__name__}: {exc}")
+        os._exit(_EXIT_INFRA)
+    judge.run(job, 4, 3)
+    os._exit(0)

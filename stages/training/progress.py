@@ -1,0 +1,59 @@
+"""Training progress on the terminal: one bar per training stage, or the libraries' own output.
+
+By default a Trainer's terminal output is one progress bar for the stage (its description the stage's
+name, the latest loss and reward beside it), instead of transformers' bar with every logged dictionary
+printed under it. `REGIMEN_VERBOSE=1` (`regimen run --verbose`) keeps the libraries' own output. Either
+way every logged value goes to the Trainer's log history, hence `train_log.jsonl` and Prefect's log.
+The bar is tqdm's, shown only on a terminal (tqdm's `disable=None`), written to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+SHOWN = ("loss", "reward", "heldout_probe")
+
+
+def verbose() -> bool:
+    return os.environ.get("REGIMEN_VERBOSE", "0") == "1"
+
+
+class StageProgress(TrainerCallback):
+    """One tqdm bar per training run; logged values appear beside it, never as printed dictionaries."""
+
+    def __init__(self, desc: str):
+        self.desc = desc
+        self.bar = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from tqdm.auto import tqdm
+
+        if state.is_world_process_zero:
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.desc, unit="step", leave=False, disable=None, dynamic_ncols=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs:
+            shown = {k: f"{logs[k]:.3g}" for k in SHOWN if isinstance(logs.get(k), (int, float))}
+            if shown:
+                self.bar.set_postfix(shown, refresh=False)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def quiet(trainer, desc: str):
+    """Give `trainer` one progress bar named `desc` in place of transformers' printing callbacks (unless
+    REGIMEN_VERBOSE=1). Returns the trainer."""
+    if not verbose():
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(StageProgress(desc))
+    return trainer
