@@ -1,81 +1,97 @@
-"""Orchestration overhead: the default recipe through the Prefect flow (`regimen run`) vs. the same
-stages called directly as Python functions (`regimen.stages.runner.execute`), each in a fresh process.
+"""The fixed cost of a run: wall time minus the stages' own time, through `regimen run` (Prefect, a temporary
+server) and with the same stages called as plain functions (no Prefect), each in a fresh process; where it
+goes; and the default recipe's wall / stages ratio, all in one invocation.
 
-    python bench/overhead.py [--config configs/default.yaml] [--set KEY=VALUE ...]
+    python bench/overhead.py [--runs 3] [--no-default]
+
+The stages' own time is the sum of `wall_s` in the manifests the run wrote (each stage from its start to
+its commit). One Prefect home for the whole benchmark, as on a user's machine where ~/.prefect persists:
+the first run creates Prefect's database, and is reported apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
-from bench.common import PY, header, manifests, regimen, run, scratch, table  # noqa: E402
+from common import PY, ROOT, header, manifests, regimen, run, scratch, table
+
+TINY = "tests/tiny.yaml"
+STAGES = ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
 
 
-def direct(config: str, store: str, sets: list[str]) -> None:
+def direct(config: str, store: str) -> None:
     """The stages of one cycle, called as plain functions (no Prefect), in the flow's order."""
-    t0 = time.perf_counter()
+    sys.path.insert(0, str(ROOT))
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.training.policy import base_policy
     from regimen.stages.runner import execute
     from regimen.stages.store import Store
+    from regimen.stages.training.policy import base_policy
 
-    recipe = load_recipe(config, sets + [f"store={store}"])
+    recipe = load_recipe(config, [f"store={store}", "cycle.max_cycles=1"])
     st = Store(recipe.store)
     sft = execute("sft", recipe, {"policy": base_policy(recipe, st), "cycle": 1}, st)
     execute("reward-dry-run", recipe, {"policy": sft.ref}, st)
     execute("grpo-smoke", recipe, {"policy": sft.ref}, st)
     grpo = execute("grpo", recipe, {"policy": sft.ref}, st, round_=1)
-    g = grpo.manifest["metrics"]
-    execute("eval", recipe, {"policy": grpo.ref, "cycle": 1, "round": 1, "history": [{"cycle": 1, "round": 0, "heldout_accuracy": sft.manifest["metrics"]["heldout_accuracy"]}],
-                             "train_reward": g.get("train_reward_last"), "train_reward_first": g.get("train_reward_first")}, st, round_=1)
-    print(json.dumps({"in_process_s": time.perf_counter() - t0}))
+    execute("eval", recipe, {"policy": grpo.ref}, st, round_=1)
 
 
-def result(out: str) -> list[str]:
-    """The values a snippet printed after RESULT (Prefect logs around it)."""
-    return next(line.split()[1:] for line in out.splitlines() if line.startswith("RESULT "))
+def stages_s(store: Path, experiment: str) -> float:
+    return sum(m["wall_s"] for s in STAGES for m in manifests(store, experiment, s))
+
+
+def snippet_s(code: str) -> float:
+    out = run([PY, "-c", f"import time; t = time.perf_counter()\n{code}\nprint('RESULT', time.perf_counter() - t)"])["out"]
+    return float(next(line.split()[1] for line in out.splitlines() if line.startswith("RESULT ")))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="configs/default.yaml")
-    ap.add_argument("--set", dest="sets", action="append", default=[])
-    ap.add_argument("--direct", nargs=1, metavar="STORE", help=argparse.SUPPRESS)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3, help="runs of each path on the tiny recipe (medians are reported)")
+    ap.add_argument("--no-default", action="store_true", help="skip the default recipe's run (about 6 minutes)")
+    ap.add_argument("--direct", nargs=2, metavar=("CONFIG", "STORE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sets = ["cycle.max_cycles=1", *args.sets]
     if args.direct:
-        return direct(args.config, args.direct[0], sets)
+        return direct(*args.direct)
 
-    header("orchestration overhead: Prefect flow vs. direct calls")
+    header("fixed cost of a run: regimen run (Prefect) vs. the stages as plain functions")
     tmp = Path(scratch("regimen-bench-overhead-"))
-    imp = run([PY, "-c", "import time; t=time.perf_counter(); import regimen.stages.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate; a=time.perf_counter()-t; import regimen.flows.cycle; print('RESULT', a, time.perf_counter()-t-a)"])
-    stage_imports, prefect_imports = map(float, result(imp["out"]))
-    snippet = "from prefect import flow\nimport time\n@flow\ndef noop(): pass\nt=time.perf_counter(); noop(); print('RESULT', time.perf_counter()-t)"
-    [first_start] = map(float, result(run([PY, "-c", snippet])["out"]))  # creates and migrates Prefect's database
-    [prefect_start] = map(float, result(run([PY, "-c", snippet])["out"]))
-    d = run([PY, "bench/overhead.py", "--config", args.config, *sum((["--set", s] for s in args.sets), []), "--direct", str(tmp / "direct")])
-    f = regimen("run", args.config, "--store", str(tmp / "flow"), *sum((["--set", s] for s in sets), []))
-    exp = "default"
-    for line in f["out"].splitlines():
-        if line.startswith("experiment "):
-            exp = line.split()[1]
+    first = regimen("run", TINY, "--store", str(tmp / "first"))
+    first_fixed = first["wall_s"] - stages_s(tmp / "first", "tiny-test")
     rows = []
-    for label, store, res in (("direct", tmp / "direct", d), ("flow", tmp / "flow", f)):
-        stages = {m["stage"]: m["wall_s"] for s in ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval") for m in manifests(store, exp, s)}
-        rows.append({"path": label, "wall_s": res["wall_s"], "sum_of_stages_s": sum(stages.values()), "grpo_s": stages.get("grpo", 0.0),
-                     "wall/stages": res["wall_s"] / sum(stages.values())})
-    print(table(rows, ["path", "wall_s", "sum_of_stages_s", "grpo_s", "wall/stages"]))
-    ratio = rows[1]["wall_s"] / rows[0]["wall_s"]
-    extra = rows[1]["wall_s"] - rows[0]["wall_s"]
-    print(f"\nflow / direct wall time: {ratio:.3f}  (flow costs {extra:+.1f}s over {rows[0]['wall_s']:.1f}s)")
-    print(f"where it goes: importing prefect + flows {prefect_imports:.1f}s; Prefect's temporary server + an empty flow run {prefect_start:.1f}s "
-          f"(the very first one, which creates Prefect's database: {first_start:.1f}s; `regimen run` boots the server while the recipe "
-          f"validates, so part of this overlaps); the rest (task runs, artifacts, plots, noise) {extra - prefect_imports - prefect_start:+.1f}s")
-    print(f"(stage code imports, paid by both paths: {stage_imports:.1f}s)")
+    for i in range(args.runs):
+        for path in ("flow", "direct"):
+            store = tmp / f"{path}-{i}"
+            res = (regimen("run", TINY, "--store", str(store)) if path == "flow"
+                   else run([PY, "bench/overhead.py", "--direct", TINY, str(store)]))
+            st = stages_s(store, "tiny-test")
+            rows.append({"run": i + 1, "path": path, "wall_s": res["wall_s"], "stages_s": st, "fixed_s": res["wall_s"] - st,
+                         "terminal_lines": len(res["out"].splitlines()) if path == "flow" else ""})
+    print(table(rows, ["run", "path", "wall_s", "stages_s", "fixed_s", "terminal_lines"]))
+    med = {p: statistics.median(r["fixed_s"] for r in rows if r["path"] == p) for p in ("flow", "direct")}
+    print(f"\nfixed cost, median of {args.runs}: flow {med['flow']:.1f}s, direct {med['direct']:.1f}s; Prefect adds {med['flow'] - med['direct']:+.1f}s "
+          f"(the very first run, which creates Prefect's database: {first_fixed:.1f}s)")
+
+    stack = ("import regimen.stages.recipe.trl as t, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate\n"
+             "from trl import GRPOConfig, SFTConfig, GRPOTrainer, SFTTrainer\nimport datasets")
+    imports = snippet_s(stack)
+    prefect = snippet_s("import regimen.flows.cycle, regimen.flows.server, regimen.flows.present.terminal")
+    boot = snippet_s("from regimen.flows.server import TemporaryServer\ns = TemporaryServer(); s.ready(); s.stop()")
+    print(f"where it goes: importing torch/transformers/TRL/datasets and the stage code {imports:.1f}s (both paths); importing Prefect and "
+          f"flows {prefect:.1f}s; the temporary server's boot {boot:.1f}s (in its own process, while the recipe validates); the rest is "
+          "Prefect's task and flow runs, the stage lines and the exit")
+
+    if not args.no_default:
+        store = tmp / "default"
+        res = regimen("run", "configs/default.yaml", "--store", str(store))
+        st = stages_s(store, "default")
+        print(f"\ndefault recipe: wall {res['wall_s']:.1f}s, stages {st:.1f}s, wall / stages {res['wall_s'] / st:.3f}, fixed {res['wall_s'] - st:.1f}s")
+    print(json.dumps({"fixed_flow_s": med["flow"], "fixed_direct_s": med["direct"], "first_run_fixed_s": first_fixed, "at": time.strftime("%Y-%m-%d %H:%M")}))
 
 
 if __name__ == "__main__":

@@ -183,7 +183,7 @@ def status(
     store: Annotated[str, typer.Option("--store", help="artifact store")] = "artifacts",
 ) -> None:
     """Each stage's state: completed (or damaged) versions, failed attempts, running, checkpoints."""
-    from regimen.flows.present.status import experiment_status
+    from regimen.flows.present.status import experiment_status, libraries_line
 
     rows = experiment_status(store, experiment)
     table = Table(title=f"{experiment} in {store}")
@@ -192,6 +192,8 @@ def status(
     for r in rows:
         table.add_row(r["stage"], r["state"], r["latest"], r["cycle"], r["finished"], r["detail"])
     console.print(table)
+    if line := libraries_line(rows):
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command()

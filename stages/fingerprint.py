@@ -116,6 +116,22 @@ def library_versions() -> dict[str, str]:
 
 
 @functools.cache
+def environment() -> dict[str, str]:
+    """What a manifest records of the software that made it: Python and the libraries that compute results
+    (the same versions enter every code version), plus Prefect and Regimen, which do not change results."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version(), **library_versions()}
+    for dist in ("prefect", "regimen-rl"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
+@functools.cache
 def code_version(module: str) -> str:
     """A short digest of the code that can change `module`'s result (see the module doc)."""
     h = hashlib.sha256()

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from regimen.stages import registry
 from regimen.stages.contract import StageDirs, StageOutput
 from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
-from regimen.stages.fingerprint import code_version, content_digest, digest, input_digests
+from regimen.stages.fingerprint import code_version, content_digest, digest, environment, input_digests
 from regimen.stages.store import Store, now_iso
 
 log = logging.getLogger("regimen.runner")
@@ -115,6 +115,7 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
         "config": section,
         "launch": launch_info(stage, recipe),
         "code_version": code_version(module.__name__),
+        "libraries": environment(),  # the resolved versions (those that compute results are in code_version too)
         "started_at": now_iso(),
     }
     dirs = StageDirs(out=store.staging_dir(experiment, stage), checkpoints=store.work_dir(experiment, stage, fp), progress=progress)

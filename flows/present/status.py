@@ -57,5 +57,24 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             "finished": str((latest or {}).get("finished_at", "-"))[:19],
             "detail": ("; ".join(detail) + (f" ({len(versions)} versions, {len(failures)} failed attempts)" if versions or failures else "")).strip(),
             "damaged": damaged,
+            "libraries": (latest or {}).get("libraries"),
         })
     return rows
+
+
+def libraries_line(rows: list[dict[str, Any]]) -> str | None:
+    """The library versions the latest versions were made with (their manifests record them), and where
+    they differ from what is installed now: those stages' code versions changed, so the next run redoes
+    them."""
+    from regimen.stages.fingerprint import environment
+
+    recorded = next((r["libraries"] for r in reversed(rows) if isinstance(r.get("libraries"), dict)), None)
+    if recorded is None:
+        return None
+    now = environment()
+    shown = ", ".join(f"{k} {v}" for k, v in recorded.items())
+    changed = [f"{k} {recorded[k]} -> {now.get(k)}" for k in recorded if k not in ("regimen-rl", "prefect") and now.get(k) != recorded[k]]
+    line = f"made with {shown}"
+    if changed:
+        line += f"; installed now: {', '.join(changed)} (stages that depend on them run again)"
+    return line
