@@ -22,7 +22,8 @@ def main(spec_path: str) -> None:
     from regimen.stages.contract import StageDirs
     from regimen.stages.recipe import recipe_from_dict
 
-    recipe = recipe_from_dict(spec["recipe"], "launch spec")
+    # TRL's configs built now, before any Trainer: building one after the Accelerator exists resets its state
+    recipe = recipe_from_dict(spec["recipe"], "launch spec", check_trl=True)
     out = Path(spec["out"]) if rank == 0 else work / f"rank{rank}-out"
     out.mkdir(parents=True, exist_ok=True)
     output = registry.get(spec["stage"]).run(recipe, spec["inputs"], StageDirs(out=out, checkpoints=work))

@@ -48,7 +48,7 @@ def test_no_teacher_starts_at_the_dry_run_and_renders_the_chat_template(real_mod
     from regimen.stages.recipe import load_recipe
 
     recipe = load_recipe(REAL, overrides(real_model, parquet, store=str(tmp_path / "store")))
-    results = regimen_cycle_recipe(recipe)
+    results = regimen_cycle_recipe(recipe).results
     assert [(r["stage"], r.get("round")) for r in results] == [("eval", 0), ("reward-dry-run", 0), ("grpo-smoke", 0), ("grpo", 1), ("eval", 1)]
     st = Store(tmp_path / "store")
     for stage in ("reward-dry-run", "grpo-smoke", "grpo", "eval"):
@@ -71,7 +71,7 @@ def test_an_oracle_teacher_runs_sft_on_conversations(real_model, parquet, tmp_pa
     from regimen.stages.recipe import load_recipe
 
     recipe = load_recipe(REAL, overrides(real_model, parquet, store=str(tmp_path / "store"), **{"teacher.kind": "oracle"}))
-    results = regimen_cycle_recipe(recipe)
+    results = regimen_cycle_recipe(recipe).results
     assert [r["stage"] for r in results] == list(registry.NAMES)
     st = Store(tmp_path / "store")
     sft = st.latest("real-test", "sft")

@@ -87,8 +87,10 @@ def config(recipe, section: str):
 def for_stage(recipe, section: str, output_dir, **changes: Any):
     """The section's config for one stage: a copy of `config(...)` writing to `output_dir`; with
     `changes`, a config built with those fields changed (TRL validates it again)."""
-    if changes:
-        built = _construct(section, {**settings(recipe, section), **changes}, _world(recipe, section))
+    if changes or _world(recipe, section) > 1:
+        # Under `accelerate launch` this runs in each rank, where TRL's class knows the real world size:
+        # built from TRL's own class (the shared object's class answers the world size for the parent).
+        built = _construct(section, {**settings(recipe, section), **changes})
     else:
         built = copy.copy(config(recipe, section))
     built.output_dir = str(output_dir)
