@@ -46,7 +46,7 @@ def stages_s(store: Path, experiment: str) -> float:
 
 
 def snippet_s(code: str) -> float:
-    out = run([PY, "-c", f"import time; t = time.perf_counter()\n{code}\nprint('RESULT', time.perf_counter() - t)"])["out"]
+    out = run([PY, "-c", f"import time; t0_ = time.perf_counter()\n{code}\nprint('RESULT', time.perf_counter() - t0_)"])["out"]
     return float(next(line.split()[1] for line in out.splitlines() if line.startswith("RESULT ")))
 
 
@@ -77,7 +77,7 @@ def main() -> None:
     print(f"\nfixed cost, median of {args.runs}: flow {med['flow']:.1f}s, direct {med['direct']:.1f}s; Prefect adds {med['flow'] - med['direct']:+.1f}s "
           f"(the very first run, which creates Prefect's database: {first_fixed:.1f}s)")
 
-    stack = ("import regimen.stages.recipe.trl as t, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate\n"
+    stack = ("import regimen.stages.recipe.trl, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate\n"
              "from trl import GRPOConfig, SFTConfig, GRPOTrainer, SFTTrainer\nimport datasets")
     imports = snippet_s(stack)
     prefect = snippet_s("import regimen.flows.cycle, regimen.flows.server, regimen.flows.present.terminal")
