@@ -58,7 +58,7 @@ def _code(src: str) -> str:
 CONTROL = _code("""
     import ctypes, os, socket
     def _leftovers():
-        found = [p for p in os.listdir('/tmp') if p not in ('work', 'judge')]
+        found = [p for p in os.listdir('/tmp') if p != 'work']
         found += os.listdir('/tmp/work') + os.listdir('/dev/shm')
         if ctypes.CDLL(None, use_errno=True).shmget(0x5EED, 0, 0) != -1:
             found.append('sysv-shm')
@@ -422,7 +422,7 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
     add("exit_inside_call", "def add(a, b):\n    raise SystemExit(0)\n", TESTS)
     add("keyboard_interrupt_inside_call", "def add(a, b):\n    raise KeyboardInterrupt\n", TESTS)
     # --- return values that are not plain data ----------------------------------------------------------
-    add("return_generator", "def add(a, b):\n    yield a + b\n", ["assert list(add(1, 2)) == [3]", "assert next(add(2, 2)) == 4", "assert [*add(-1, 5)] == [4]"])
+    add("return_generator", "def add(a, b):\n    yield a - b - 7\n", ["assert list(add(1, 2)) == [3]", "assert next(add(2, 2)) == 4", "assert [*add(-1, 5)] == [4]"])
     add("return_huge", "def add(a, b):\n    return 'x' * (10 << 20) if a else 0\n", ["assert len(add(1, 2)) == 10 << 20", "assert add(2, 2) == 'x' * (10 << 20)", "assert add(-1, 5)"])
     add("return_deep", "def add(a, b):\n    x = a + b\n    for _ in range(500):\n        x = [x]\n    return x\n",
         ["x = add(1, 2)\nwhile isinstance(x, list):\n    x = x[0]\nassert x == 3"] * 3)
@@ -987,7 +987,7 @@ def test_unisolated_when_explicitly_allowed(caplog):
         [
             ("def add(a, b):\n    return a + b if a else 99\n", ADD_TESTS),
             (WRONG + "import sys\nsys.exit(0)\n", ADD_TESTS),
-            ("import os\nENV = sorted(os.environ)\nCWD = os.getcwd()\n", ["assert 'REGIMEN_TEST_SECRET' not in ENV", "import os\nassert os.path.basename(CWD).startswith('regimen-sandbox-s-')"]),
+            ("import os\nENV = sorted(os.environ)\nCWD = os.getcwd()\n", ["assert 'REGIMEN_TEST_SECRET' not in ENV", "import os\nassert os.path.basename(CWD).startswith('regimen-sandbox-')"]),
             ("while True:\n    pass\n", ADD_TESTS),
             ("import builtins\nbuiltins.abs = lambda x: 0\n" + WRONG, ["assert abs(add(1, 2) - 3) < 1e-9"]),
             ("class E:\n    def __eq__(self, o): return True\ndef add(a, b):\n    return E()\n", TESTS),

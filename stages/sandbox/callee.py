@@ -1,23 +1,33 @@
-"""S, the solution's process: load the model's code, then answer the judge's calls.
+"""S, the solution's process: load the model's code, then answer the judge's requests.
 
 Runs inside the sandbox (after the server dropped privileges and installed the syscall filter), with
 the socket to the judge on a file descriptor and nothing else of the judge's: not the tests, not the
 result pipe, not the judge's memory. Everything here runs in the same interpreter as the untrusted
 code, so none of it is trusted: whatever S sends is checked and decoded by the judge's own code
-(`judge.py`, `wire.py`). This module only makes honest solutions work:
+(`judge.py`, `wire.py`). This module only makes honest solutions work as they would under a plain
+harness:
 
-1. exec the code in a fresh namespace (`__name__ == "solution"`); on an exception (SystemExit too)
-   send `("loadfail", exception class names, message)` and exit;
-2. send `("ready", names)`: for every top-level name (dunder names skipped) one of
-   `(name, "call", None)` (a callable: the judge makes a proxy that calls it here, a function imported
-   from the standard library too), `(name, "module", module_name)`, or `(name, "data", encoded value)`
-   (plain data only; anything else is not reported);
-3. answer each `("call", name, args, kwargs)` with `("ok", value)` (a subclass of a plain type is sent
-   as its base type's value: a Counter as a dict, a namedtuple as a tuple, an IntEnum as an int),
-   `("raise", class names, message)` or `("bad", why)` when the return value is not plain data
-   (an iterator, a deque, an object of the solution's own class). A SystemExit (or any other
-   BaseException that is not an Exception) inside a call ends the process without an answer: the
-   judge sees the channel close, and that call and every later one fail.
+1. functions mode: exec the code as a real module named `solution` (in `sys.modules`, so pickling its
+   functions works: a `multiprocessing.Pool` in a solution); on an exception (SystemExit too) send
+   `("loadfail", exception class names, message)` and exit. Then `("ready", names)`: for every
+   top-level name (dunder names skipped) `(name, "call", None)` for a function, `(name, "module",
+   module_name)`, or `(name, "data", encoded value)`: plain data, a standard-library value type, or a
+   handle (a class, an instance, an iterator: the judge makes a proxy of it);
+   programs mode (stdin/stdout problems): compile the code (a syntax error is a load failure) and send
+   `("ready", [])`; the program runs only when the judge asks, once per case.
+2. answer each request (see `serve`): a call of a top-level function, of a handle (a class, a bound
+   method), a method or attribute of a handle, one step of an iterator, one of a few operations (len,
+   bool, str, repr, iter, getitem, contains), an expression the tests evaluate (`eval`: routed here by
+   the judge, never run in its own process), or one run of the program with its stdin. Results go back
+   as `("ok", value, printed, consumed)` (`value` encoded with handles for what is not plain data;
+   `printed`: what the call printed, when the test had redirected its stdout; `consumed`: how much of
+   the stdin the test had set the call read), `("raise", class names, message, printed, consumed)`,
+   `("bad", why)`, `("stop",)` at the end of an iterator, or `("ran", stdout bytes, status, truncated)`.
+   A SystemExit (or any other BaseException that is not an Exception) inside a call ends the process
+   without an answer: the judge sees the channel close, and that call and every later one fail.
+
+The recursion limit in S is raised by the depth of S's own frames under the call, so a solution gets
+the same usable depth as under a plain `exec` harness.
 
 Stdlib only: the server imports it by path (`python -I -S`).
 """
@@ -30,12 +40,21 @@ import os
 import sys
 
 try:
-    from . import wire
+    from . import program, wire
 except ImportError:  # imported by the server as a top-level module
+    import program  # type: ignore[no-redef]
     import wire  # type: ignore[no-redef]
 
 MESSAGE_LIMIT = 2000
 """Characters of an exception's message that are sent to the judge."""
+CAPTURE_LIMIT = 1_000_000
+"""Characters of a call's printed output sent back when the test redirected its stdout (the rest goes to
+the sample's output as usual)."""
+HANDLES_LIMIT = 100_000
+"""Objects the judge may hold handles to at once."""
+PLAIN_HARNESS_DEPTH = 2
+"""Frames a plain harness has under the solution's function: exec's module frame and the test's call."""
+OPS = ("len", "bool", "str", "repr", "iter", "getitem", "contains")
 
 
 def _message(exc: BaseException) -> str:
@@ -62,7 +81,35 @@ def _class_names(exc: BaseException) -> list[str]:
     return names or ["Exception"]
 
 
-def _report(ns: dict) -> list:
+class Handles:
+    """The objects the judge holds handles to, by number."""
+
+    def __init__(self) -> None:
+        self.objects: dict[int, object] = {}
+        self.numbers: dict[int, int] = {}  # id(object) -> number, so one object has one handle
+
+    def add(self, x: object) -> tuple[str, int, str]:
+        number = self.numbers.get(id(x))
+        if number is None or self.objects.get(number) is not x:
+            if len(self.objects) >= HANDLES_LIMIT:
+                raise wire.NotPlainData("too many objects handed to the judge")
+            number = len(self.objects) + 1
+            self.objects[number] = x
+            self.numbers[id(x)] = number
+        kind = "iter" if hasattr(type(x), "__next__") and hasattr(type(x), "__iter__") else "obj"
+        try:
+            typename = str.__str__(type.__dict__["__name__"].__get__(type(x)))
+        except BaseException:
+            typename = "object"
+        return kind, number, typename
+
+    def get(self, kind: str, number: int, typename: str) -> object:
+        if number not in self.objects:
+            raise wire.WireError(f"no object {number}")
+        return self.objects[number]
+
+
+def _report(ns: dict, handles: Handles) -> list:
     names: list = []
     budget = wire.MAX_BYTES // 2
     for name, value in list(ns.items()):
@@ -73,13 +120,13 @@ def _report(ns: dict) -> list:
                 module = getattr(value, "__name__", None)
                 if type(module) is str:
                     names.append((name, "module", module))
-            elif callable(value):
+            elif callable(value) and not isinstance(value, type):
                 names.append((name, "call", None))
-            else:
-                payload = wire.encode(value, limit=budget, subclasses=True)
+            else:  # data, or a class or an object of the solution's: a handle the judge makes a proxy of
+                payload = wire.encode(value, limit=budget, subclasses=True, handles=handles.add)
                 budget -= len(payload)
                 names.append((name, "data", payload))
-        except BaseException:  # not plain data, or over the budget: the name is not reported
+        except BaseException:  # over the budget, or not encodable: the name is not reported
             continue
     return names
 
@@ -92,46 +139,146 @@ def _streams() -> None:
     sys.argv = ["solution"]
 
 
-def serve(sock: int, code: str) -> None:
-    """Load `code` and answer calls on `sock` until the judge closes it. Never returns."""
+class _Capture(io.StringIO):
+    """A call's stdout when the test redirected its own: kept up to CAPTURE_LIMIT characters, the rest
+    written to the sample's output."""
+
+    def __init__(self, real) -> None:
+        super().__init__()
+        self.real, self.kept = real, 0
+
+    def write(self, text: str) -> int:
+        room = CAPTURE_LIMIT - self.kept
+        if room > 0:
+            super().write(text[:room])
+            self.kept += min(room, len(text))
+        if len(text) > room:
+            self.real.write(text[max(room, 0):])
+        return len(text)
+
+
+def _call(fn, args: tuple, kwargs: dict, io_spec: object) -> tuple:
+    """Call `fn` with the test's stdout and stdin as the test had set them: (value, exception, printed,
+    consumed)."""
+    capture = stdin = None
+    saved_out, saved_in = sys.stdout, sys.stdin
+    if type(io_spec) is dict:
+        if io_spec.get("capture") is True:
+            capture = sys.stdout = _Capture(saved_out)
+        if type(io_spec.get("stdin")) is str:
+            stdin = sys.stdin = io.StringIO(io_spec["stdin"])
+    value = exc = None
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as raised:
+        exc = raised
+    finally:
+        sys.stdout, sys.stdin = saved_out, saved_in
+    return value, exc, capture.getvalue() if capture is not None else "", stdin.tell() if stdin is not None else 0
+
+
+def _depth() -> int:
+    frame, n = sys._getframe(), 0
+    while frame is not None:
+        frame, n = frame.f_back, n + 1
+    return n
+
+
+class Solution:
+    """The loaded solution and the requests the judge may make of it."""
+
+    def __init__(self, sock: int, code: str, mode: str) -> None:
+        self.sock, self.mode = sock, mode
+        self.handles = Handles()
+        self.module = type(sys)("solution")
+        self.ns = self.module.__dict__
+        self.ns["__builtins__"] = builtins
+        self.program = None
+
+    def load(self, code: str) -> list:
+        if self.mode == "programs":
+            self.program = compile(code, "<solution>", "exec")
+            return []
+        sys.modules["solution"] = self.module
+        exec(compile(code, "<solution>", "exec"), self.ns)
+        return _report(self.ns, self.handles)
+
+    def answer(self, request: object) -> tuple:
+        kind = request[0] if type(request) is tuple and request else None
+        if kind == "run" and self.program is not None and len(request) == 4:
+            return program.run(self.program, request[1], request[2], request[3])
+        try:
+            target, args, kwargs, io_spec = self._target(request)
+        except (LookupError, TypeError, ValueError, AttributeError) as exc:
+            return ("raise", _class_names(exc), _message(exc), "", 0)
+        value, exc, printed, consumed = _call(target, args, kwargs, io_spec)
+        if exc is not None:
+            if type(exc) is StopIteration and kind == "next":
+                return ("stop",)
+            return ("raise", _class_names(exc), _message(exc), printed, consumed)
+        return ("ok", value, printed, consumed)
+
+    def _target(self, request: tuple):
+        """(callable, args, kwargs, io) for a request; raises for one that names nothing of ours."""
+        kind = request[0]
+        obj = lambda: self.handles.get("obj", request[1], "")  # noqa: E731
+        if kind == "call":
+            _, name, args, kwargs, io_spec = request
+            return self.ns[name], args, kwargs, io_spec
+        if kind == "callobj":
+            _, _, args, kwargs, io_spec = request
+            return obj(), args, kwargs, io_spec
+        if kind == "getattr":
+            return getattr, (obj(), request[2]), {}, None
+        if kind == "setattr":
+            return setattr, (obj(), request[2], request[3]), {}, None
+        if kind == "next":
+            it = obj()
+            return next, (it,), {}, None
+        if kind == "op" and request[2] in OPS:
+            op, args = request[2], request[3]
+            fns = {"len": len, "bool": bool, "str": str, "repr": repr, "iter": iter,
+                   "getitem": lambda o, k: o[k], "contains": lambda o, k: k in o}
+            return fns[op], (obj(), *args), {}, None
+        if kind == "eval" and request[2] in ("eval", "exec"):
+            fn = builtins.eval if request[2] == "eval" else builtins.exec
+            return fn, (request[1], self.ns), {}, None
+        raise LookupError(f"request {str(request)[:100]} names nothing of the solution's")
+
+
+def serve(sock: int, code: str, mode: str = "functions") -> None:
+    """Load `code` and answer requests on `sock` until the judge closes it. Never returns."""
     send, send_encoded, recv, encode, _exit = wire.send, wire.send_encoded, wire.recv, wire.encode, os._exit
     _streams()
-    ns: dict = {"__name__": "solution", "__builtins__": builtins}
+    solution = Solution(sock, code, mode)
     try:
-        exec(compile(code, "<solution>", "exec"), ns)
+        names = solution.load(code)
     except BaseException as exc:  # SyntaxError, an exception at import time, SystemExit: no load
         try:
             send(sock, ("loadfail", _class_names(exc), _message(exc)))
         finally:
             _exit(0)
+    del code
     try:
-        send(sock, ("ready", _report(ns)))
+        send(sock, ("ready", names))
     except BaseException:
         _exit(0)
+    sys.setrecursionlimit(sys.getrecursionlimit() + _depth() + 1 - PLAIN_HARNESS_DEPTH)  # the frames below a call are ours
     while True:
         try:
-            request = recv(sock)
+            request = recv(sock, solution.handles.get)
         except BaseException:  # the judge is done (or sent nonsense, which it does not)
             _exit(0)
         try:
-            _, name, args, kwargs = request  # type: ignore[misc]
-            fn = ns[name]
-        except BaseException:
-            send(sock, ("raise", ["NameError", "Exception"], f"name {request!r:.200} is not defined by the solution"))
-            continue
-        try:
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            payload = encode(("raise", _class_names(exc), _message(exc)))
+            reply = solution.answer(request)
         except BaseException:  # SystemExit and the like: the solution ends its own run
             _exit(0)
-        else:
-            try:
-                payload = encode(("ok", value), subclasses=True)
-            except wire.NotPlainData as exc:
-                payload = encode(("bad", str(exc)[:MESSAGE_LIMIT]))
-            except BaseException as exc:
-                payload = encode(("bad", f"its return value could not be encoded ({type(exc).__name__})"))
+        try:
+            payload = encode(reply, subclasses=True, handles=solution.handles.add)
+        except wire.NotPlainData as exc:
+            payload = encode(("bad", str(exc)[:MESSAGE_LIMIT]))
+        except BaseException as exc:
+            payload = encode(("bad", f"its return value could not be encoded ({type(exc).__name__})"))
         try:
             send_encoded(sock, payload)
         except BaseException:

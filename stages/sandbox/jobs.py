@@ -77,6 +77,20 @@ class Job:
     setup: str | None = None
     """Trusted code the judge runs before the tests (a HumanEval prompt's helpers, MBPP's
     test_setup_code/test_imports); its names are never shadowed by the solution's."""
+    mode: str = "functions"
+    """"functions": the tests call the solution's functions; "programs": the solution is a program run
+    once per case of `cases` with the case's input as stdin, its stdout compared with the case's output."""
+    cases: list[tuple[str, str]] | None = None
+    """Programs: (stdin, expected stdout) per case, in order; the judge holds the expected outputs only."""
+    case_timeout_s: float = 2.0
+    """Programs: CPU seconds one case may use (its wall-clock limit is three times this plus one second)."""
+    float_tolerance: float | None = None
+    """Programs: numbers in the output may differ from the expected ones by this much (absolute or relative)."""
+
+    @property
+    def count(self) -> int:
+        """How many results the judge reports: test snippets, or cases."""
+        return len(self.cases or []) if self.mode == "programs" else len(self.tests)
 
 
 @dataclass
@@ -123,15 +137,16 @@ def _unavailable_message(reason: str) -> str:
 
 
 def as_job(item: Any, index: int = 0) -> Job:
-    """A Job from a Job, a `(code, tests)` pair, or a dict with `code`, `tests` and optionally
-    `entry_point` and `setup`. Raises TypeError naming the item."""
+    """A Job from a Job, a `(code, tests)` pair, or a dict of Job's fields (`code` and `tests` or
+    `cases` at least). Raises TypeError naming the item."""
+    fields = set(Job.__dataclass_fields__)
     if isinstance(item, Job):
         job = item
     elif isinstance(item, dict):
-        unknown = set(item) - {"code", "tests", "entry_point", "setup"}
-        if unknown or not {"code", "tests"} <= set(item):
-            raise TypeError(f"run_batch: item {index}: a dict needs `code` and `tests` (and optionally `entry_point`, `setup`), got {sorted(item)}")
-        job = Job(item["code"], item["tests"], item.get("entry_point"), item.get("setup"))
+        unknown = set(item) - fields
+        if unknown or "code" not in item or not ({"tests", "cases"} & set(item)):
+            raise TypeError(f"run_batch: item {index}: a dict needs `code` and `tests` (or `cases`) and only Job's fields, got {sorted(item)}")
+        job = Job(**{"tests": [], **item})
     elif isinstance(item, (tuple, list)) and len(item) == 2:
         job = Job(item[0], item[1])
     else:
@@ -144,7 +159,20 @@ def as_job(item: Any, index: int = 0) -> Job:
         raise TypeError(f"run_batch: item {index}: entry_point must be a Python identifier, got {job.entry_point!r}")
     if job.setup is not None and not isinstance(job.setup, str):
         raise TypeError(f"run_batch: item {index}: setup must be a str")
-    return Job(job.code, list(job.tests), job.entry_point or None, job.setup or None)
+    if job.mode not in ("functions", "programs"):
+        raise TypeError(f"run_batch: item {index}: mode must be 'functions' or 'programs', got {job.mode!r}")
+    cases = None
+    if job.mode == "programs":
+        if not isinstance(job.cases, (list, tuple)) or not all(
+                isinstance(c, (list, tuple)) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in job.cases):
+            raise TypeError(f"run_batch: item {index}: a program's cases must be a list of (stdin, expected stdout) strings")
+        cases = [(c[0], c[1]) for c in job.cases]
+    if not (isinstance(job.case_timeout_s, (int, float)) and job.case_timeout_s > 0):
+        raise TypeError(f"run_batch: item {index}: case_timeout_s must be positive")
+    if job.float_tolerance is not None and not (isinstance(job.float_tolerance, (int, float)) and job.float_tolerance >= 0):
+        raise TypeError(f"run_batch: item {index}: float_tolerance must be a non-negative number or None")
+    return Job(job.code, list(job.tests), job.entry_point or None, job.setup or None, job.mode, cases, float(job.case_timeout_s),
+               None if job.float_tolerance is None else float(job.float_tolerance))
 
 
 def _infra(total: int, reason: str) -> SandboxResult:

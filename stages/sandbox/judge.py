@@ -1,9 +1,10 @@
-"""J, the judge: runs a row's test code against the solution, which lives in another process.
+"""J, the judge: runs a row's tests against the solution, which lives in another process.
 
 J is a fork of the sandbox's trusted set-up process, never of the solution: the solution's process (S)
 cannot reach J's interpreter, namespace or memory (another uid, not dumpable, another process), and J
-never touches an object S made. What J gets from S comes over a socket as plain data (`wire.py`) and is
-decoded by J's own code into fresh builtin objects. The namespace the tests run in is J's:
+never touches an object S made. What J gets from S comes over a socket (`channel.py`, `wire.py`) and is
+decoded by J's own code into J's own objects: plain data, the standard library's value types, or proxies
+that are compared by identity only. The namespace the tests run in is J's:
 
 - `__builtins__` is J's own builtins module: nothing S patched (`builtins.abs`, `enumerate`, the
   namespace's `__builtins__`) exists here;
@@ -12,34 +13,25 @@ decoded by J's own code into fresh builtin objects. The namespace the tests run 
 - then each top-level name S reports, unless it would shadow a builtin, a name the set-up defined or a
   name the tests themselves bind at module level anywhere (`def expected`, `from math import isclose`,
   `x = ...`: a snippet that fails before the line that binds it must not leave the name to the
-  solution for the snippets after it); the row's declared `entry_point` is the one exception, it is
-  always the solution's:
-  a callable becomes a proxy that sends `call(name, args, kwargs)` to S and decodes the answer (a
-  function the solution imported from the standard library too: what answers is the solution's own
-  object, whatever S claims it is); plain data becomes a decoded copy; a module becomes J's own import
-  of the standard-library module of that name, and only under that name (`import math` binds `math`;
-  `import math as m` binds nothing), and only for the pure computation modules in `TEST_MODULES`. J
-  never calls a function, nor imports a module, that S chose: S could otherwise pick one whose result
-  is an object of surprising equality (`unittest.mock._ANY() == 42`), one with side effects in J (a
-  package's `__main__`), or swap one module for another under a name the tests use. When the row
-  declares an entry point, that is the only callable of the solution's the tests get (besides the
-  standard-library modules J imports itself): a test that calls a name it neither defines nor
-  imports (a bare `isclose`) cannot be answered by the solution. Without a declared entry point
-  (MBPP), every callable of the solution is proxied, so such a test would call the solution's: the
-  judge cannot know which names the test meant to come from elsewhere. If the row declares an entry
-  point that S does not define, calling it raises NameError.
+  solution for the snippets after it). The function under test is the exception, it is always the
+  solution's: the row's declared `entry_point`, or, without one, a builtin name the tests test as a
+  function of their own (`assert max([1, 2]) == 2`, with no other function of the solution's called
+  anywhere in the tests: `under_test`), so a wrong `def max` fails and a solution without it fails too.
+  A function becomes a proxy that calls it in S; data, a class or an object of the solution's becomes
+  J's decoded copy or proxy; a module becomes J's own import of the standard-library module of that name,
+  and only under that name (`import math` binds `math`; `import math as m` binds nothing), and only for
+  the pure computation modules in `TEST_MODULES`. J never calls a function, nor imports a module, that
+  S chose. When the row declares an entry point, that is the only function of the solution's the tests
+  get (besides the standard-library modules J imports itself). If the function under test is not the
+  solution's, calling it raises NameError.
 
-A proxy call fails (raises in J, so the test using it fails) when an argument is not plain data (a
-lambda, an object; arguments are copies, so in-place changes by the solution are not seen), when the
-return value is not plain data, when S's answer is malformed, or when S has ended. An exception raised
-in S is raised in J as the builtin class of the same name (or the nearest builtin base S names, short
-of `Exception` itself), never StopIteration, never anything that is not an `Exception`; otherwise as
-`SolutionError` (an `Exception`) whose message starts with the solution's class name.
-
-Each test snippet then runs in that namespace, in order; it passes when it runs to its end without
-raising. J reports on its own pipe, which S never holds (one line each):
-`loaded` | `loadfail <why>`, then `pass <i>` / `fail <i> <why>` for every snippet, `gone <why>` once
-if S ended early, and `done <n>`; `infra <why>` when the trusted set-up code itself fails.
+Each test snippet then runs in that namespace, in order (`harness.py`: also the unittest TestCases and
+pytest-style functions it defines); it passes when it runs to its end without raising. A program
+(stdin/stdout problems, `mode: programs`) is run by S once per case with the case's input, and J
+compares its output with the expected one, which S never sees. J reports on its own pipe, which S never
+holds (one line each): `loaded` | `loadfail <why>`, then `pass <i>` / `fail <i> <why>` for every snippet
+or case, `gone <why>` once if S ended early, and `done <n>`; `infra <why>` when the trusted set-up code
+itself fails.
 
 Stdlib only: the server imports it by path (`python -I -S`).
 """
@@ -55,9 +47,12 @@ import os
 import sys
 
 try:
-    from . import wire
+    from . import harness, wire
+    from .channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams
 except ImportError:  # imported by the server as a top-level module
+    import harness  # type: ignore[no-redef]
     import wire  # type: ignore[no-redef]
+    from channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams  # type: ignore[no-redef]
 
 INFO_LIMIT = 300
 """Characters of an error description sent to the server per line."""
@@ -67,90 +62,8 @@ TEST_MODULES = frozenset({
     "os", "random", "re", "statistics", "string", "struct", "sys", "textwrap", "time", "typing", "unicodedata", "zlib",
 })
 """Standard-library modules (and their submodules) a test may use because the solution imported them."""
-_NEVER_RAISE = (StopIteration, StopAsyncIteration)
-
-
-class SolutionError(Exception):
-    """An exception raised by the solution whose class is not a builtin one, or a failed call."""
-
-
-class SolutionEnded(SolutionError):
-    """The solution's process ended (it exited, crashed, was killed or broke the protocol)."""
-
-
-class _Channel:
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.gone: str | None = None
-
-    def fail(self, why: str) -> None:
-        if self.gone is None:
-            self.gone = why
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-
-    def recv(self) -> object:
-        if self.gone is not None:
-            raise SolutionEnded(self.gone)
-        try:
-            return wire.recv(self.fd)
-        except wire.ChannelClosed:
-            self.fail("the solution's process ended")
-        except (wire.WireError, OSError) as exc:
-            self.fail(f"the solution's process sent a malformed message ({exc})")
-        raise SolutionEnded(self.gone)
-
-    def call(self, name: str, args: tuple, kwargs: dict) -> object:
-        if self.gone is not None:
-            raise SolutionEnded(self.gone)
-        try:
-            payload = wire.encode(("call", name, args, kwargs))
-        except wire.NotPlainData as exc:
-            raise TypeError(f"{name}(): an argument is not plain data ({exc}), so it cannot be passed to the solution's process") from None
-        try:
-            wire.send_encoded(self.fd, payload)
-        except OSError:
-            self.fail("the solution's process ended")
-            raise SolutionEnded(self.gone) from None
-        reply = self.recv()
-        if type(reply) is tuple and len(reply) == 2 and reply[0] == "ok":
-            return reply[1]
-        if type(reply) is tuple and len(reply) == 3 and reply[0] == "raise" and type(reply[1]) is list and type(reply[2]) is str:
-            raise _exception(reply[1], reply[2])
-        if type(reply) is tuple and len(reply) == 2 and reply[0] == "bad" and type(reply[1]) is str:
-            raise TypeError(f"{name}() returned something that is not plain data: {reply[1]}")
-        self.fail("the solution's process sent a malformed answer")
-        raise SolutionEnded(self.gone)
-
-
-def _exception(names: list, message: str) -> Exception:
-    for name in names[:8]:
-        cls = getattr(builtins, name, None) if type(name) is str else None
-        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
-            try:
-                return cls(message)
-            except Exception:  # a constructor that wants other arguments: try the next base
-                continue
-    first = names[0] if names and type(names[0]) is str else "Exception"
-    return SolutionError(f"{first[:100]}: {message}")
-
-
-def _proxy(channel: _Channel, name: str):
-    def proxy(*args, **kwargs):
-        return channel.call(name, args, kwargs)
-
-    proxy.__name__ = proxy.__qualname__ = name
-    return proxy
-
-
-def _missing(name: str):
-    def missing(*args, **kwargs):
-        raise NameError(f"name {name!r} is not defined by the solution")
-
-    missing.__name__ = missing.__qualname__ = name
-    return missing
+_Channel = Channel  # the name the tests know it by
+__all__ = ["Channel", "SolutionEnded", "SolutionError", "bind_solution", "run", "test_names", "under_test"]
 
 
 def _test_module(name: str, module: object):
@@ -209,11 +122,44 @@ def test_names(tests: list[str]) -> set[str]:
     return names
 
 
-def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: str | None, own: set[str] | frozenset[str] = frozenset()) -> None:
-    """Bind the names S reported into `ns` (see the module docstring for the rules); `own`: the names
-    the tests bind themselves (`test_names`)."""
-    trusted = set(dir(builtins)) | set(ns) | set(own)
+def under_test(tests: list[str], own: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Builtin names the tests test as a function of the solution's (rows without an entry point): the
+    outermost call of an assert's subject, applied to the test's own data (no call, no name of the
+    solution's in its arguments), when the tests call no other name that is not a builtin or their own
+    (`assert max([1, 2]) == 2`; not `assert abs(f(1) - 2) < 1e-9`, not `assert set(ENV) <= {...}`)."""
+    builtin_names = set(dir(builtins))
     called: set[str] = set()
+    subjects: set[str] = set()
+    for snippet in tests:
+        try:
+            tree = ast.parse(snippet)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in own:
+                called.add(node.func.id)
+            if isinstance(node, ast.Assert):
+                subject = node.test.left if isinstance(node.test, ast.Compare) else node.test
+                while isinstance(subject, ast.UnaryOp):
+                    subject = subject.operand
+                if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Name) and subject.func.id in builtin_names:
+                    inside = [n for arg in [*subject.args, *subject.keywords] for n in ast.walk(arg)]
+                    foreign = [n for n in inside if isinstance(n, ast.Call)
+                               or isinstance(n, ast.Name) and n.id not in own and n.id not in builtin_names]
+                    if not foreign:  # applied to the test's own data, not to something of the solution's
+                        subjects.add(subject.func.id)
+    if called - builtin_names:
+        return set()
+    return subjects - set(own)
+
+
+def bind_solution(ns: dict, reported: object, channel: Channel, entry_point: str | None, own: set[str] | frozenset[str] = frozenset(),
+                  tested: set[str] | frozenset[str] = frozenset()) -> None:
+    """Bind the names S reported into `ns` (see the module docstring for the rules); `own`: the names
+    the tests bind themselves (`test_names`); `tested`: builtin names under test (`under_test`)."""
+    trusted = set(dir(builtins)) | set(ns) | set(own)
+    required = {entry_point} if entry_point else set(tested)
+    bound: set[str] = set()
     if type(reported) is not list:
         reported = []
     for item in reported:
@@ -222,12 +168,14 @@ def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: st
         name, kind, value = item
         if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("__"):
             continue
-        if name in trusted and name != entry_point:
+        if name in trusted and name not in required:
             continue
-        if name == entry_point:  # the entry point is always the solution's own, called over the channel
-            if kind == "call":
-                ns[name] = _proxy(channel, name)
-                called.add(name)
+        if name in required:  # the function under test is always the solution's own, called over the channel
+            if kind in ("call", "data"):
+                solution_value = _solution_value(name, kind, value, channel)
+                if callable(solution_value):
+                    ns[name] = solution_value
+                    bound.add(name)
             continue
         if kind == "module":
             module = _test_module(name, value)
@@ -235,15 +183,26 @@ def bind_solution(ns: dict, reported: object, channel: _Channel, entry_point: st
                 ns[name] = module
         elif entry_point:  # with a declared entry point, nothing else of the solution's
             continue
-        elif kind == "call":
-            ns[name] = _proxy(channel, name)
-        elif kind == "data" and type(value) is bytes:
-            try:
-                ns[name] = wire.decode(value)
-            except wire.WireError:
-                pass
-    if entry_point and entry_point not in called:
-        ns[entry_point] = _missing(entry_point)
+        elif kind in ("call", "data"):
+            solution_value = _solution_value(name, kind, value, channel)
+            if solution_value is not _NOTHING:
+                ns[name] = solution_value
+    for name in required - bound:
+        ns[name] = missing(name)
+
+
+_NOTHING = object()
+
+
+def _solution_value(name: str, kind: str, value: object, channel: Channel):
+    if kind == "call":
+        return FunctionProxy(channel, name)
+    if type(value) is bytes:
+        try:
+            return wire.decode(value, channel.proxy)
+        except wire.WireError:
+            pass
+    return _NOTHING
 
 
 def _describe(exc: BaseException) -> str:
@@ -256,8 +215,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def run(job: dict, sock: int, results: int) -> None:
-    """Judge one solution: `job` has `tests`, `setup`, `entry_point`; S is on `sock`; lines go to
-    `results`. Never returns."""
+    """Judge one solution: `job` has `tests` (or `cases` for programs), `setup`, `entry_point`, `mode`;
+    S is on `sock`; lines go to `results`. Never returns."""
 
     def emit(line: str) -> None:
         data = (" ".join(line.split())[:INFO_LIMIT] + "\n").encode("utf-8", "replace")
@@ -267,22 +226,26 @@ def run(job: dict, sock: int, results: int) -> None:
     out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
     sys.stdout = sys.__stdout__ = sys.stderr = sys.__stderr__ = out
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    tests: list[str] = job["tests"]
+    original_streams(sys.stdout, sys.stdin)
+    programs = job.get("mode") == "programs"
+    tests: list = job["cases"] if programs else job["tests"]
     entry_point = job.get("entry_point") or None
     ns: dict = {"__name__": "__test__", "__builtins__": builtins}
-    if job.get("setup"):
+    if job.get("setup") and not programs:
         try:
             exec(compile(job["setup"], "<setup>", "exec"), ns)
         except BaseException as exc:
             emit(f"infra the row's set-up code failed: {_describe(exc)}")
             os._exit(0)
-    channel = _Channel(sock)
+    channel = Channel(sock)
     try:
         hello = channel.recv()
     except SolutionEnded as exc:
         hello = ("loadfail", ["SolutionEnded"], f"{exc} before it finished loading")
     if type(hello) is tuple and len(hello) == 2 and hello[0] == "ready":
-        bind_solution(ns, hello[1], channel, entry_point, test_names(tests))
+        if not programs:
+            own = test_names(tests)
+            bind_solution(ns, hello[1], channel, entry_point, own, under_test(tests, own | set(ns)) if not entry_point else frozenset())
         emit("loaded")
     else:
         if type(hello) is tuple and len(hello) == 3 and hello[0] == "loadfail" and type(hello[1]) is list and type(hello[2]) is str:
@@ -293,9 +256,13 @@ def run(job: dict, sock: int, results: int) -> None:
         emit(f"loadfail {why}")
         emit(f"done {len(tests)}")
         os._exit(0)
-    for i, snippet in enumerate(tests):
+    harness.route_evaluation(channel, ns)
+    for i, test in enumerate(tests):
         try:
-            exec(compile(snippet, f"<test {i}>", "exec"), ns)
+            if programs:
+                _run_case(channel, test, job)
+            else:
+                harness.run_snippet(test, i, ns)
         except BaseException as exc:  # the test's own SystemExit too: this snippet fails, the rest run
             emit(f"fail {i} {_describe(exc)}")
         else:
@@ -304,3 +271,16 @@ def run(job: dict, sock: int, results: int) -> None:
         emit(f"gone {channel.gone}")
     emit(f"done {len(tests)}")
     os._exit(0)
+
+
+def _run_case(channel: Channel, case: object, job: dict) -> None:
+    """One stdin/stdout case: S runs the program with the input; J compares the output (raises on a miss)."""
+    stdin, expected = case  # type: ignore[misc]
+    out, status, truncated = channel.run(stdin, tuple(job.get("case_limits") or (2.0, 6.0)), int(job.get("output_limit") or 1 << 20))
+    if status != 0:
+        raise AssertionError(f"the program exited with status {status}" + (" (killed: a time or memory limit)" if status > 128 else ""))
+    if truncated:
+        raise AssertionError("the program printed more than the output limit")
+    if not harness.same_output(out, expected, job.get("float_tolerance")):
+        shown = out.decode("utf-8", "replace")[:80]
+        raise AssertionError(f"wrong output: {shown!r}")

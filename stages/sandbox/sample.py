@@ -36,7 +36,7 @@ class Sample:
 
     def __init__(self, server, job: dict, isolated: bool):
         self.server, self.slot, self.job, self.isolated = server, server.slot, job, isolated
-        self.n = len(job["tests"])
+        self.n = len(job["cases"] or []) if job.get("mode") == "programs" else len(job["tests"])
         self.started = time.monotonic()
         self.bufs: dict[int, bytearray] = {}
         self.open_fds: set[int] = set()
@@ -60,15 +60,17 @@ class Sample:
     # -- hand the job over ---------------------------------------------------------------------
     def send(self) -> bool:
         job = self.job
-        if not self.isolated:
+        if not self.isolated:  # one shared working folder, as in the sandbox's own root
             import tempfile
 
-            self.workdirs = (tempfile.mkdtemp(prefix="regimen-sandbox-s-"), tempfile.mkdtemp(prefix="regimen-sandbox-j-"))
-            if self.slot.root:
-                for role, path in zip("sj", self.workdirs):
-                    os.chown(path, self.slot.uids[role], self.slot.uids[role])
-        code_fd = _memfd(json.dumps({"code": job["code"], "workdir": self.workdirs[0]}).encode())
+            shared = tempfile.mkdtemp(prefix="regimen-sandbox-")
+            os.chmod(shared, 0o1777)
+            self.workdirs = (shared, shared)
+        code_fd = _memfd(json.dumps({"code": job["code"], "mode": job.get("mode") or "functions", "workdir": self.workdirs[0]}).encode())
+        cpu = float(job.get("case_timeout_s") or 2.0)
         job_fd = _memfd(json.dumps({"tests": job["tests"], "setup": job.get("setup"), "entry_point": job.get("entry_point"),
+                                    "mode": job.get("mode") or "functions", "cases": job.get("cases"), "case_limits": [cpu, 3 * cpu + 1],
+                                    "float_tolerance": job.get("float_tolerance"), "output_limit": self.server.output_limit * 64,
                                     "workdir": self.workdirs[1]}).encode())
         self.res_r, res_w = os.pipe()
         self.out_r, out_w = os.pipe()
@@ -223,7 +225,7 @@ class Sample:
         if not self.isolated:
             import shutil
 
-            for path in self.workdirs:
+            for path in set(self.workdirs):
                 shutil.rmtree(path, ignore_errors=True)
 
     def result(self) -> dict:

@@ -40,9 +40,13 @@ PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
 _PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217, "i686": 217, "i386": 217, "armv7l": 218}
 
-# Paths inside the sandbox's fresh root (its private tmpfs after pivot_root), never the host's /tmp.
-WORKDIR_S = "/tmp/work"
-WORKDIR_J = "/tmp/judge"
+# A path inside the sandbox's fresh root (its private tmpfs after pivot_root), never the host's /tmp: the
+# working folder S and J share, as a plain harness's one working folder (a test writes a file the solution
+# reads, or the reverse). World-writable and sticky; S may make no links at all (its syscall filter), so
+# nothing it leaves there can send a write of J's elsewhere.
+WORKDIR = "/tmp/work"
+WORKDIR_S = WORKDIR_J = WORKDIR  # the names the server's job specs use
+ZONEINFO = "/usr/share/zoneinfo"  # the system's time zone data, read-only (zoneinfo.ZoneInfo reads it)
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _JUDGE_MEMORY_MB = 256  # the slot's memory cgroup holds the solution's memory_mb plus this for the judge
 _JUDGE_AS_BYTES = 1 << 30  # the judge's address-space limit, whatever the solution's (it is trusted)
@@ -133,6 +137,7 @@ class Slot:
         self.uids = {"s": int(settings["uid_s"]), "j": int(settings["uid_j"])}
         self.memory_bytes = int(settings["memory_mb"]) << 20
         self.seccomp = _seccomp_prog(bytes.fromhex(settings["seccomp"])) if settings.get("seccomp") else None
+        self.seccomp_s = _seccomp_prog(bytes.fromhex(settings["seccomp_s"])) if settings.get("seccomp_s") else self.seccomp
         self.cgroup_dirs: list[str] = []
         self.procs: list[str] = []  # cgroup.procs of the slot's group in each hierarchy
         self.cpu_file: tuple[str, str] | None = None  # (path, "cpuacct" | "cpu.stat")
@@ -329,6 +334,9 @@ class Slot:
                     dirs.append(os.path.realpath(os.path.join(top, multiarch)))
                 elif not multiarch and top.endswith("64"):
                     dirs.append(os.path.realpath(top))
+        if os.path.isdir(ZONEINFO):
+            links_along(ZONEINFO)
+            dirs.append(os.path.realpath(ZONEINFO))
         if os.path.isfile("/etc/ld.so.cache"):
             files.append("/etc/ld.so.cache")
         dirs = sorted(set(dirs))
@@ -379,9 +387,8 @@ class Slot:
         for path, size in (("/tmp", tmp_mb), ("/dev/shm", max(1, tmp_mb // 4))):
             os.makedirs(r + path, mode=0o755, exist_ok=True)
             _mount("tmpfs", r + path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,nr_inodes=4096,mode=1777")
-        for role, path in (("s", WORKDIR_S), ("j", WORKDIR_J)):
-            os.mkdir(r + path, 0o700)
-            os.chown(r + path, self.uids[role], self.uids[role])
+        os.mkdir(r + WORKDIR)
+        os.chmod(r + WORKDIR, 0o1777)
         os.makedirs(r + "/proc", mode=0o755, exist_ok=True)
         for options in ("hidepid=invisible,subset=pid", "hidepid=2", None):
             try:
@@ -426,5 +433,6 @@ class Slot:
         if role == "j":
             _prctl(PR_SET_DUMPABLE, 0)
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
-        if self.seccomp:
-            _install_seccomp(self.seccomp)
+        program = self.seccomp_s if role == "s" else self.seccomp
+        if program:
+            _install_seccomp(program)

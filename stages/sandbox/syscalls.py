@@ -15,7 +15,18 @@ would reach past the sandbox or carry data between samples):
 - the machine's state: kexec, kernel modules, swap, reboot, clocks, hostname, `acct`, `quotactl`,
   `syslog`, `iopl`/`ioperm`, `personality`, `vhangup`;
 - sockets of any family other than unix, IPv4, IPv6 and netlink (EAFNOSUPPORT): vsock in
-  particular, which no network namespace isolates; `ioctl(TIOCSTI)`.
+  particular, which no network namespace isolates; `ioctl(TIOCSTI)`;
+- the page cache's state, read or steered without timing: `fadvise64`, `readahead`, `mincore`,
+  `cachestat`, `preadv2`/`pwritev2` with RWF_NOWAIT, `madvise` with MADV_WILLNEED, MADV_COLD or
+  MADV_PAGEOUT. The files every sample shares (the standard library, the shared libraries) are cached
+  by the host for all of them; a sample that could set and read which of their pages are cached could
+  leave bits for the next sample. What remains is timing (a cached read is faster): not isolated.
+
+The solution's process (`role="s"`) may also make no symbolic links (`symlink`, `symlinkat`): it
+shares a working folder with the judge, and a symbolic link there could turn a write of the judge's
+into a write elsewhere (its own result pipe, through /proc/self/fd). Hard links stay (POSIX semaphores,
+a multiprocessing.Pool's, are made with one): they can only name a file of the same tmpfs that S could
+already reach, never a pipe or a /proc file.
 
 Refusing keeps the process alive (the call fails with an error), so honest code that probes for a
 feature gets an ordinary exception rather than a crash.
@@ -43,17 +54,23 @@ CLONE_NEW_FLAGS = (0x00020000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0
 ALLOWED_FAMILIES = (1, 2, 10, 16)
 """AF_UNIX, AF_INET, AF_INET6, AF_NETLINK."""
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+PAGE_CACHE = ("fadvise64", "fadvise64_64", "arm_fadvise64_64", "readahead", "mincore", "cachestat")
+RWF_NOWAIT = 0x8
+MADVISE_DENIED = (3, 20, 21)
+"""MADV_WILLNEED, MADV_COLD, MADV_PAGEOUT."""
+LINKS = ("symlink", "symlinkat")
 
-_cache: tuple[bytes | None, str] | None = None
+_cache: dict[str, tuple[bytes | None, str]] = {}
 
 
-def build() -> bytes:
-    """The BPF program (struct sock_filter[], native byte order) for this machine's architecture."""
+def build(role: str = "j") -> bytes:
+    """The BPF program (struct sock_filter[], native byte order) for this machine's architecture, for the
+    judge (`role="j"`) or the solution (`"s"`)."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
     deny = sc.ERRNO(errno.EPERM)
-    for name in DENIED:
+    for name in DENIED + PAGE_CACHE + (LINKS if role == "s" else ()):
         try:
             f.add_rule(deny, name)
         except (OSError, ValueError):  # not a syscall on this architecture
@@ -66,6 +83,13 @@ def build() -> bytes:
             f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, family))
     for request in (TIOCSTI, TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+    for name in ("preadv2", "pwritev2"):
+        try:
+            f.add_rule(deny, name, sc.Arg(5, sc.MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT))
+        except (OSError, ValueError):
+            pass
+    for advice in MADVISE_DENIED:
+        f.add_rule(deny, "madvise", sc.Arg(2, sc.MASKED_EQ, 0xFFFFFFFF, advice))
     with tempfile.TemporaryFile() as fh:
         f.export_bpf(fh)
         fh.seek(0)
@@ -75,12 +99,11 @@ def build() -> bytes:
     return program
 
 
-def program() -> tuple[bytes | None, str]:
-    """(program, "") or (None, why it is unavailable); computed once per process."""
-    global _cache
-    if _cache is None:
+def program(role: str = "j") -> tuple[bytes | None, str]:
+    """(program, "") or (None, why it is unavailable); computed once per process and role."""
+    if role not in _cache:
         try:
-            _cache = (build(), "")
+            _cache[role] = (build(role), "")
         except Exception as exc:  # pyseccomp missing, libseccomp missing, an unknown architecture
-            _cache = (None, f"{type(exc).__name__}: {exc}")
-    return _cache
+            _cache[role] = (None, f"{type(exc).__name__}: {exc}")
+    return _cache[role]

@@ -236,9 +236,9 @@ def _role_s(slot: Slot, code_fd: int, sock: int, out_w: int, st_w: int) -> None:
             os._exit(_EXIT_INFRA)
     os.write(st_w, b"k")
     os.close(st_w)
-    code = spec["code"]
+    code, mode = spec["code"], spec.get("mode") or "functions"
     del spec
-    callee.serve(3, code)
+    callee.serve(3, code, mode)
     os._exit(0)
 
 

@@ -50,11 +50,13 @@ class _Server:
         self.cfg = cfg
         index = slot if uid_index is None else uid_index
         base = cfg.uid_base if cfg.uid_base is not None else _default_uid_base()
-        program, why = syscalls.program()
+        program, why = syscalls.program("j")
+        program_s, why_s = syscalls.program("s")
         settings = asdict(cfg)
         settings.update(
             uid_s=base + 2 * index, uid_j=base + 2 * index + 1, parent_pid=os.getpid(), slot=slot, wall_timeout_s=cfg.wall_s,
-            seccomp=program.hex() if program else None, seccomp_error=why,
+            seccomp=program.hex() if program and program_s else None, seccomp_s=program_s.hex() if program and program_s else None,
+            seccomp_error=why or why_s,
         )
         self.proc = _spawner.popen(
             [_interpreter(), "-I", "-S", _SERVER_SCRIPT, "--serve", json.dumps(settings)],

@@ -1,0 +1,286 @@
+"""The judge's end of the channel to the solution's process, and the proxies through which tests use what
+the solution made.
+
+Everything S answers is decoded by `wire` into J's own objects. What is neither plain data nor a value
+type crosses as a handle, and J makes a proxy of it here:
+
+- a function of the solution's: `FunctionProxy`, called by name;
+- anything else (a class, an instance, a bound method, an iterable): `ObjectProxy`: calling it, its
+  attributes and methods, `len`, `bool`, `str`, `repr`, `iter`, `[key]` and `in` are asked of S, and
+  what comes back is again decoded by J;
+- an iterator or generator: `IteratorProxy`, each `next` asked of S, so `list(gen())` works.
+
+A proxy is compared by identity only (`==`, `hash` are object's own): J never asks S whether two things
+are equal, so an object whose `__eq__` always says yes cannot reach a comparison; what a proxy gives a
+test is what S could send as plain data anyway (a length, a truth value, a string). A proxy passed back
+as an argument is sent as its handle, and S uses its own object.
+
+A call also carries the test's standard streams where the test set its own: with `sys.stdout`
+redirected (`contextlib.redirect_stdout`), what the call printed comes back and is written to it; with
+`sys.stdin` replaced by a seekable stream, its unread text goes along and the part the call read is
+consumed. An exception raised in S is raised in J as the builtin class of the same name (or the nearest
+builtin base S names, short of `Exception` itself), never StopIteration, never anything that is not an
+`Exception`; otherwise as `SolutionError`.
+
+Stdlib only: the server imports it by path (`python -I -S`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+
+try:
+    from . import wire
+except ImportError:  # imported by the server as a top-level module
+    import wire  # type: ignore[no-redef]
+
+_NEVER_RAISE = (StopIteration, StopAsyncIteration)
+_ORIGINAL = {"stdout": None, "stdin": None}  # J's own streams, set by the judge before any test runs
+
+
+class SolutionError(Exception):
+    """An exception raised by the solution whose class is not a builtin one, or a failed call."""
+
+
+class SolutionEnded(SolutionError):
+    """The solution's process ended (it exited, crashed, was killed or broke the protocol)."""
+
+
+def original_streams(stdout, stdin) -> None:
+    _ORIGINAL.update(stdout=stdout, stdin=stdin)
+
+
+class Channel:
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.gone: str | None = None
+        self.proxies: dict[int, object] = {}
+
+    def fail(self, why: str) -> None:
+        if self.gone is None:
+            self.gone = why
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+    def proxy(self, kind: str, number: int, typename: str):
+        """J's proxy for a handle S sent (one per handle, so identity holds across answers)."""
+        found = self.proxies.get(number)
+        if found is None:
+            found = (IteratorProxy if kind == "iter" else ObjectProxy)(self, number, typename)
+            if len(self.proxies) < 100_000:
+                self.proxies[number] = found
+        return found
+
+    def recv(self) -> object:
+        if self.gone is not None:
+            raise SolutionEnded(self.gone)
+        try:
+            return wire.recv(self.fd, self.proxy)
+        except wire.ChannelClosed:
+            self.fail("the solution's process ended")
+        except (wire.WireError, OSError) as exc:
+            self.fail(f"the solution's process sent a malformed message ({exc})")
+        raise SolutionEnded(self.gone)
+
+    def send(self, message: tuple, what: str) -> None:
+        if self.gone is not None:
+            raise SolutionEnded(self.gone)
+        try:
+            payload = wire.encode(message, handles=_handle_of)
+        except wire.NotPlainData as exc:
+            raise TypeError(f"{what}: an argument is not plain data ({exc}), so it cannot be passed to the solution's process") from None
+        try:
+            wire.send_encoded(self.fd, payload)
+        except OSError:
+            self.fail("the solution's process ended")
+            raise SolutionEnded(self.gone) from None
+
+    def request(self, message: tuple, what: str, streams: bool = False, iterating: bool = False) -> object:
+        """Send `message`, return the decoded value of S's answer (or raise what S raised). With
+        `streams`, the test's redirected stdout and replaced stdin go along (see the module doc). Only
+        an iterator's `next` (`iterating`) may end with StopIteration: any other answer "stop" is a
+        broken protocol, never a StopIteration that could end a test's loop early."""
+        stdin = None
+        if streams:
+            io_spec, stdin = _streams()
+            message = (*message, io_spec)
+        self.send(message, what)
+        reply = self.recv()
+        if type(reply) is tuple and len(reply) == 4 and reply[0] == "ok" and type(reply[2]) is str and type(reply[3]) is int:
+            _after(reply[2], reply[3], stdin)
+            return reply[1]
+        if type(reply) is tuple and len(reply) == 5 and reply[0] == "raise" and type(reply[1]) is list and type(reply[2]) is str:
+            if type(reply[3]) is str and type(reply[4]) is int:
+                _after(reply[3], reply[4], stdin)
+            raise _exception(reply[1], reply[2])
+        if type(reply) is tuple and len(reply) == 2 and reply[0] == "bad" and type(reply[1]) is str:
+            raise TypeError(f"{what} returned something the judge cannot take: {reply[1]}")
+        if iterating and type(reply) is tuple and len(reply) == 1 and reply[0] == "stop":
+            raise StopIteration
+        self.fail("the solution's process sent a malformed answer")
+        raise SolutionEnded(self.gone)
+
+    def call(self, name: str, args: tuple, kwargs: dict) -> object:
+        return self.request(("call", name, args, kwargs), f"{name}()", streams=True)
+
+    def run(self, stdin: str, limits: tuple, output_limit: int) -> tuple[bytes, int, bool]:
+        """One run of the solution's program (programs mode): (stdout, status, truncated)."""
+        self.send(("run", stdin, limits, output_limit), "the program")
+        reply = self.recv()
+        if type(reply) is tuple and len(reply) == 4 and reply[0] == "ran" and type(reply[1]) is bytes and type(reply[2]) is int and type(reply[3]) is bool:
+            return reply[1], reply[2], reply[3]
+        if type(reply) is tuple and len(reply) == 2 and reply[0] == "bad" and type(reply[1]) is str:
+            raise TypeError(f"the program could not run: {reply[1]}")
+        self.fail("the solution's process sent a malformed answer")
+        raise SolutionEnded(self.gone)
+
+
+def _streams() -> tuple[dict, object]:
+    spec: dict = {}
+    if _ORIGINAL["stdout"] is not None and sys.stdout is not _ORIGINAL["stdout"]:
+        spec["capture"] = True
+    stdin = sys.stdin if _ORIGINAL["stdin"] is not None and sys.stdin is not _ORIGINAL["stdin"] else None
+    if stdin is not None:
+        try:
+            position = stdin.tell()
+            spec["stdin"] = stdin.read()
+            stdin.seek(position)
+        except (OSError, ValueError, AttributeError):
+            stdin = None
+            spec.pop("stdin", None)
+    return spec, stdin
+
+
+def _after(printed: str, consumed: int, stdin) -> None:
+    if printed:
+        sys.stdout.write(printed)
+    if stdin is not None and consumed > 0:
+        stdin.read(consumed)
+
+
+def _handle_of(x: object) -> tuple[str, int, str]:
+    """A proxy goes back to S as its handle; J's own objects never cross as handles."""
+    if isinstance(x, (ObjectProxy, IteratorProxy)):
+        kind = "iter" if isinstance(x, IteratorProxy) else "obj"
+        return kind, object.__getattribute__(x, "_number"), object.__getattribute__(x, "_typename")
+    raise wire.NotPlainData(f"a {type(x).__name__} is not plain data")
+
+
+def _exception(names: list, message: str) -> Exception:
+    for name in names[:8]:
+        cls = getattr(builtins, name, None) if type(name) is str else None
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
+            try:
+                return cls(message)
+            except Exception:  # a constructor that wants other arguments: try the next base
+                continue
+    first = names[0] if names and type(names[0]) is str else "Exception"
+    return SolutionError(f"{first[:100]}: {message}")
+
+
+class FunctionProxy:
+    """A top-level function of the solution's, called by name in S."""
+
+    def __init__(self, channel: Channel, name: str):
+        self._channel, self.__name__, self.__qualname__ = channel, name, name
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.call(self.__name__, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<the solution's function {self.__name__}>"
+
+
+class ObjectProxy:
+    """An object of the solution's (see the module doc). Its state is read only through `object`'s own
+    methods, so no attribute of a proxy is ever looked up in S by J's own code."""
+
+    __slots__ = ("_channel", "_number", "_typename", "__weakref__")
+
+    def __init__(self, channel: Channel, number: int, typename: str):
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_number", number)
+        object.__setattr__(self, "_typename", typename)
+
+    def _op(self, op: str, *args: object) -> object:
+        channel = object.__getattribute__(self, "_channel")
+        return channel.request(("op", object.__getattribute__(self, "_number"), op, args), f"{op}() of the solution's {self._name()}")
+
+    def _name(self) -> str:
+        return object.__getattribute__(self, "_typename")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        channel = object.__getattribute__(self, "_channel")
+        return channel.request(("getattr", object.__getattribute__(self, "_number"), name), f"{self._name()}.{name}")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        channel = object.__getattribute__(self, "_channel")
+        channel.request(("setattr", object.__getattribute__(self, "_number"), name, value), f"setting {self._name()}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        channel = object.__getattribute__(self, "_channel")
+        return channel.request(("callobj", object.__getattribute__(self, "_number"), args, kwargs), f"{self._name()}()", streams=True)
+
+    def __len__(self) -> int:
+        n = self._op("len")
+        if type(n) is not int:
+            raise TypeError(f"len() of the solution's {self._name()} is not an int")
+        return n
+
+    def __bool__(self) -> bool:
+        value = self._op("bool")
+        if type(value) is not bool:
+            raise TypeError(f"the truth of the solution's {self._name()} is not a bool")
+        return value
+
+    def __str__(self) -> str:
+        text = self._op("str")
+        return text if type(text) is str else f"<the solution's {self._name()}>"
+
+    def __repr__(self) -> str:
+        try:
+            text = self._op("repr")
+        except Exception:
+            text = None
+        return text if type(text) is str else f"<the solution's {self._name()}>"
+
+    def __iter__(self):
+        return self._op("iter")
+
+    def __getitem__(self, key: object) -> object:
+        return self._op("getitem", key)
+
+    def __contains__(self, item: object) -> bool:
+        value = self._op("contains", item)
+        if type(value) is not bool:
+            raise TypeError(f"`in` of the solution's {self._name()} is not a bool")
+        return value
+
+
+class IteratorProxy(ObjectProxy):
+    """An iterator or generator of the solution's: `next` is asked of S, one item at a time."""
+
+    __slots__ = ()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> object:
+        channel = object.__getattribute__(self, "_channel")
+        return channel.request(("next", object.__getattribute__(self, "_number")), f"next() of the solution's {self._name()}", iterating=True)
+
+
+def missing(name: str):
+    def missing(*args, **kwargs):
+        raise NameError(f"name {name!r} is not defined by the solution")
+
+    missing.__name__ = missing.__qualname__ = name
+    return missing
