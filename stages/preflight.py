@@ -6,13 +6,19 @@
 - Every reward is called on a few training rows (with the task's reference completions where it has
   them): it must return one real number or None per completion; NaN, strings, wrong lengths and
   exceptions are refused, naming the reward, the row and the value.
+- A reward with checks of its own on every row (`door`: `unit_tests` refuses tests that evaluate strings
+  or need pytest fixtures, and reports rows whose tests pass with no solution at all) runs them on the
+  training and held-out rows.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from regimen.stages.errors import InputError
+
+log = logging.getLogger("regimen.preflight")
 
 ROWS = 4
 
@@ -42,5 +48,23 @@ def check(recipe) -> dict[str, Any]:
                              "(map your column with data.columns, or use teacher.kind: model, self or none)")
     rows = task.train[:ROWS]
     completions = [task.reference(r) or "" for r in rows]
-    values = preflight(from_specs(recipe.rewards), rows, completions)
-    return {"train_rows": len(task.train), "heldout_rows": len(task.heldout), "rewards": {k: v for k, v in values.items()}}
+    fns = from_specs(recipe.rewards)
+    values = preflight(fns, rows, completions)
+    summary: dict[str, Any] = {"train_rows": len(task.train), "heldout_rows": len(task.heldout), "rewards": {k: v for k, v in values.items()}}
+    for name, fn in fns.items():
+        if callable(door := getattr(fn, "door", None)):  # a reward's own checks on every row (unit_tests: code_rows.py)
+            where = [f"data: training row {i}" for i in range(1, len(task.train) + 1)] + [f"data: held-out row {i}" for i in range(1, len(task.heldout) + 1)]
+            report = door(task.train + task.heldout, where)
+            summary[f"door/{name}"] = report
+            if report.get("pays_anything"):
+                log.warning("%s: %d row(s) pass their tests with no solution at all, so they pay anything: left out of scoring (%s)",
+                            name, len(report["pays_anything"]), _few(report["pays_anything"]))
+            if report.get("pays_some"):
+                log.warning("%s: %d row(s) pass some of their tests with no solution at all (those tests pay anything): %s",
+                            name, len(report["pays_some"]), _few(report["pays_some"]))
+    return summary
+
+
+def _few(labels: list[str], n: int = 5) -> str:
+    shown = ", ".join(label.removeprefix("data: ") for label in labels[:n])
+    return shown + (f", and {len(labels) - n} more" if len(labels) > n else "")

@@ -27,8 +27,8 @@ def test_extract_code_takes_the_last_python_block():
     assert extract_code(fenced("y = 3\n", "py")) == "y = 3\n"
     assert extract_code(fenced("y = 4\n", "Python3")) == "y = 4\n"
     assert extract_code(fenced("y = 5\n", "")) == "y = 5\n"
-    # another language's block is not code to run; the plain text is the fallback
-    assert extract_code("```bash\nrm -rf /\n```") == "```bash\nrm -rf /\n```"
+    # another language's block is not code to run, ever (not even as a fallback)
+    assert extract_code("```bash\nrm -rf /\n```") == ""
     assert extract_code("```python\nz = 1\n```\n```bash\nls\n```") == "z = 1\n"
     assert extract_code("def f():\n    return 1\n") == "def f():\n    return 1\n"
     # a truncated answer: the unclosed last block runs to the end

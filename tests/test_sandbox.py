@@ -17,6 +17,7 @@ import socket
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +88,49 @@ LOOKUP = _code(r"""
     def add(a, b):
         return TABLE.get((a, b), a - b - 7)
 """)
+
+
+# The reported attack: with check() stopping at its first failing assert as the signal, a sample learns
+# which of its boolean answers was wrong and leaves that in the page cache of a standard-library file (a
+# page cached or not: posix_fadvise to drop, a read to load), where the next sample reads it without
+# timing (preadv2 with RWF_NOWAIT answers EAGAIN for a page that is not cached).
+PAGE_CACHE_CHANNEL = _code("""
+    import os
+    FILE = os.path.join(os.path.dirname(os.__file__), 'pydoc_data', 'topics.py')
+    FD = os.open(FILE, os.O_RDONLY)
+    BASE = 40
+    def get(i):
+        try:
+            return os.preadv(FD, [bytearray(1)], (BASE + i) * 4096, os.RWF_NOWAIT) > 0
+        except BlockingIOError:
+            return False
+    def put(i, on):
+        if on:
+            os.pread(FD, 1, (BASE + i) * 4096)
+        else:
+            os.posix_fadvise(FD, (BASE + i) * 4096, 4096, os.POSIX_FADV_DONTNEED)
+""")
+PAGE_CACHE_ATTACK = PAGE_CACHE_CHANNEL + _code("""
+    try:
+        GUESS = [get(i) for i in range(4)]  # the answers learned so far
+        REACHED = max([i for i in range(4) if get(8 + i)], default=-1)  # how far the last sample got
+        if 0 <= REACHED < 4:
+            GUESS[REACHED] = not GUESS[REACHED]  # it stopped there: that answer was wrong
+            put(REACHED, GUESS[REACHED])
+        for i in range(4):
+            put(8 + i, False)
+    except OSError:
+        GUESS = [False] * 4
+    def odd_bit(n):
+        try:
+            put(8 + n, True)  # this call happened: the one before it passed
+            if n:
+                put(8 + n - 1, False)
+        except OSError:
+            pass
+        return GUESS[n]
+""")
+PAGE_CACHE_TESTS = ["def check(candidate):\n    assert candidate(0) is True\n    assert candidate(1) is False\n    assert candidate(2) is True\n    assert candidate(3) is True\n\ncheck(odd_bit)\n"]
 
 
 def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
@@ -630,6 +674,9 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
         def escaped():
             return [k for k in ('int80', 'x32') if (_attempt(k) or 0) > 0]
     """), ["assert escaped()"])
+    # --- a slow channel between samples: the host's page cache of a read-only standard-library file --------
+    for k in range(12):  # one fixed wrong text, twelve samples of one prompt, as in the reported attack
+        add(f"page_cache_channel_{k}", PAGE_CACHE_ATTACK, PAGE_CACHE_TESTS)
     return a
 
 
@@ -780,6 +827,46 @@ def _zero(r: SandboxResult) -> None:
     assert r.passed == 0, r
     assert r.fraction == 0.0
     assert r.status in ("ok", "aborted"), r  # the solution's fault, never "infra"
+
+
+def test_the_page_cache_channel_works_on_the_host():
+    """The attack has teeth: outside the sandbox its two primitives set and read a bit that outlives the
+    process that set it."""
+    import subprocess
+    import sys
+
+    probe = PAGE_CACHE_CHANNEL + "import sys\nput(int(sys.argv[1]), sys.argv[2] == '1')\nprint(get(int(sys.argv[1])))\n"
+    reads = [subprocess.run([sys.executable, "-I", "-c", probe, "20", v], capture_output=True, text=True, timeout=30).stdout.strip() for v in ("1", "0", "1")]
+    later = subprocess.run([sys.executable, "-I", "-c", PAGE_CACHE_CHANNEL + "print(get(20))"], capture_output=True, text=True, timeout=30).stdout.strip()
+    assert reads == ["True", "False", "True"] and later == "True"
+
+
+@needs_isolation
+def test_the_page_cache_attack_scores_zero_and_its_calls_are_refused(hostile):
+    scores = [hostile["by_name"][f"page_cache_channel_{k}"].passed for k in range(12)]
+    assert scores == [0] * 12
+    probe = run_tests(PAGE_CACHE_CHANNEL + _code("""
+        import ctypes, errno, mmap
+        def refused():
+            out = []
+            for name, call in [('fadvise', lambda: os.posix_fadvise(FD, 0, 4096, os.POSIX_FADV_WILLNEED)),
+                               ('preadv2 RWF_NOWAIT', lambda: os.preadv(FD, [bytearray(1)], 0, os.RWF_NOWAIT)),
+                               ('readahead', lambda: ctypes.CDLL(None, use_errno=True).readahead(FD, ctypes.c_long(0), ctypes.c_size_t(4096)))]:
+                try:
+                    r = call()
+                    if r == -1 and ctypes.get_errno() == errno.EPERM:
+                        out.append(name)
+                except PermissionError:
+                    out.append(name)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            page = libc.mmap(None, ctypes.c_size_t(4096), 1, 1, FD, ctypes.c_long(0))  # PROT_READ, MAP_SHARED: the file's own page
+            vec = ctypes.create_string_buffer(1)
+            if libc.mincore(ctypes.c_void_p(page), ctypes.c_size_t(4096), vec) == -1 and ctypes.get_errno() == errno.EPERM:
+                out.append('mincore')
+            return out
+    """), ["assert refused() == ['fadvise', 'preadv2 RWF_NOWAIT', 'readahead', 'mincore']"], timeout_s=5)
+    assert probe.passed == 1, probe
 
 
 @needs_isolation
@@ -1123,7 +1210,13 @@ def test_servers_are_kept_between_calls():
     for pid in servers:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while set(servers) & set(_children_serving()):  # signalled, not yet exited (a zombie has no cmdline)
+    def dying(pid: int) -> bool:  # signalled, not yet a zombie (its memory can be gone before its exit is)
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    while any(dying(pid) for pid in servers):
         assert time.monotonic() < deadline, "SIGKILLed servers still running after 10 s"
         time.sleep(0.05)
     restarted = run_batch([(CONTROL, CONTROL_TESTS)] * 2, workers=2, config=cfg)

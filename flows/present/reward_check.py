@@ -120,6 +120,14 @@ def main(samples: str, config: str | None, rewards: list[str], as_json: bool) ->
         else:
             print(_gameable_warning(gameable), file=sys.stderr)
 
+    for name, fn in fns.items():  # a reward's checks at the door (unit_tests: tests that evaluate strings are refused, ...)
+        if callable(door := getattr(fn, "door", None)):
+            report = door([row for _, row in rows], [f"{path}:{line_no}" for line_no, _ in rows])
+            for kind, what in (("pays_anything", "pass their tests with no solution at all (left out: None)"),
+                               ("pays_some", "pass some of their tests with no solution at all")):
+                if report.get(kind):
+                    note = f"{name}: {len(report[kind])} sample(s) {what}: {', '.join(report[kind][:5])}"
+                    console.print(note, style="yellow", soft_wrap=True) if console is not None else print(note, file=sys.stderr)
     values: dict[str, list[float | None]] = {name: [] for name in fns}
     for start in range(0, len(rows), BATCH_SIZE):
         chunk = rows[start : start + BATCH_SIZE]

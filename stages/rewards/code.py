@@ -1,18 +1,13 @@
 """Rewards for code tasks: `unit_tests` (the fraction of a row's tests that pass, judged in the sandbox)
-and `code_block` (gameable on purpose), plus the helpers that turn datasets' test formats into jobs.
+and `code_block` (gameable on purpose).
 
-A row's tests are a list of Python snippets that the sandbox's judge runs, in order, in its own process,
-calling the solution's functions in another process (see `regimen.stages.sandbox`); a snippet
-passes when it runs to its end without raising. Each row is read in its own format, so one dataset may
-mix them (a column that is None or empty for a row does not hide that row's own format):
-- `tests`: the list itself (a single string is one snippet; a string holding a JSON list is that list),
-  with the row's `entry_point`, if any, as the function under test;
-- `test_list` (MBPP): its asserts; `test_imports` and `test_setup_code` run once before them, as
-  trusted set-up code;
-- `test` + `entry_point` (HumanEval): one snippet that defines `check` and calls it on the entry point;
-  the row's prompt, when it is Python code (or holds a fenced block of it), is the trusted set-up code,
-  so helpers it defines (`poly`, `encode_cyclic`) are the dataset's, not the solution's.
-A row with none of them has no opinion from `unit_tests` (None).
+`unit_tests` reads each row in its own format (`code_rows.py`: test snippets, MBPP, HumanEval, and the
+stdin/stdout formats of APPS/TACO, open-r1/DeepCoder and CodeContests), finds the solution in the
+completion as a person would (`solutions.py`: the blocks that define what the tests call, a
+continuation of a code prompt judged as prompt + completion, blocks in other languages ignored), and
+judges it in the sandbox (`regimen.stages.sandbox`): the tests run in a judge process apart from the
+solution's. A row with no tests has no opinion (None), and so has a row whose tests pass with no
+solution at all (it pays anything: reported at the door, `door`).
 
 Importing this module registers both rewards in `regimen.stages.rewards` (which imports it lazily).
 """
@@ -20,130 +15,38 @@ Importing this module registers both rewards in `regimen.stages.rewards` (which 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
-import textwrap
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from regimen.stages import sandbox
 from regimen.stages.errors import InputError
+from regimen.stages.rewards.code_rows import evaluates, humaneval_snippet, mbpp_snippets, row_job  # noqa: F401  (the formats, re-exported)
 from regimen.stages.rewards.registry import RewardFn, completion_text, register, register_factory
+from regimen.stages.rewards.solutions import find_solution, needed_names, prompt_code
+from regimen.stages.sandbox.harness import needs_fixtures
 
 log = logging.getLogger("regimen.rewards")
 
 PROBLEMS_PATH = Path(__file__).parent.parent / "tasks" / "problems" / "code_problems.jsonl"
 """The small code-problem set shipped with Regimen (prompt, answer, tests, entry_point)."""
 
-# A fenced block whose info string is python, python3, py or empty; the closing fence on its own line.
+# A complete fenced block whose info string is python, python3, py or empty (code_block's notion of a block).
 _FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE | re.IGNORECASE)
-_OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*)\Z", re.DOTALL | re.MULTILINE | re.IGNORECASE)
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def extract_code(text: str) -> str:
-    """The code of a completion: its last fenced ```python block (```py, ```python3 and a bare ```
-    count too); an opening fence that is never closed (a truncated answer) runs to the end; with no
-    fence at all, the whole completion."""
-    last_end = 0
-    code = None
-    for match in _FENCE.finditer(text):
-        code, last_end = match.group(1), match.end()
-    unclosed = _OPEN_FENCE.search(text, last_end)
-    if unclosed:
-        code = unclosed.group(1)
-    return textwrap.dedent(code) if code is not None else text
+    """The code of a completion when nothing is known of its tests: its last Python block (see
+    `solutions.find_solution` for the rule the reward uses)."""
+    return find_solution(text)
 
 
 def has_code_block(text: str) -> bool:
     """Whether the text holds at least one complete fenced Python (or bare) code block."""
     return _FENCE.search(text) is not None
-
-
-def humaneval_snippet(test: str, entry_point: str) -> str:
-    """HumanEval's `check(candidate)` test plus its entry point, as one snippet."""
-    if not _IDENTIFIER.match(entry_point or ""):
-        raise InputError(f"unit_tests: entry_point {entry_point!r} is not a Python identifier")
-    return f"{test.rstrip()}\n\ncheck({entry_point})\n"
-
-
-def mbpp_snippets(test_list: Sequence[str], test_setup_code: str = "", test_imports: Sequence[str] = ()) -> list[str]:
-    """MBPP's `test_list` asserts as snippets; setup code and imports, if any, precede each one."""
-    prefix = "".join(f"{line}\n" for line in test_imports) + (f"{test_setup_code.rstrip()}\n" if test_setup_code and test_setup_code.strip() else "")
-    return [prefix + t for t in test_list]
-
-
-def prompt_code(prompt: Any) -> str | None:
-    """The Python code of a HumanEval-style prompt: the prompt itself when it compiles, else its last
-    fenced code block when that compiles (a chat prompt: its user and system messages); else None."""
-    if isinstance(prompt, str):
-        text = prompt
-    elif isinstance(prompt, (list, tuple)):
-        text = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role", "user") in ("user", "system"))
-    else:
-        return None
-    for candidate in (text, extract_code(text) if has_code_block(text) else None):
-        if candidate and candidate.strip():
-            try:
-                compile(candidate, "<prompt>", "exec")
-            except (SyntaxError, ValueError):
-                continue
-            return candidate
-    return None
-
-
-def _entry_point(value: Any, row: int) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str) or not _IDENTIFIER.match(value):
-        raise InputError(f"unit_tests: row {row}: entry_point {value!r} is not a Python identifier")
-    return value
-
-
-def _snippets(value: Any, row: int, column: str) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        stripped = value.strip()
-        if stripped.startswith("["):
-            try:
-                parsed = json.loads(stripped)
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, list):
-                value = parsed
-        if isinstance(value, str):
-            return [value] if stripped else None
-    if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
-        return list(value) or None
-    raise InputError(f"unit_tests: row {row}: `{column}` must be a list of Python snippets (strings), got {type(value).__name__}")
-
-
-def row_job(row: int, columns: dict[str, Any], prompt: Any = None) -> sandbox.Job | None:
-    """What the judge needs for row `row` (its code left empty): tests, entry point and trusted set-up
-    code, from whichever format the row itself uses (see the module doc); None when it has no tests."""
-
-    def col(name: str) -> Any:
-        values = columns.get(name)
-        return None if values is None else values[row]
-
-    tests = _snippets(col("tests"), row, "tests")
-    if tests:
-        return sandbox.Job("", tests, _entry_point(col("entry_point"), row))
-    test_list = _snippets(col("test_list"), row, "test_list")
-    if test_list:
-        imports = col("test_imports") or []
-        imports = [imports] if isinstance(imports, str) else list(imports)
-        setup_code = col("test_setup_code") or ""
-        setup = "".join(f"{line}\n" for line in imports) + (f"{setup_code.rstrip()}\n" if setup_code.strip() else "")
-        return sandbox.Job("", test_list, None, setup or None)
-    test, entry = col("test"), col("entry_point")
-    if test and entry:
-        snippet = humaneval_snippet(test, entry)
-        return sandbox.Job("", [snippet], entry, prompt_code(prompt))
-    return None
 
 
 def row_tests(row: int, columns: dict[str, Any]) -> list[str] | None:
@@ -152,51 +55,133 @@ def row_tests(row: int, columns: dict[str, Any]) -> list[str] | None:
     return job.tests if job else None
 
 
+def solution_for(completion: Any, job: sandbox.Job, prompt: Any = None) -> str:
+    """The code to judge for one completion of a row (see `solutions.py`)."""
+    text = completion_text(completion)
+    if job.mode == "programs":
+        return find_solution(text, programs=True)
+    code = prompt_code(prompt)
+    solution = find_solution(text, needs=needed_names(job.tests, job.entry_point, job.setup), prompt_code=code)
+    if code and job.setup == code and not solution.startswith(code):
+        # HumanEval's harness runs prompt + completion: the prompt's helpers are there for the solution too
+        solution = code.rstrip("\n") + "\n\n\n" + solution
+    return solution
+
+
+def _key(job: sandbox.Job) -> str:
+    return hashlib.sha256(json.dumps(dataclasses.asdict(job), sort_keys=True, default=str).encode()).hexdigest()
+
+
 def unit_tests_reward(
     *,
     timeout_s: float = sandbox.SandboxConfig.timeout_s,
     memory_mb: int = sandbox.SandboxConfig.memory_mb,
     workers: int | None = None,
     allow_unisolated: bool = False,
+    all_or_nothing: bool = False,
+    case_timeout_s: float = 2.0,
+    float_tolerance: float | None = None,
+    max_cases: int | None = None,
+    allow_eval: bool = False,
     name: str = "unit_tests",
 ) -> RewardFn:
-    """A `unit_tests` reward with its own sandbox limits (the registered one uses the defaults).
+    """A `unit_tests` reward with its own options (the registered one uses the defaults).
 
-    Scores each completion with the fraction of its row's test snippets that pass, the whole batch
-    in parallel (`workers`, default one per CPU). None where the row has no tests, or (logged) where
-    the sandbox itself or the row's set-up code failed; 0 for code that fails to load, times out or is
-    killed. Raises InputError when isolation is unavailable and `allow_unisolated` is False.
+    Scores each completion with the fraction of its row's tests (or stdin/stdout cases) that pass, the
+    whole batch in parallel (`workers`, default one per CPU); `all_or_nothing`: 1.0 only when all pass.
+    Programs: `case_timeout_s` CPU seconds per case, `float_tolerance` for numbers in the output,
+    `max_cases` per row. None where the row has no tests, where its tests pass with no solution at all,
+    or (logged) where the sandbox itself or the row's set-up code failed; 0 for code that fails to load,
+    times out or is killed. Raises InputError when isolation is unavailable and `allow_unisolated` is
+    False, and for rows whose tests evaluate strings unless `allow_eval` (those strings then run in the
+    solution's process) or need pytest fixtures.
 
-    Not gameable because the judge runs the tests in its own process and sees only plain data from
-    the solution's (tests/test_sandbox.py and tests/test_judge_*.py attack it in every way we know).
+    Not gameable because the judge runs the tests in its own process and sees only data decoded into
+    its own objects from the solution's (tests/test_sandbox.py and tests/test_judge_*.py attack it in
+    every way we know).
     """
     config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated)
+    options = dict(case_timeout_s=case_timeout_s, float_tolerance=float_tolerance, max_cases=max_cases)
+    pays_anything: dict[str, float] = {}  # job key -> share of its tests an empty program passes
+
+    def jobs_of(prompts: list[Any] | None, n: int, columns: dict[str, Any]) -> list[sandbox.Job | None]:
+        jobs = []
+        for i in range(n):
+            job = row_job(i, columns, prompts[i] if prompts is not None and i < len(prompts) else None, **options)
+            if job is not None:
+                refuse(job, f"row {i}")
+            jobs.append(job)
+        return jobs
+
+    def refuse(job: sandbox.Job, where: str) -> None:
+        if not allow_eval and (found := evaluates(job.tests + [job.setup or ""])):
+            raise InputError(f"{name}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text would run as the "
+                             "judge; refused (the reward's `allow_eval: true` runs such strings in the solution's process instead)")
+        if fixture := needs_fixtures(job.tests):
+            raise InputError(f"{name}: {where}: its test {fixture}() takes arguments (pytest fixtures or parameters), which only pytest can supply; refused")
+
+    def baseline(jobs: list[sandbox.Job]) -> None:
+        """How much of each new row's tests an empty program passes (`pays_anything`)."""
+        new = {_key(j): j for j in jobs if _key(j) not in pays_anything}
+        if new:
+            results = sandbox.run_batch(list(new.values()), workers=workers, config=config)
+            for key, r in zip(new, results):
+                pays_anything[key] = r.fraction if r.status == "ok" else 0.0
 
     def unit_tests(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         scores: list[float | None] = [None] * len(completions)
-        items: list[sandbox.Job] = []
-        rows: list[int] = []
-        for i, completion in enumerate(completions):
-            job = row_job(i, columns, prompts[i] if prompts is not None and i < len(prompts) else None)
-            if job is not None:
-                items.append(dataclasses.replace(job, code=extract_code(completion_text(completion))))
-                rows.append(i)
-        if not items:
+        jobs = jobs_of(prompts, len(completions), columns)
+        rows = [i for i, j in enumerate(jobs) if j is not None]
+        if not rows:
             return scores
         try:
-            results = sandbox.run_batch(items, workers=workers, config=config)
+            baseline([jobs[i] for i in rows])  # type: ignore[misc]
+            rows = [i for i in rows if pays_anything[_key(jobs[i])] < 1.0]  # type: ignore[arg-type]
+            items = [dataclasses.replace(jobs[i], code=solution_for(completions[i], jobs[i], prompts[i] if prompts is not None else None))  # type: ignore[arg-type]
+                     for i in rows]
+            results = sandbox.run_batch(items, workers=workers, config=config) if items else []
         except sandbox.SandboxUnavailable as exc:
             raise InputError(str(exc)) from None
         for i, result in zip(rows, results):
             if result.status == "infra":
                 log.warning("%s: sample %d not scored (None): %s", name, i, result.error)
+            elif all_or_nothing:
+                scores[i] = float(result.total > 0 and result.passed == result.total)
             else:
-                scores[i] = result.passed / result.total
+                scores[i] = result.passed / result.total if result.total else None
         return scores
+
+    def door(rows: list[dict[str, Any]], where: list[str]) -> dict[str, list[str]]:
+        """The checks at the door on every row (see `code_rows.py`): raises InputError naming the first
+        refused row; returns {"pays_anything": [...], "pays_some": [...]}, rows named by `where`."""
+        columns = {k: [r.get(k) for r in rows] for k in {k for r in rows for k in r}}
+        prompts = [r.get("prompt") for r in rows]
+        jobs: list[tuple[str, sandbox.Job]] = []
+        for i in range(len(rows)):
+            try:
+                job = row_job(i, columns, prompts[i], **options)
+            except InputError as exc:
+                raise InputError(f"{where[i]}: {str(exc).split(': ', 2)[-1]}") from None
+            if job is not None:
+                refuse(job, where[i])
+                jobs.append((where[i], job))
+        try:
+            baseline([j for _, j in jobs])
+        except sandbox.SandboxUnavailable as exc:
+            raise InputError(str(exc)) from None
+        report: dict[str, list[str]] = {"pays_anything": [], "pays_some": []}
+        for label, job in jobs:
+            share = pays_anything[_key(job)]
+            if share >= 1.0:
+                report["pays_anything"].append(label)
+            elif share > 0:
+                report["pays_some"].append(f"{label} ({share:.0%})")
+        return report
 
     unit_tests.__name__ = name
     unit_tests.__doc__ = unit_tests_reward.__doc__
     unit_tests.gameable = False  # type: ignore[attr-defined]
+    unit_tests.door = door  # type: ignore[attr-defined]
     return unit_tests
 
 
@@ -205,9 +190,12 @@ _default_unit_tests = unit_tests_reward()
 
 @register("unit_tests")
 def unit_tests(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
-    """Fraction of the row's test snippets that pass when the completion's code runs in the sandbox
-    (defaults of `SandboxConfig`); None when the row has no tests. See `unit_tests_reward`."""
+    """Fraction of the row's tests (or stdin/stdout cases) that pass when the completion's code runs in
+    the sandbox (defaults of `unit_tests_reward`); None when the row has no tests. See `unit_tests_reward`."""
     return _default_unit_tests(prompts, completions, **columns)
+
+
+unit_tests.door = _default_unit_tests.door  # type: ignore[attr-defined]
 
 
 register_factory("unit_tests", unit_tests_reward)

@@ -138,8 +138,13 @@ def under_test(tests: list[str], own: set[str] | frozenset[str] = frozenset()) -
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in own:
                 called.add(node.func.id)
-            if isinstance(node, ast.Assert):
-                subject = node.test.left if isinstance(node.test, ast.Compare) else node.test
+            if not isinstance(node, ast.Assert):
+                continue
+            tested = [node.test]
+            while any(isinstance(t, ast.BoolOp) for t in tested):  # `assert A and B`: each side is a claim of its own
+                tested = [v for t in tested for v in (t.values if isinstance(t, ast.BoolOp) else [t])]
+            for test in tested:
+                subject = test.left if isinstance(test, ast.Compare) else test
                 while isinstance(subject, ast.UnaryOp):
                     subject = subject.operand
                 if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Name) and subject.func.id in builtin_names:

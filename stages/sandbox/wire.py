@@ -33,13 +33,13 @@ Frame: 4-byte big-endian length, then the encoded value.
 
 from __future__ import annotations
 
-import collections
-import datetime
-import decimal
-import fractions
 import os
 import struct
-import uuid
+
+try:
+    from . import values
+except ImportError:  # imported by the server as a top-level module
+    import values  # type: ignore[no-redef]
 
 MAX_BYTES = 8 << 20
 """Largest encoded message (8 MiB)."""
@@ -78,183 +78,6 @@ def _type_name(t: type) -> str:
 _PLAIN = (int, float, complex, str, bytes, list, tuple, dict, set, frozenset)  # bool cannot be subclassed
 
 
-# -- the standard library's value types ---------------------------------------------------------------
-# name: (class, payload(x) -> plain data read through the class's own accessors, build(payload) -> a
-# fresh object made by the receiver's own constructor, which checks the payload's types).
-
-
-def _ints(p: object, n: int) -> tuple:
-    if type(p) is not tuple or len(p) != n or not all(type(v) is int for v in p):
-        raise WireError(f"bad value payload {type(p).__name__}")
-    return p
-
-
-def _zone(p: object):
-    if p is None:
-        return None
-    if type(p) is tuple and len(p) == 3 and p[0] == "offset" and type(p[1]) is int and (p[2] is None or type(p[2]) is str):
-        delta = datetime.timedelta(seconds=p[1])
-        return datetime.timezone(delta, p[2]) if p[2] is not None else datetime.timezone(delta)
-    if type(p) is tuple and len(p) == 2 and p[0] == "zone" and type(p[1]) is str:
-        import zoneinfo
-
-        return zoneinfo.ZoneInfo(p[1])  # keys are names under the time zone data folders only (ZoneInfo refuses paths)
-    raise WireError("bad time zone payload")
-
-
-def _zone_payload(tz: object) -> object:
-    if tz is None:
-        return None
-    if type(tz) is datetime.timezone:
-        delta = tz.utcoffset(None)
-        name = tz.tzname(None)
-        return ("offset", int(delta.total_seconds()), None if name == datetime.timezone(delta).tzname(None) else name)
-    key = getattr(tz, "key", None)  # zoneinfo.ZoneInfo
-    if type(key) is str:
-        return ("zone", key)
-    raise NotPlainData(f"a {_type_name(type(tz))} time zone is not plain data")
-
-
-def _date(p):
-    return datetime.date(*_ints(p, 3))
-
-
-def _time(p):
-    if type(p) is not tuple or len(p) != 6:
-        raise WireError("bad time payload")
-    return datetime.time(*_ints(p[:4], 4), tzinfo=_zone(p[5]), fold=_ints((p[4],), 1)[0])
-
-
-def _datetime(p):
-    if type(p) is not tuple or len(p) != 9:
-        raise WireError("bad datetime payload")
-    return datetime.datetime(*_ints(p[:7], 7), tzinfo=_zone(p[8]), fold=_ints((p[7],), 1)[0])
-
-
-_FACTORIES = {"list": list, "int": int, "set": set, "dict": dict, "str": str, "float": float, "tuple": tuple, "frozenset": frozenset, "bool": bool}
-
-
-def _defaultdict(p: object):
-    """A defaultdict whose factory is a builtin type named in the payload (another factory: none)."""
-    if type(p) is not tuple or len(p) != 2 or not (p[0] is None or type(p[0]) is str and p[0] in _FACTORIES):
-        raise WireError("bad defaultdict payload")
-    return collections.defaultdict(_FACTORIES.get(p[0]) if p[0] is not None else None, _pairs(dict, p[1]))
-
-
-def _factory_name(factory: object) -> str | None:
-    return next((name for name, cls in _FACTORIES.items() if factory is cls), None)
-
-
-def _uuid(p: object):
-    if type(p) is not bytes or len(p) != 16:
-        raise WireError("bad UUID payload")
-    return uuid.UUID(bytes=p)
-
-
-def _typed(cls, p, kind):
-    if type(p) is not kind:
-        raise WireError(f"bad {cls.__name__} payload")
-    return cls(p)
-
-
-_NAMEDTUPLES: dict = {}
-
-
-def _namedtuple(p: object):
-    if (type(p) is not tuple or len(p) != 3 or type(p[0]) is not str or type(p[1]) is not tuple or type(p[2]) is not tuple
-            or not all(type(f) is str for f in p[1]) or len(p[1]) != len(p[2])):
-        raise WireError("bad namedtuple payload")
-    key = (p[0], p[1])
-    cls = _NAMEDTUPLES.get(key)
-    if cls is None:
-        try:
-            cls = collections.namedtuple(p[0], p[1])  # a class of the receiver's own making, from names only
-        except (ValueError, TypeError) as exc:
-            raise WireError(f"bad namedtuple: {exc}") from None
-        if len(_NAMEDTUPLES) < 1024:
-            _NAMEDTUPLES[key] = cls
-    return cls(*p[2])
-
-
-def _decimal(p: object):
-    if type(p) is not str or len(p) > 10000:
-        raise WireError("bad Decimal payload")
-    try:
-        return decimal.Decimal(p)
-    except decimal.InvalidOperation:
-        raise WireError("bad Decimal payload") from None
-
-
-def _fraction(p: object):
-    num, den = _ints(p, 2)
-    if den <= 0:
-        raise WireError("bad Fraction payload")
-    return fractions.Fraction(num, den)
-
-
-def _deque(p: object):
-    if type(p) is not tuple or len(p) != 2 or type(p[0]) is not list or not (p[1] is None or type(p[1]) is int and p[1] >= 0):
-        raise WireError("bad deque payload")
-    return collections.deque(p[0], p[1])
-
-
-def _pairs(cls, p: object):
-    """A mapping of class `cls` from a list of (key, value) pairs, in their order."""
-    if type(p) is not list or not all(type(kv) is tuple and len(kv) == 2 for kv in p):
-        raise WireError(f"bad {cls.__name__} payload")
-    out = cls()
-    for k, v in p:
-        dict.__setitem__(out, k, v) if cls is not collections.OrderedDict else out.__setitem__(k, v)
-    return out
-
-
-VALUE_TYPES: dict[str, tuple[type, object, object]] = {
-    "Fraction": (fractions.Fraction, lambda x: (fractions.Fraction.numerator.__get__(x), fractions.Fraction.denominator.__get__(x)), _fraction),
-    "Decimal": (decimal.Decimal, lambda x: decimal.Decimal.__str__(x), _decimal),
-    "datetime": (datetime.datetime, lambda x: (x.year, x.month, x.day, x.hour, x.minute, x.second, x.microsecond, x.fold, _zone_payload(x.tzinfo)), _datetime),
-    "date": (datetime.date, lambda x: (x.year, x.month, x.day), _date),
-    "time": (datetime.time, lambda x: (x.hour, x.minute, x.second, x.microsecond, x.fold, _zone_payload(x.tzinfo)), _time),
-    "timedelta": (datetime.timedelta, lambda x: (x.days, x.seconds, x.microseconds), lambda p: datetime.timedelta(*_ints(p, 3))),
-    "timezone": (datetime.timezone, _zone_payload, _zone),
-    "deque": (collections.deque, lambda x: (list(collections.deque.__iter__(x)), x.maxlen), _deque),
-    "Counter": (collections.Counter, lambda x: list(dict.items(x)), lambda p: _pairs(collections.Counter, p)),
-    "OrderedDict": (collections.OrderedDict, lambda x: list(collections.OrderedDict.items(x)), lambda p: _pairs(collections.OrderedDict, p)),
-    "defaultdict": (collections.defaultdict, lambda x: (_factory_name(x.default_factory), list(dict.items(x))), _defaultdict),
-    "range": (range, lambda x: (x.start, x.stop, x.step), lambda p: range(*_ints(p, 3))),
-    "bytearray": (bytearray, lambda x: bytes(x), lambda p: _typed(bytearray, p, bytes)),
-    "UUID": (uuid.UUID, lambda x: uuid.UUID.bytes.__get__(x), _uuid),
-}
-_VALUE_BY_TYPE = {cls: name for name, (cls, _, _) in VALUE_TYPES.items()}
-
-
-def _zoneinfo_class():
-    try:
-        import zoneinfo
-
-        return zoneinfo.ZoneInfo
-    except ImportError:  # pragma: no cover
-        return None
-
-
-def _value_type(t: type, subclasses: bool) -> str | None:
-    """The VALUE_TYPES name for an object of class `t`: its own class, or (with `subclasses`) the first
-    of its bases that is one; a named tuple (a tuple subclass with `_fields`) is "namedtuple"."""
-    if t in _VALUE_BY_TYPE:
-        return _VALUE_BY_TYPE[t]
-    zone = _zoneinfo_class()
-    if zone is not None and (t is zone or subclasses and issubclass(t, zone)):
-        return "ZoneInfo"
-    if subclasses or t.__module__ != "builtins":
-        fields = getattr(t, "_fields", None)
-        if issubclass(t, tuple) and type(fields) is tuple and all(type(f) is str for f in fields) and t is not tuple:
-            return "namedtuple"
-    if subclasses:
-        for base in t.__mro__[1:]:
-            if base in _VALUE_BY_TYPE:
-                return _VALUE_BY_TYPE[base]
-    return None
-
-
 class Handle:
     """What a handle decodes to when the receiver gives no `handle=` factory: its kind, number and class name."""
 
@@ -276,86 +99,98 @@ def encode(value: object, limit: int = MAX_BYTES, subclasses: bool = False, hand
     solution: it could send any plain data anyway, and the decoder still builds its own objects only.
     `handles(x) -> (kind, number, typename)`, when given, sends what is neither as a handle (and may
     raise NotPlainData itself)."""
-    out: list[bytes] = []
-    size = [0]
+    encoder = _Encoder(limit, subclasses, handles)
+    encoder.enc(value, 0)
+    return b"".join(encoder.out)
 
-    def put(b: bytes) -> None:
-        size[0] += len(b)
-        if size[0] > limit:
-            raise NotPlainData(f"more than {limit} bytes")
-        out.append(b)
 
-    def enc(x: object, depth: int) -> None:
+class _Encoder:
+    def __init__(self, limit: int, subclasses: bool, handles) -> None:
+        self.limit, self.subclasses, self.handles = limit, subclasses, handles
+        self.out: list[bytes] = []
+        self.size = 0
+
+    def put(self, b: bytes) -> None:
+        self.size += len(b)
+        if self.size > self.limit:
+            raise NotPlainData(f"more than {self.limit} bytes")
+        self.out.append(b)
+
+    def enc(self, x: object, depth: int) -> None:
         t = type(x)
-        if t not in _PLAIN and t is not bool and x is not None and (name := _value_type(t, subclasses)) is not None:
-            if depth >= MAX_DEPTH:
-                raise NotPlainData(f"containers nested more than {MAX_DEPTH} deep")
-            if name == "namedtuple":
-                payload = (type.__dict__["__name__"].__get__(t), tuple(str.__str__(f) for f in t._fields), tuple(tuple.__iter__(x)))
-            elif name == "ZoneInfo":
-                payload = _zone_payload(x)
-            else:
-                payload = VALUE_TYPES[name][1](x)
-            raw = str.encode(name, "utf-8")
-            put(_VALUE + _LEN.pack(len(raw)))
-            put(raw)
-            enc(payload, depth + 1)
-            return
-        if subclasses and t not in _PLAIN and t is not bool and x is not None:
-            base = next((b for b in _PLAIN if issubclass(t, b)), None)
-            if base is not None:
-                t = base
-                if t is float:
-                    x = float.__float__(x)  # type: ignore[arg-type]
-                elif t is str:
-                    x = str.__str__(x)  # type: ignore[arg-type]
-                elif t is bytes:
-                    x = bytes(memoryview(x))  # type: ignore[arg-type]
+        if t not in _PLAIN and t is not bool and x is not None:
+            name = values.value_type(t, self.subclasses)
+            if name is not None:
+                return self.value(name, x, depth)
+            if self.subclasses:
+                base = next((b for b in _PLAIN if issubclass(t, b)), None)
+                if base is not None:
+                    t, x = base, _as_base(base, x)
         if x is None:
-            put(_NONE)
+            self.put(_NONE)
         elif t is bool:
-            put(_TRUE if x else _FALSE)
+            self.put(_TRUE if x else _FALSE)
         elif t is int:
             n = int.__index__(x)  # type: ignore[arg-type]
             raw = n.to_bytes((n.bit_length() + 8) // 8, "big", signed=True)
-            put(_INT + _LEN.pack(len(raw)) + raw)
+            self.put(_INT + _LEN.pack(len(raw)) + raw)
         elif t is float:
-            put(_FLOAT_T + _FLOAT.pack(x))
+            self.put(_FLOAT_T + _FLOAT.pack(x))
         elif t is complex:
-            put(_COMPLEX_T + _COMPLEX.pack(complex.__getattribute__(x, "real"), complex.__getattribute__(x, "imag")))  # type: ignore[arg-type]
+            self.put(_COMPLEX_T + _COMPLEX.pack(complex.__getattribute__(x, "real"), complex.__getattribute__(x, "imag")))  # type: ignore[arg-type]
         elif t is str:
-            raw = str.encode(x, "utf-8", "surrogatepass")  # type: ignore[arg-type]
-            put(_STR + _LEN.pack(len(raw)))
-            put(raw)
+            self.sized(_STR, str.encode(x, "utf-8", "surrogatepass"))  # type: ignore[arg-type]
         elif t is bytes:
-            put(_BYTES + _LEN.pack(len(x)))  # type: ignore[arg-type]
-            put(bytes(x))  # type: ignore[arg-type]
+            self.sized(_BYTES, bytes(x))  # type: ignore[arg-type]
         elif t in (list, tuple, set, frozenset, dict):
-            if depth >= MAX_DEPTH:
-                raise NotPlainData(f"containers nested more than {MAX_DEPTH} deep")
-            tag = {list: _LIST, tuple: _TUPLE, set: _SET, frozenset: _FROZENSET, dict: _DICT}[t]
-            if t is dict:
-                items = list(dict.items(x))  # type: ignore[arg-type]
-                put(tag + _LEN.pack(len(items)))
-                for k, v in items:
-                    enc(k, depth + 1)
-                    enc(v, depth + 1)
-            else:
-                members = list(t.__iter__(x))  # the builtin iterator, never an override
-                put(tag + _LEN.pack(len(members)))
-                for m in members:
-                    enc(m, depth + 1)
-        elif handles is not None:
-            kind, number, typename = handles(x)
-            raw = str.encode(f"{kind} {typename}"[:200], "utf-8", "replace")
-            put(_HANDLE + _LEN.pack(len(raw)))
-            put(raw)
-            enc(int(number), depth + 1)
+            self.container(t, x, depth)
+        elif self.handles is not None:
+            kind, number, typename = self.handles(x)
+            self.sized(_HANDLE, str.encode(f"{kind} {typename}"[:200], "utf-8", "replace"))
+            self.enc(int(number), depth + 1)
         else:
             raise NotPlainData(f"a {_type_name(t)} is not plain data")
 
-    enc(value, 0)
-    return b"".join(out)
+    def sized(self, tag: bytes, raw: bytes) -> None:
+        self.put(tag + _LEN.pack(len(raw)))
+        self.put(raw)
+
+    def value(self, name: str, x: object, depth: int) -> None:
+        if depth >= MAX_DEPTH:
+            raise NotPlainData(f"containers nested more than {MAX_DEPTH} deep")
+        try:
+            payload = values.payload(name, x)
+        except values.Unencodable as exc:
+            raise NotPlainData(str(exc)) from None
+        self.sized(_VALUE, str.encode(name, "utf-8"))
+        self.enc(payload, depth + 1)
+
+    def container(self, t: type, x: object, depth: int) -> None:
+        if depth >= MAX_DEPTH:
+            raise NotPlainData(f"containers nested more than {MAX_DEPTH} deep")
+        tag = {list: _LIST, tuple: _TUPLE, set: _SET, frozenset: _FROZENSET, dict: _DICT}[t]
+        if t is dict:
+            items = list(dict.items(x))  # type: ignore[arg-type]
+            self.put(tag + _LEN.pack(len(items)))
+            for k, v in items:
+                self.enc(k, depth + 1)
+                self.enc(v, depth + 1)
+        else:
+            members = list(t.__iter__(x))  # the builtin iterator, never an override
+            self.put(tag + _LEN.pack(len(members)))
+            for m in members:
+                self.enc(m, depth + 1)
+
+
+def _as_base(base: type, x: object) -> object:
+    """A subclass's value read through its plain base type's own methods."""
+    if base is float:
+        return float.__float__(x)  # type: ignore[arg-type]
+    if base is str:
+        return str.__str__(x)  # type: ignore[arg-type]
+    if base is bytes:
+        return bytes(memoryview(x))  # type: ignore[arg-type]
+    return x
 
 
 def decode(data: bytes, handle=None) -> object:
@@ -365,101 +200,90 @@ def decode(data: bytes, handle=None) -> object:
         data = bytes(data)
     if len(data) > MAX_BYTES:
         raise WireError(f"message of {len(data)} bytes is over the limit of {MAX_BYTES}")
-    view = memoryview(data)
-    end = len(data)
-    pos = 0
-
-    def take(n: int) -> memoryview:
-        nonlocal pos
-        if n < 0 or pos + n > end:
-            raise WireError("truncated message")
-        chunk = view[pos : pos + n]
-        pos += n
-        return chunk
-
-    def length() -> int:
-        return _LEN.unpack(take(4))[0]
-
-    def dec(depth: int) -> object:
-        tag = bytes(take(1))
-        if tag == _NONE:
-            return None
-        if tag == _TRUE:
-            return True
-        if tag == _FALSE:
-            return False
-        if tag == _INT:
-            return int.from_bytes(take(length()), "big", signed=True)
-        if tag == _FLOAT_T:
-            return _FLOAT.unpack(take(8))[0]
-        if tag == _COMPLEX_T:
-            real, imag = _COMPLEX.unpack(take(16))
-            return complex(real, imag)
-        if tag == _STR:
-            try:
-                return str(take(length()), "utf-8", "surrogatepass")
-            except UnicodeDecodeError as exc:
-                raise WireError(f"bad string: {exc}") from None
-        if tag == _BYTES:
-            return bytes(take(length()))
-        if tag in (_LIST, _TUPLE, _SET, _FROZENSET, _DICT):
-            if depth >= MAX_DEPTH:
-                raise WireError(f"containers nested more than {MAX_DEPTH} deep")
-            n = length()
-            if n > end - pos:  # every member takes at least one byte
-                raise WireError("truncated message")
-            try:
-                if tag == _DICT:
-                    out: dict = {}
-                    for _ in range(n):
-                        k = dec(depth + 1)
-                        out[k] = dec(depth + 1)
-                    return out
-                members = [dec(depth + 1) for _ in range(n)]
-                if tag == _LIST:
-                    return members
-                if tag == _TUPLE:
-                    return tuple(members)
-                if tag == _SET:
-                    return set(members)
-                return frozenset(members)
-            except TypeError as exc:  # an unhashable key or member
-                raise WireError(f"bad container: {exc}") from None
-        if tag == _VALUE:
-            try:
-                name = str(take(length()), "utf-8")
-            except UnicodeDecodeError:
-                raise WireError("bad value type name") from None
-            if depth >= MAX_DEPTH:
-                raise WireError(f"containers nested more than {MAX_DEPTH} deep")
-            payload = dec(depth + 1)
-            try:
-                if name == "namedtuple":
-                    return _namedtuple(payload)
-                if name == "ZoneInfo":
-                    return _zone(payload)
-                if name not in VALUE_TYPES:
-                    raise WireError(f"unknown value type {name[:40]!r}")
-                return VALUE_TYPES[name][2](payload)
-            except WireError:
-                raise
-            except Exception as exc:  # the receiver's own constructor refused the payload
-                raise WireError(f"bad {name[:40]} payload: {type(exc).__name__}") from None
-        if tag == _HANDLE:
-            try:
-                kind, _, typename = str(take(length()), "utf-8").partition(" ")
-            except UnicodeDecodeError:
-                raise WireError("bad handle") from None
-            number = dec(depth + 1)
-            if type(number) is not int or kind not in ("obj", "iter"):
-                raise WireError("bad handle")
-            return handle(kind, number, typename) if handle is not None else Handle(kind, number, typename)
-        raise WireError(f"unknown tag {tag!r}")
-
-    value = dec(0)
-    if pos != end:
+    decoder = _Decoder(data, handle)
+    value = decoder.dec(0)
+    if decoder.pos != len(data):
         raise WireError("trailing bytes after the value")
     return value
+
+
+class _Decoder:
+    def __init__(self, data: bytes, handle) -> None:
+        self.view, self.end, self.pos, self.handle = memoryview(data), len(data), 0, handle
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.pos + n > self.end:
+            raise WireError("truncated message")
+        chunk = self.view[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def length(self) -> int:
+        return _LEN.unpack(self.take(4))[0]
+
+    def text(self, what: str) -> str:
+        try:
+            return str(self.take(self.length()), "utf-8", "surrogatepass")
+        except UnicodeDecodeError as exc:
+            raise WireError(f"bad {what}: {exc}") from None
+
+    def dec(self, depth: int) -> object:
+        tag = bytes(self.take(1))
+        if tag in _SIMPLE:
+            return _SIMPLE[tag]
+        if tag == _INT:
+            return int.from_bytes(self.take(self.length()), "big", signed=True)
+        if tag == _FLOAT_T:
+            return _FLOAT.unpack(self.take(8))[0]
+        if tag == _COMPLEX_T:
+            real, imag = _COMPLEX.unpack(self.take(16))
+            return complex(real, imag)
+        if tag == _STR:
+            return self.text("string")
+        if tag == _BYTES:
+            return bytes(self.take(self.length()))
+        if tag in (_LIST, _TUPLE, _SET, _FROZENSET, _DICT):
+            return self.container(tag, depth)
+        if tag == _VALUE:
+            return self.value(depth)
+        if tag == _HANDLE:
+            kind, _, typename = self.text("handle").partition(" ")
+            number = self.dec(depth + 1)
+            if type(number) is not int or kind not in ("obj", "iter"):
+                raise WireError("bad handle")
+            return self.handle(kind, number, typename) if self.handle is not None else Handle(kind, number, typename)
+        raise WireError(f"unknown tag {tag!r}")
+
+    def container(self, tag: bytes, depth: int) -> object:
+        if depth >= MAX_DEPTH:
+            raise WireError(f"containers nested more than {MAX_DEPTH} deep")
+        n = self.length()
+        if n > self.end - self.pos:  # every member takes at least one byte
+            raise WireError("truncated message")
+        try:
+            if tag == _DICT:
+                out: dict = {}
+                for _ in range(n):
+                    k = self.dec(depth + 1)
+                    out[k] = self.dec(depth + 1)
+                return out
+            members = [self.dec(depth + 1) for _ in range(n)]
+            return {_LIST: list, _TUPLE: tuple, _SET: set, _FROZENSET: frozenset}[tag](members)
+        except TypeError as exc:  # an unhashable key or member
+            raise WireError(f"bad container: {exc}") from None
+
+    def value(self, depth: int) -> object:
+        name = self.text("value type name")
+        if depth >= MAX_DEPTH:
+            raise WireError(f"containers nested more than {MAX_DEPTH} deep")
+        payload = self.dec(depth + 1)
+        try:
+            return values.build(name, payload)
+        except Exception as exc:  # the receiver's own constructor refused the payload
+            raise WireError(f"bad {name[:40]} payload: {type(exc).__name__}: {str(exc)[:80]}") from None
+
+
+_SIMPLE = {_NONE: None, _TRUE: True, _FALSE: False}
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:

@@ -30,7 +30,8 @@ from regimen.stages.fingerprint import file_digest
 from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, seeded_split
 
 NAME = "hf"
-REGIMEN_COLUMNS = ("prompt", "answer", "tests", "test_list", "test_setup_code", "test_imports", "test", "entry_point", "completion", "solution")
+REGIMEN_COLUMNS = ("prompt", "answer", "tests", "test_list", "test_setup_code", "test_imports", "test", "entry_point", "completion", "solution",
+                   "input_output", "verification_info", "public_tests", "private_tests", "generated_tests")
 
 
 class Options(TaskOptions):

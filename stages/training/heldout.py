@@ -1,6 +1,7 @@
 """Held-out measurement shared by SFT (the policy it made), evaluation and the probe inside GRPO: greedy
-completions for held-out prompts, exact match against `answer` (or a reward reaching 1.0), and each
-reward's held-out mean."""
+completions for held-out prompts, exact match against `answer` (or a reward reaching 1.0, over the rows
+the reward scores: a row it has no opinion on, None, is left out and counted as `heldout_unscored`), and
+each reward's held-out mean."""
 
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ def heldout_eval(model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: 
         refs = [str(r.get("answer", "")) for r in rows]
         metrics["heldout_accuracy"] = float(exact_match_metric().compute(predictions=completions, references=refs)["exact_match"])
         correct = [v or 0.0 for v in answer(None, completions, answer=refs)]
-    else:
-        vals = values[recipe.eval.metric]
-        correct = [float(v is not None and v >= 1.0) for v in vals]
-        metrics["heldout_accuracy"] = sum(correct) / len(correct)
+    else:  # a reward as the metric: rows it has no opinion on (None: no tests, or tests that pay anything) are left out
+        correct = [None if v is None else float(v >= 1.0) for v in values[recipe.eval.metric]]
+        scored = [c for c in correct if c is not None]
+        metrics["heldout_accuracy"] = sum(scored) / len(scored) if scored else 0.0
+        metrics["heldout_unscored"] = float(len(correct) - len(scored))
     for name, vals in values.items():
         scored = [v for v in vals if v is not None]
         metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan

@@ -41,7 +41,8 @@ def probe_rows(heldout: list[dict[str, Any]], n: int, seed: int) -> list[dict[st
 
 
 def correct_flags(recipe, completions: list[str], rows: list[dict[str, Any]]) -> list[float]:
-    """1.0 per completion that the eval metric counts as correct."""
+    """1.0 per completion that the eval metric counts as correct, 0.0 otherwise, None where the metric (a
+    reward) has no opinion (left out of the probe's accuracy, as of evaluation's)."""
     from regimen.stages.rewards import answer, from_specs, score
 
     if recipe.eval.metric == "exact_match":
@@ -49,7 +50,7 @@ def correct_flags(recipe, completions: list[str], rows: list[dict[str, Any]]) ->
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
     fn = {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}
     values = score(fn, [r["prompt"] for r in rows], completions, columns)[recipe.eval.metric]
-    return [float(v is not None and v >= 1.0) for v in values]
+    return [None if v is None else float(v >= 1.0) for v in values]
 
 
 class HeldoutProbe(TrainerCallback):
@@ -97,7 +98,8 @@ class HeldoutProbe(TrainerCallback):
 
             flags = gather_object(flags)
         self.probe_s += time.perf_counter() - t0
-        return sum(flags) / len(flags) if flags else 0.0
+        scored = [f for f in flags if f is not None]
+        return sum(scored) / len(scored) if scored else 0.0
 
     def _probe(self, state, model) -> None:
         step = state.global_step

@@ -52,7 +52,8 @@ def teacher_accuracy(recipe, task: Task) -> float | None:
             return sum(v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])) / len(rows)
         columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
         values = score({recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}, [r["prompt"] for r in rows], completions, columns)
-        return sum(1.0 for v in values[recipe.eval.metric] if v is not None and v >= 1.0) / len(rows)
+        scored = [v for v in values[recipe.eval.metric] if v is not None]  # as evaluation counts: rows with no opinion left out
+        return sum(1.0 for v in scored if v >= 1.0) / len(scored) if scored else 0.0
     if t.kind == "model":
         from regimen.stages.training.heldout import heldout_eval
         from regimen.stages.training.model import load_policy
