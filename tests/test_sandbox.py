@@ -829,15 +829,24 @@ def _zero(r: SandboxResult) -> None:
     assert r.status in ("ok", "aborted"), r  # the solution's fault, never "infra"
 
 
-def test_the_page_cache_channel_works_on_the_host():
+def test_the_page_cache_channel_works_on_the_host(tmp_path):
     """The attack has teeth: outside the sandbox its two primitives set and read a bit that outlives the
-    process that set it."""
+    process that set it (on a file of our own here, written and synced, so the kernel may drop its pages
+    whenever asked; in the sandbox it is a standard-library file every sample can read)."""
     import subprocess
     import sys
 
-    probe = PAGE_CACHE_CHANNEL + "import sys\nput(int(sys.argv[1]), sys.argv[2] == '1')\nprint(get(int(sys.argv[1])))\n"
+    data = tmp_path / "channel.bin"
+    data.write_bytes(os.urandom(256 * 4096))
+    os.sync()
+    # one bit per file here: the kernel caches a file in folios larger than a page, and drops a folio
+    # only when asked for all of it
+    channel = PAGE_CACHE_CHANNEL.replace("FILE = os.path.join(os.path.dirname(os.__file__), 'pydoc_data', 'topics.py')", f"FILE = {str(data)!r}")
+    channel = channel.replace("os.posix_fadvise(FD, (BASE + i) * 4096, 4096, os.POSIX_FADV_DONTNEED)", "os.posix_fadvise(FD, 0, 0, os.POSIX_FADV_DONTNEED)")
+    assert channel.count(str(data)) == 1 and "FD, 0, 0," in channel
+    probe = channel + "import sys\nput(int(sys.argv[1]), sys.argv[2] == '1')\nprint(get(int(sys.argv[1])))\n"
     reads = [subprocess.run([sys.executable, "-I", "-c", probe, "20", v], capture_output=True, text=True, timeout=30).stdout.strip() for v in ("1", "0", "1")]
-    later = subprocess.run([sys.executable, "-I", "-c", PAGE_CACHE_CHANNEL + "print(get(20))"], capture_output=True, text=True, timeout=30).stdout.strip()
+    later = subprocess.run([sys.executable, "-I", "-c", channel + "print(get(20))"], capture_output=True, text=True, timeout=30).stdout.strip()
     assert reads == ["True", "False", "True"] and later == "True"
 
 

@@ -56,9 +56,10 @@ def route_evaluation(channel, ns: dict) -> None:
     ns["__builtins__"] = {**vars(builtins), "eval": eval_, "exec": exec_, "compile": compile_}
 
 
-def run_snippet(snippet: str, index: int, ns: dict) -> None:
-    """Run one test snippet in `ns`, then the tests it defines; raises what made it fail."""
-    tree = ast.parse(snippet, f"<test {index}>")
+def run_snippet(snippet: str, index: int, ns: dict, tree: ast.Module | None = None) -> None:
+    """Run one test snippet in `ns`, then the tests it defines; raises what made it fail (`tree`: the
+    snippet already parsed)."""
+    tree = tree if tree is not None else ast.parse(snippet, f"<test {index}>")
     uses_unittest = "unittest" in snippet or "TestCase" in snippet
     unittest_main = _patch_unittest_main(ns) if uses_unittest else (lambda: False)
     try:

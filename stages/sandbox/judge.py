@@ -114,12 +114,29 @@ def test_names(tests: list[str]) -> set[str]:
         for child in ast.iter_child_nodes(node):
             visit(child, inner)
 
-    for snippet in tests:
-        try:
-            visit(ast.parse(snippet), "module")
-        except (SyntaxError, ValueError, RecursionError):
-            continue
+    for tree in _trees(tests):
+        if tree is not None:
+            visit(tree, "module")
     return names
+
+
+_PARSED: dict[str, ast.Module | None] = {}
+
+
+def _trees(tests: list) -> list[ast.Module | None]:
+    """Each snippet's tree, parsed once per process (None for one that does not parse: it fails when run)."""
+    out = []
+    for snippet in tests:
+        if not isinstance(snippet, str):
+            out.append(None)
+            continue
+        if snippet not in _PARSED:
+            try:
+                _PARSED[snippet] = ast.parse(snippet)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                _PARSED[snippet] = None
+        out.append(_PARSED[snippet])
+    return out
 
 
 def under_test(tests: list[str], own: set[str] | frozenset[str] = frozenset()) -> set[str]:
@@ -130,10 +147,8 @@ def under_test(tests: list[str], own: set[str] | frozenset[str] = frozenset()) -
     builtin_names = set(dir(builtins))
     called: set[str] = set()
     subjects: set[str] = set()
-    for snippet in tests:
-        try:
-            tree = ast.parse(snippet)
-        except (SyntaxError, ValueError, RecursionError):
+    for tree in _trees(tests):
+        if tree is None:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in own:
@@ -267,7 +282,7 @@ def run(job: dict, sock: int, results: int) -> None:
             if programs:
                 _run_case(channel, test, job)
             else:
-                harness.run_snippet(test, i, ns)
+                harness.run_snippet(test, i, ns, _trees([test])[0])
         except BaseException as exc:  # the test's own SystemExit too: this snippet fails, the rest run
             emit(f"fail {i} {_describe(exc)}")
         else:

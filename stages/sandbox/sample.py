@@ -1,8 +1,8 @@
 """One sample on the server's side: hand the job to the slot's zygote, watch it, end it, read its verdict.
 
 `Sample(server, job, isolated).run()` sends the zygote file descriptors only (memfds with the code and
-with the tests, the output and result pipes, a control socket over which A hands back B's pidfd), then
-watches: the result pipe (J's lines, A's `judge-exit`), the output pipe (kept up to `output_limit`
+with the tests, the output and result pipes, a control socket over which Z hands back B's pidfd), then
+watches: the result pipe (J's lines, Z's `judge-exit`), the output pipe (kept up to `output_limit`
 bytes, the rest spliced to /dev/null so a flood costs next to nothing), the slot's CPU usage (a sample
 that has used `timeout_s` CPU seconds is killed) and a wall-clock backstop. Killing B (through its
 pidfd, so a recycled pid is never signalled) kills its whole pid namespace; unisolated, the slot's
@@ -202,7 +202,7 @@ class Sample:
 
     # -- end it --------------------------------------------------------------------------------
     def reap(self) -> None:
-        """A reported J's end (or the result pipe closed): B, which became J, has been reaped, and its exit
+        """Z reported J's end (or the result pipe closed): B, which became J, has been reaped, and its exit
         emptied the pid namespace. Unisolated, whatever is left in the slot's cgroups is killed."""
         if self.b_pidfd is not None:
             ready, _, _ = select.select([self.b_pidfd], [], [], 2.0)
@@ -261,11 +261,11 @@ def _describe_status(code: int | None) -> str:
 
 
 def verdict(res: bytes, n: int, timed_out: str | None = None, overflow: bool = False) -> dict:
-    """Turn the result pipe's lines (written by J, and by A/B for infra) into a result dict.
+    """Turn the result pipe's lines (written by J, and by Z/B for infra) into a result dict.
 
     J writes: `loaded` | `loadfail <why>`; `pass <i>` / `fail <i> <why>` for i = 0..n-1 in order (none
-    after a loadfail); `gone <why>` at most once; `done <n>`. A, B or J write `infra <why>` when the
-    sandbox (or the row's trusted set-up code) failed; B writes `judge-exit <code>` when J ended."""
+    after a loadfail); `gone <why>` at most once; `done <n>`. Z, B or J write `infra <why>` when the
+    sandbox (or the row's trusted set-up code) failed; Z writes `judge-exit <code>` when J (B) ended."""
     tests: list[bool] = []
     errors: list[str | None] = []
     infra = loadfail = gone = None

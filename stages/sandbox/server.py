@@ -2,7 +2,7 @@
 
 The server starts the slot's zygote, probes isolation, then runs one job at a time: each is a `Sample`
 (`sample.py`: hand it to the zygote, watch its CPU and wall clock, kill it when it runs over, read its
-verdict) in a process tree forked from the zygote (`tree.py`: Z, A, B, S the solution, J the judge).
+verdict) in a process tree forked from the zygote (`tree.py`: Z, B, S the solution, J the judge).
 
 The sample's filesystem (`slot.py`, like the cgroups and the confinement): a fresh tmpfs root holding only, read-only, the interpreter's standard
 library (its site-packages masked by an empty tmpfs) and the multiarch shared-library folders its
@@ -99,7 +99,7 @@ class Server:
                     os.dup2(devnull, fd)
                 os.close(devnull)
                 self.slot.join_cgroups()
-                _oom_score_adj(-1000)  # the trusted side (Z, A, B, J) is never the OOM killer's choice
+                _oom_score_adj(-1000)  # the trusted side (Z, B, J) is never the OOM killer's choice
                 _zygote(self.slot, theirs)
             finally:
                 os._exit(0)

@@ -1,25 +1,30 @@
-"""The process tree of one sample, forked from the slot's zygote: Z, A, B, S (the solution) and J (the judge).
+"""The process tree of one sample, forked from the slot's zygote: Z, B (which becomes J, the judge) and S
+(the solution).
 
     server (root, single-threaded; reads jobs on stdin, writes results on stdout; holds the tests)
       └─ Z, the zygote: forked at start-up, before the server read any job, so its memory never held a
-         test, a solution or anything of an earlier sample. It joins the slot's cgroups and a UTS
-         namespace of its own once. Per job it receives file descriptors only (memfds with the code
-         and with the tests, the output and result pipes, a control socket) and forks:
-           └─ A (root): unshare(mount, pid, network, IPC); forks B; hands B's pidfd to the server;
-              waits for B and reports how it ended (`judge-exit`).
-                └─ B (root, pid 1 of the new pid namespace): builds the sample's root filesystem from
-                   an allow-list (`slot.py`), pivot_root's into it, forks S (connected by a socketpair),
-                   waits until S's set-up is done, then reads the tests and becomes J. When J ends,
-                   every process of the namespace is killed.
-                     └─ S, the solution (its own uid): reads the code from its memfd, keeps only the
-                        socket and the output pipe, rlimits, oom_score_adj 1000, drops to the slot's
-                        solution uid, no_new_privs, seccomp filter; then `callee.serve`.
-                ( B as J, the judge (another uid, not dumpable, oom_score_adj -1000): keeps the socket,
-                  the output pipe and the result pipe, same confinement; then `judge.run`, which
-                  reports pass/fail on the result pipe. )
+         test, a solution or anything of an earlier sample. It joins the slot's cgroups, a UTS
+         namespace of its own and builds the slot's read-only root template once. Per job it receives
+         file descriptors only (memfds with the code and with the tests, the output and result pipes, a
+         control socket), and forks B as pid 1 of a new pid namespace (unshare(CLONE_NEWPID) before the
+         fork, setns back after it); it hands B's pidfd to the server, and reports how B ended
+         (`judge-exit`) once it has reaped it.
+           └─ B (root, pid 1 of the new pid namespace): unshares mount, network and IPC namespaces,
+              makes the sample's root filesystem (the template, a fresh /tmp, /dev/shm and /proc),
+              pivot_root's into it, forks S (connected by a socketpair), waits until S's set-up is
+              done, then reads the tests and becomes J. When J ends, every process of the namespace is
+              killed.
+                └─ S, the solution (its own uid): reads the code from its memfd, keeps only the socket
+                   and the output pipe, rlimits, oom_score_adj 1000, drops to the slot's solution uid,
+                   no_new_privs, seccomp filter; then `callee.serve`.
+              ( B as J, the judge (another uid, not dumpable, oom_score_adj -1000): keeps the socket,
+                the output pipe and the result pipe, same confinement; then `judge.run`, which reports
+                pass/fail on the result pipe. )
 
 S is forked before B reads the tests, and never holds the result pipe or anything of J's; only J and
-the trusted set-up side (A, B) write results, so nothing S does can forge a verdict or an `infra`.
+the trusted set-up side (Z, B) write results, so nothing S does can forge a verdict or an `infra`.
+(Earlier versions had a process A between Z and B only to enter the new pid namespace; Z does that
+itself now, which saves a fork per sample.)
 
 Also the file-descriptor helpers the server side shares (`sample.py`). Stdlib only: the server script
 imports it by path (`python -I -S`).
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import time
@@ -94,10 +100,12 @@ def _exit_code(status: int) -> int:
 
 
 def _zygote(slot: Slot, zsock: socket.socket) -> None:
-    """Z: never returns. Its memory holds no job: it only ever receives file descriptors. It is the
-    subreaper of everything below it, and when the server goes (its stream closes, or the server dies:
-    SIGTERM by PDEATHSIG) it kills and reaps what is left, so no zombie is handed to init."""
-    children: set[int] = set()
+    """Z: never returns. Its memory holds no job: it only ever receives file descriptors. Per job it
+    forks B, in a new pid namespace when isolated (B is its pid 1), hands B's pidfd to the server, and
+    when B has ended reports how on the job's result pipe (`judge-exit`). It is the subreaper of
+    everything below it, and when the server goes (its stream closes, or the server dies: SIGTERM by
+    PDEATHSIG) it kills and reaps what is left, so no zombie is handed to init."""
+    children: dict[int, tuple[int, int | None]] = {}  # B's pid -> (its result pipe, its pidfd)
 
     def leave(*_: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -120,82 +128,114 @@ def _zygote(slot: Slot, zsock: socket.socket) -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() == 1:  # the server died before the line above
         leave()
-    if slot.s.get("isolation", True) and slot.root:
-        # One UTS namespace per slot (hostname "sandbox"; nobody inside may change it). The network
-        # namespace is per sample, like mounts, pids and IPC: a unix socket can outlive every process
-        # of its sample (passed in flight inside a cycle of sockets until the kernel collects it), so
-        # a network namespace shared by a slot's samples could carry a bit from one to the next.
-        try:
-            _check(_c().unshare(CLONE_NEWUTS), "unshare")
-            _c().sethostname(b"sandbox", 7)
-        except OSError:
-            pass
+    own_pidns = _isolate_zygote(slot)
     try:
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans (B when A dies, daemons when unisolated) stay below Z
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans (daemons when unisolated) stay below Z
     except OSError:
         pass
+    import gc
+
+    gc.freeze()  # what Z holds is never collected in a sample's process: no copy-on-write faults for it
+    woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # any child's end wakes Z (set_wakeup_fd), so no zombie lingers
+    signal.set_wakeup_fd(wake)
     while True:
-        while True:
+        _reap(children)
+        ready, _, _ = select.select([zsock.fileno(), woken], [], [], 1.0)
+        if woken in ready:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
+                while os.read(woken, 256):
+                    pass
+            except BlockingIOError:
+                pass
+        if zsock.fileno() not in ready:
+            continue
         try:
             msg, fds, _flags, _addr = socket.recv_fds(zsock, 16, 8)
         except OSError:
             leave()
         if not msg or len(fds) != 5:
             leave()
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            _line(fds[3], f"infra could not fork: {exc}")
-            pid = -1
-        if pid == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            zsock.close()
-            _job_a(slot, msg == b"i", *fds)
-        if pid > 0:
-            children.add(pid)
-        for fd in fds:
-            os.close(fd)
+        _start_job(slot, zsock, msg == b"i", fds, own_pidns, children)
 
 
-def _job_a(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, res_w: int, ctl: int) -> None:
-    """A: never returns. Unshares, forks B, hands B's pidfd to the server, reports how B (J) ended."""
+def _isolate_zygote(slot: Slot) -> int | None:
+    """One UTS namespace per slot (hostname "sandbox"; nobody inside may change it) and the slot's
+    read-only root template; returns Z's own pid namespace (kept to return to after each sample's new
+    one). The network namespace is per sample, like mounts, pids and IPC: a unix socket can outlive
+    every process of its sample (passed in flight inside a cycle of sockets until the kernel collects
+    it), so a network namespace shared by a slot's samples could carry a bit from one to the next."""
+    if not (slot.s.get("isolation", True) and slot.root):
+        return None
     try:
-        os.setsid()
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if isolated:  # the UTS namespace is the slot's, made once by Z (see _zygote)
-            _check(_c().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
-        b = os.fork()
-        if b == 0:
-            os.close(ctl)
-            _job_b(slot, isolated, code_fd, job_fd, out_w, res_w)
-        for fd in (code_fd, job_fd, out_w):
-            os.close(fd)
-        pidfd = os.pidfd_open(b) if hasattr(os, "pidfd_open") else None
-        with socket.socket(fileno=ctl) as sock:
-            socket.send_fds(sock, [f"{b} {os.getpid()}".encode()], [pidfd] if pidfd is not None else [])
-        if pidfd is not None:
-            os.close(pidfd)
-        _, status = os.waitpid(b, 0)
-        _line(res_w, f"judge-exit {_exit_code(status)}")  # B has been reaped: its namespace is empty
-        os._exit(0)
-    except BaseException as exc:
-        _line(res_w, f"infra {type(exc).__name__}: {exc}")
-        os._exit(_EXIT_INFRA)
+        _check(_c().unshare(CLONE_NEWUTS), "unshare")
+        _c().sethostname(b"sandbox", 7)
+    except OSError:
+        pass
+    try:
+        slot.build_template()
+    except OSError:  # each sample then builds its whole root itself
+        slot.template = None
+    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _start_job(slot: Slot, zsock: socket.socket, isolated: bool, fds: list[int], own_pidns: int | None, children: dict) -> None:
+    code_fd, job_fd, out_w, res_w, ctl = fds
+    try:
+        if isolated:  # the next child is pid 1 of a new pid namespace; Z itself stays where it is
+            _check(_c().unshare(CLONE_NEWPID), "unshare")
+        pid = os.fork()
+    except OSError as exc:
+        _line(res_w, f"infra could not start the sample: {exc}")
+        pid = -1
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        zsock.close()
+        os.close(ctl)
+        _job_b(slot, isolated, code_fd, job_fd, out_w, res_w)
+    if isolated and own_pidns is not None:
+        _check(_c().setns(own_pidns, CLONE_NEWPID), "setns")  # back to Z's own, for the next unshare
+    pidfd = None
+    if pid > 0:
+        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+        try:
+            with socket.socket(fileno=os.dup(ctl)) as sock:
+                socket.send_fds(sock, [f"{pid} {pid}".encode()], [pidfd] if pidfd is not None else [])
+        except OSError:
+            pass
+        children[pid] = (os.dup(res_w), pidfd)
+    for fd in fds:
+        os.close(fd)
+
+
+def _reap(children: dict) -> None:
+    """Report how each ended B ended (`judge-exit`: its namespace is empty by then); reap strays."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid in children:
+            res_w, pidfd = children.pop(pid)
+            _line(res_w, f"judge-exit {_exit_code(status)}")
+            os.close(res_w)
+            if pidfd is not None:
+                os.close(pidfd)
 
 
 def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, res_w: int) -> None:
-    """B: never returns. Builds the root, forks S, then becomes J (pid 1: when J ends, every process
-    of the namespace is killed)."""
+    """B: never returns. Unshares the rest of its namespaces (mount, IPC, network: its pid namespace is
+    new already, B is its pid 1), builds the root, forks S, then becomes J (pid 1: when J ends, every
+    process of the namespace is killed)."""
     try:
+        os.setsid()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if isolated:
+        if isolated:  # the UTS namespace is the slot's, made once by Z
+            _check(_c().unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
             slot.build_root()
         s_sock, j_sock = (end.detach() for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
         st_r, st_w = os.pipe()
