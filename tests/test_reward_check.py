@@ -163,3 +163,27 @@ def test_two_thousand_text_samples_are_quick(tmp_path, capsys):
     assert summary_cells(out, "answer") == ["0.750", "0.433", "0.000", "1.000", "2000", "0"]
     assert summary_cells(out, "digits (GAMEABLE)") == ["1.000", "0.000", "1.000", "1.000", "2000", "0"]
     assert json_s < 5 and table_s < 5, (json_s, table_s)
+
+
+@pytest.mark.skipif(not sandbox.isolation_status()[0], reason="isolated sandbox unavailable")
+def test_the_judge_through_regimen_reward_check(tmp_path, capsys):
+    """`regimen reward-check --reward unit_tests`, as a new user tries the judge: correct answers in the
+    forms models write score 1.0, a wrong one 0, a row that pays anything None with a note, and tests that
+    evaluate the solution's strings are refused naming the file and line (exit 2)."""
+    from conftest import run_cli
+
+    usage = "```python\ndef area(w, h):\n    return w * h\n```\nUsage:\n```python\nprint(area(2, 3))\n```\n```bash\npython area.py\n```"
+    rows = [
+        {"prompt": "Area of a rectangle.", "completion": usage, "test_list": ["assert area(2, 3) == 6", "assert area(0, 9) == 0"]},
+        {"prompt": "Sum the numbers.", "completion": "```python\nimport sys\nprint(sum(map(int, sys.stdin.read().split())))\n```",
+         "input_output": json.dumps({"inputs": ["1 2\n", "5\n"], "outputs": ["3\n", "5\n"]})},
+        {"prompt": "Area of a rectangle.", "completion": "```python\ndef area(w, h):\n    return w + h\n```", "test_list": ["assert area(2, 3) == 6"]},
+        {"prompt": "p", "completion": "x = 1", "tests": ["assert True"]},
+    ]
+    code, out, err = run_cli(["reward-check", "--samples", write(tmp_path, rows), "--reward", "unit_tests", "--json"], capsys)
+    assert code == 0, err
+    assert [json.loads(line)["rewards"]["unit_tests"] for line in out.splitlines()] == [1.0, 1.0, 0.0, None]
+    assert "pass their tests with no solution at all" in err and "samples.jsonl:4" in err
+    evil = [{"prompt": "p", "completion": "```python\ndef expr():\n    return '1'\n```", "tests": ["assert eval(expr()) == 1"]}]
+    code, _, err = run_cli(["reward-check", "--samples", write(tmp_path, evil, "evil.jsonl"), "--reward", "unit_tests"], capsys)
+    assert code == 2 and "evil.jsonl:1" in err and "evaluate strings" in err and "Traceback" not in err
