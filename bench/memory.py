@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 from bench.common import PY, header, peak_rss_mib, scratch, table  # noqa: E402
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from bench.common import header, manifests, regimen, scratch, table  # noqa: E402

@@ -8,7 +8,6 @@ model size (hidden 128 -> 256) and with num_generations (completions per step he
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from bench.common import header, manifests, regimen, scratch, table  # noqa: E402

@@ -1,7 +1,6 @@
 """Cycles on the tiny recipe: back to SFT when evaluation stalls, teachers, sweeps, reports."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -1,7 +1,5 @@
 """`launcher: accelerate`: training stages as two gloo ranks under `accelerate launch` on CPU."""
 
-import json
-from types import SimpleNamespace
 
 import pytest
 

@@ -4,7 +4,6 @@ rewards from --reward or a recipe, gameable warnings, and thousands of samples q
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
