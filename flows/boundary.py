@@ -113,4 +113,80 @@ def resolve_config(config: Any) -> Path:
     path = (root / name).resolve()
     if not path.is_relative_to(root) or not path.is_file():
         raise InputError(f"config {config!r}: no such recipe in the project's configs folder")
+    check_owner_only(path)
     return path
+
+
+def check_owner_only(path: Path) -> None:
+    """A recipe chooses code and places: one that other users can write is refused (exit 2)."""
+    import stat
+
+    if path.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise InputError(f"config {path.name}: {path} is writable by other users (mode {stat.S_IMODE(path.stat().st_mode):o}); "
+                         "a recipe chooses code and places, so only its owner may write it (chmod go-w)")
+
+
+LIMIT_FLAGS = {"max_steps": "--max-steps", "max_checkpoints": "--max-checkpoints", "max_hours": "--max-hours", "max_disk_gb": "--max-disk-gb"}
+DEFAULT_LIMITS = {"max_steps": 100_000, "max_checkpoints": 5, "max_hours": 24.0, "max_disk_gb": 50.0}
+"""What `regimen serve` holds UI runs to unless the operator says otherwise (0 lifts one)."""
+
+
+def operator_limits() -> dict[str, Any]:
+    """The operator's ceilings for this served run, as recipe overrides (`limits.*`, which UI parameters
+    cannot set); {} outside `regimen serve`."""
+    import json
+
+    raw = os.environ.get("REGIMEN_UI_LIMITS")
+    if not raw:
+        return {}
+    return {f"limits.{k}": v for k, v in json.loads(raw).items() if v}
+
+
+# ---------------------------------------------------------------------------------------------
+# The deployment record: what `regimen serve` registered is what its runs run
+
+
+GUARDED = ("entrypoint", "path", "pull_steps", "job_variables", "parameter_openapi_schema", "enforce_parameter_schema", "parameters",
+           "work_pool_name", "work_queue_name", "storage_document_id", "infrastructure_document_id")
+"""The fields of a deployment record that choose code, places or defaults: what serve registered is
+what its runs check the record against (`check_deployment`)."""
+
+
+def record_digest(deployment: Any) -> tuple[str, dict[str, str]]:
+    """A digest of the guarded fields of a deployment record (an API object or a mapping), and each field's."""
+    import hashlib
+    import json
+
+    data = deployment if isinstance(deployment, dict) else deployment.model_dump(mode="json")
+    fields = {k: hashlib.sha256(json.dumps(data.get(k), sort_keys=True, default=str).encode()).hexdigest() for k in GUARDED}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest(), fields
+
+
+def check_deployment() -> str | None:
+    """In a run of a served deployment: why the run is refused (its deployment's record differs from what
+    `regimen serve` registered: the names of the changed fields), or None. Runs started otherwise (the
+    CLI, a work pool's worker) are not checked here."""
+    import json
+    import os
+
+    registered = os.environ.get("REGIMEN_DEPLOYMENTS")
+    if not registered:
+        return None
+    from prefect import get_client
+    from prefect.runtime import deployment
+
+    deployment_id = deployment.id
+    digests = json.loads(registered)
+    if not deployment_id:
+        return None
+    if str(deployment_id) not in digests:
+        return f"deployment {deployment_id} is not one `regimen serve` registered"
+    with get_client(sync_client=True) as client:
+        record = client.read_deployment(deployment_id)
+    digest, fields = record_digest(record)
+    if digest == digests[str(deployment_id)]:
+        return None
+    known = json.loads(os.environ.get("REGIMEN_DEPLOYMENT_FIELDS", "{}")).get(str(deployment_id), {})
+    changed = [k for k, v in fields.items() if known.get(k) != v] if known else list(GUARDED)
+    return (f"deployment {record.name!r} was changed through Prefect's API since `regimen serve` registered it "
+            f"({', '.join(changed)}); serve runs only what it registered: restart `regimen serve` to register it again")

@@ -264,11 +264,18 @@ def serve(
     timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
     allow: Annotated[Optional[list[str]], typer.Option("--allow", help="let UI runs also set this recipe key (a dotted key or pattern, e.g. model.name_or_path); repeatable")] = None,
     configs: Annotated[Optional[str], typer.Option("--configs", help="the folder UI runs choose recipes from (default: ./configs); it must hold the served recipe")] = None,
+    allow_unauthenticated_api: Annotated[bool, typer.Option("--allow-unauthenticated-api", help="serve a Prefect API other machines can reach without authentication (behind your own proxy)")] = False,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=0, help="a served run's training stages train at most this many steps (0: no limit)")] = 100_000,
+    max_checkpoints: Annotated[int, typer.Option("--max-checkpoints", min=0, help="checkpoints a training stage keeps at most (0: no limit; else at least 2)")] = 5,
+    max_hours: Annotated[float, typer.Option("--max-hours", min=0, help="wall time of a served run: training stops past it (0: no limit)")] = 24.0,
+    max_disk_gb: Annotated[float, typer.Option("--max-disk-gb", min=0, help="size of a served run's experiment folder: training stops past it (0: no limit)")] = 50.0,
 ) -> None:
     """Register and serve the deployments `on-demand` and `nightly` of the flow regimen-cycle."""
     from regimen.flows.deploy import serve_deployments
 
-    serve_deployments(config, store=store, cron=cron, timezone=timezone, allow=list(allow or []), configs_dir=configs)
+    serve_deployments(config, store=store, cron=cron, timezone=timezone, allow=list(allow or []), configs_dir=configs,
+                      allow_unauthenticated=allow_unauthenticated_api,
+                      limits={"max_steps": max_steps, "max_checkpoints": max_checkpoints, "max_hours": max_hours, "max_disk_gb": max_disk_gb})
 
 
 @app.command("make-model")

@@ -127,13 +127,27 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
     """
     from regimen.flows import boundary
 
+    if refused := boundary.check_deployment():  # a deployment changed through the API since serve registered it
+        get_run_logger().error("refused: %s", refused)
+        _tampered_event(refused)
+        return Failed(message=f"refused: {refused}")
     extra = dict(boundary.check_overrides(overrides))
+    extra.update(boundary.operator_limits())  # after the UI's overrides: `limits.*` is the operator's
     if experiment is not None:
         extra["experiment"] = experiment
     if os.environ.get("REGIMEN_STORE") and "store" not in extra:
         extra["store"] = os.environ["REGIMEN_STORE"]
     recipe = load_recipe(boundary.resolve_config(config), extra)
     return run_cycles(recipe)
+
+
+def _tampered_event(reason: str) -> None:
+    """`regimen.deployment.tampered`, for an operator's automation (Prefect's event feed keeps it)."""
+    from prefect.events import emit_event
+    from prefect.runtime import deployment, flow_run
+
+    emit_event(event="regimen.deployment.tampered", resource={"prefect.resource.id": f"prefect.deployment.{deployment.id}"},
+               related=[{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}", "prefect.resource.role": "flow-run"}], payload={"reason": reason})
 
 
 @flow(name="regimen-cycle", validate_parameters=False, persist_result=False)

@@ -99,11 +99,12 @@ def nightly_paused_by_a_person() -> bool:
     return bool(d.paused or (d.schedules and not any(s.active for s in d.schedules)))
 
 
-def operator_environment(config: str, store: str, allow: list[str], configs_dir: str | None = None) -> str:
+def operator_environment(config: str, store: str, allow: list[str], configs_dir: str | None = None, limits: dict[str, Any] | None = None) -> str:
     """Fix the operator's choices for the flow runs this process starts; returns the recipe's name
     inside the configs folder (the deployments' default `config`). UI runs choose recipes from
     `configs_dir` (default: `./configs`), which must hold the served recipe and be writable only by its
     owner (a recipe chooses code and places: whoever can write one there can choose them)."""
+    import json
     import os
     import stat
     from pathlib import Path
@@ -122,16 +123,38 @@ def operator_environment(config: str, store: str, allow: list[str], configs_dir:
     for folder in [configs, *[p for p in configs.rglob("*") if p.is_dir()]]:
         if folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise InputError(f"--configs: {folder} is writable by other users; UI runs choose recipes from it, so it must not be")
+    for recipe in [p for p in configs.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()]:
+        boundary.check_owner_only(recipe)
     os.environ["REGIMEN_CONFIGS"] = str(configs)
     os.environ["REGIMEN_STORE"] = store  # always pinned: a recipe UI runs choose never picks the store
     if allow:
         os.environ["REGIMEN_UI_ALLOW"] = ",".join(allow)
     boundary.check_overrides({}, allow)
+    os.environ["REGIMEN_UI_LIMITS"] = json.dumps({**boundary.DEFAULT_LIMITS, **(limits or {})})
     return path.relative_to(configs).as_posix()
 
 
+def check_api_protected(allow_unauthenticated: bool = False) -> None:
+    """Serving a Prefect API that other machines can reach, without authentication, is refused: with
+    Prefect OSS, anyone who can write to the API is an operator (it has no roles). Exit 2 with what to do."""
+    from urllib.parse import urlparse
+
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_API_URL
+
+    from regimen.stages.errors import InputError
+
+    url = PREFECT_API_URL.value() or ""
+    host = (urlparse(url).hostname or "").lower()
+    local = host in ("", "127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    if local or allow_unauthenticated or PREFECT_API_AUTH_STRING.value() or PREFECT_API_KEY.value():
+        return
+    raise InputError(f"PREFECT_API_URL {url}: a Prefect API other machines can reach, without authentication: anyone who can reach it could "
+                     "run flows and change deployments. Start the server with PREFECT_SERVER_API_AUTH_STRING='user:secret' and set "
+                     "PREFECT_API_AUTH_STRING to the same here (or pass --allow-unauthenticated-api, e.g. behind your own authenticating proxy)")
+
+
 def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None,
-                      configs_dir: str | None = None) -> None:
+                      configs_dir: str | None = None, allow_unauthenticated: bool = False, limits: dict[str, Any] | None = None) -> None:
     """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped."""
     import asyncio
 
@@ -140,9 +163,13 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
     from regimen.stages.recipe import load_recipe
 
     err = Console(stderr=True, soft_wrap=True)
+    check_api_protected(allow_unauthenticated)
     recipe = load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
     check_schedule(cron, timezone)
-    name = operator_environment(config, recipe.store, list(allow or []), configs_dir)
+    name = operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
+    from regimen.flows.boundary import operator_limits
+
+    load_recipe(config, {"store": recipe.store, **operator_limits()})  # the served recipe itself keeps inside the limits
     if allow:
         err.print(f"UI runs may also set: {', '.join(allow)}", markup=False, highlight=False)
     paused = nightly_paused_by_a_person()
@@ -167,17 +194,66 @@ async def _serve(options: dict[str, dict[str, Any]]) -> None:
     `run_flow_in_subprocess(flow, ...)`, which never reads a deployment's entrypoint, path or pull steps
     from the server (`Runner.add_deployment`, what `serve()` uses, re-resolves them at every run, also in
     this process on a crash or a cancel). One run at a time (`limit=1`); stopping leaves the schedules as
-    they are (`pause_on_shutdown=False`)."""
+    they are (`pause_on_shutdown=False`).
+
+    At registration the guarded fields are set to what serve means (a tampered `path` or pull steps are
+    reset, the parameter schema is closed) and their digests go to this process's environment, which
+    each run inherits: a run of a deployment whose record has changed since is refused
+    (`check_deployment`). When the Prefect API goes away, the runner stops; serve waits for the API to
+    answer again, registers anew and goes on serving (runs that were due show as Late meanwhile)."""
+    import asyncio
+    import json
+    import logging
+    import os
+
     from prefect import get_client
     from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.runner import Runner
 
+    from regimen.flows.boundary import record_digest
     from regimen.flows.cycle import regimen_cycle
 
-    runner = Runner(name="regimen", limit=1, pause_on_shutdown=False)
-    ids = {name: await runner.aadd_flow(regimen_cycle, name=name, **kw) for name, kw in options.items()}
-    schema = closed_parameter_schema()
-    async with get_client() as client:
-        for deployment_id in ids.values():
-            await client.update_deployment(deployment_id, DeploymentUpdate(parameter_openapi_schema=schema))
-    await runner.start()
+    log = logging.getLogger("regimen.serve")
+    while True:
+        runner = Runner(name="regimen", limit=1, pause_on_shutdown=False)
+        try:
+            ids = {name: await runner.aadd_flow(regimen_cycle, name=name, **kw) for name, kw in options.items()}
+            schema = closed_parameter_schema()
+            digests = {}
+            async with get_client() as client:
+                for deployment_id in ids.values():
+                    await client.update_deployment(deployment_id, DeploymentUpdate(
+                        parameter_openapi_schema=schema, path=None, pull_steps=[], job_variables={}, storage_document_id=None,
+                        infrastructure_document_id=None, entrypoint="regimen.flows.cycle.regimen_cycle"))
+                    digests[str(deployment_id)] = record_digest(await client.read_deployment(deployment_id))
+            os.environ["REGIMEN_DEPLOYMENTS"] = json.dumps({k: v[0] for k, v in digests.items()})
+            os.environ["REGIMEN_DEPLOYMENT_FIELDS"] = json.dumps({k: v[1] for k, v in digests.items()})
+            await runner.start()
+            return
+        except (OSError, RuntimeError) as exc:  # the API went away (the runner's "Service exceeded error threshold", a refused connection)
+            if not _api_unreachable(exc):
+                raise
+            log.warning("Prefect's API is unreachable (%s): serve waits for it to come back, then registers again", str(exc)[:200])
+            try:
+                await runner.astop()
+            except Exception:  # noqa: BLE001 - it is stopping because it failed
+                pass
+            while not await _api_answers():
+                await asyncio.sleep(5)
+            log.warning("Prefect's API answers again: serving")
+
+
+def _api_unreachable(exc: BaseException) -> bool:
+    import httpx
+
+    return isinstance(exc, (httpx.TransportError, ConnectionError)) or "error threshold" in str(exc) or isinstance(exc.__cause__, httpx.TransportError)
+
+
+async def _api_answers() -> bool:
+    from prefect import get_client
+
+    try:
+        async with get_client() as client:
+            return (await client.api_healthcheck()) is None
+    except Exception:  # noqa: BLE001 - any failure means: not yet
+        return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 import traceback
@@ -98,7 +99,18 @@ def execute(
         if found:
             return StageResult(found, True, time.perf_counter() - t0, store.local_path(found))
 
-    with (slot() if slot else contextlib.nullcontext()):
+    with contextlib.ExitStack() as held:
+        if slot:
+            try:
+                held.enter_context(slot())
+            except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel while waiting: say so, exit 130/143
+                if how := interruption(exc):
+                    _record_failure(store, None, {
+                        "experiment": experiment, "stage": stage, "cycle": cycle, "round": round_, "fingerprint": fp,
+                        "started_at": now_iso(), "finished_at": now_iso(), "interrupted": True},
+                        f"interrupted ({how}) while waiting for this machine's compute slot")
+                    raise StageInterrupted(stage, how, "interrupted while waiting for this machine's compute slot: nothing of the stage ran") from exc
+                raise
         return _run(stage, recipe, inputs, store, experiment, fp, section, cycle, round_, damaged, t0, progress)
 
 
@@ -204,8 +216,24 @@ def _record_failure(store: Store, staging: Path, manifest: dict[str, Any], error
     """Keep the failed attempt; recording is best-effort and never hides the stage's own error."""
     try:
         store.record_failure(staging, manifest, error)
-    except Exception as exc:  # noqa: BLE001 - e.g. a full disk while recording: say so, keep the real error
-        log.error("could not record the failed attempt of %s (%s); the stage's error was: %s", manifest["stage"], exc, error)
+    except Exception as exc:  # noqa: BLE001 - e.g. a read-only store or a full disk: keep the record elsewhere, keep the real error
+        kept = _record_elsewhere(manifest, error)
+        log.error("could not record the failed attempt of %s in the store (%s); %s; the stage's error was: %s", manifest["stage"],
+                  str(exc)[:200], f"recorded in {kept} instead" if kept else "not recorded anywhere", error)
+
+
+def _record_elsewhere(manifest: dict[str, Any], error: str) -> str | None:
+    """A failed attempt the store could not take, kept in the user's cache (`$REGIMEN_CACHE/unrecorded`)."""
+    import uuid
+
+    try:
+        base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "unrecorded"
+        base.mkdir(parents=True, exist_ok=True)
+        path = base / f"{manifest.get('experiment')}-{manifest['stage']}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}.json"
+        path.write_text(json.dumps({**manifest, "status": "failed", "error": error, "failed_at": now_iso()}, indent=1, default=str))
+        return str(path)
+    except OSError:
+        return None
 
 
 def _launch(stage: str, module, recipe, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:

@@ -68,7 +68,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from trl import SFTTrainer
 
     from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training import progress, trajectories
+    from regimen.stages.training import limits, progress, trajectories
     from regimen.stages.recipe.trl import device_for, for_stage
     from regimen.stages.training.checkpoints import MarkComplete, train_resumable
     from regimen.stages.training.heldout import heldout_eval
@@ -86,7 +86,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     model = load_model(policy, dtype=recipe.model.dtype)
     args = for_stage(recipe, "sft", dirs.checkpoints)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(as_sft_rows(rows)), processing_class=tokenizer,
-                         peft_config=peft_config(recipe), callbacks=[MarkComplete()])
+                         peft_config=peft_config(recipe), callbacks=[MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)])
     progress.quiet(trainer, NAME)
     resumed = train_resumable(trainer, dirs.checkpoints, args.max_steps)
     model = save_policy(trainer, tokenizer, Path(dirs.out) / "model", merge=recipe.model.merge_lora)

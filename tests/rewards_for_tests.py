@@ -25,3 +25,11 @@ def raising_reward(prompts, completions, **_):
 
 def inf_reward(prompts, completions, **_):
     return [0.0] * (len(completions) - 1) + [math.inf]
+
+
+def string_in_training(prompts, completions, **_):
+    """Numbers at the preflight and the dry run; a string once a Trainer calls it (a bug that shows late)."""
+    import inspect
+
+    training = any("trainer" in (frame.filename or "").lower() for frame in inspect.stack(0))
+    return ["0.5" if training else 0.5 for _ in completions]

@@ -43,8 +43,10 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             detail.append("malformed manifest(s): " + ", ".join(malformed))
         if state in ("failed", "interrupted") and last_fail:
             detail.append(str(last_fail.get("error", ""))[:160])
-        if running and running.get("stale"):
-            detail.append(f"interrupted run (pid {running.get('pid')} gone)")
+        if running and running.get("malformed"):
+            detail.append(f"damaged running marker ({running['malformed']})")
+        elif running and running.get("stale"):
+            detail.append(f"interrupted run (pid {running.get('pid')} is gone, or is another process now)")
         for step, _ckpt in ckpts:
             detail.append(f"has checkpoint at step {step}")
         if stage == registry.judge() and latest and (v := verdicts.get(latest["version"])):

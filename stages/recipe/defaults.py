@@ -65,8 +65,55 @@ def trl_default(section: str, key: str) -> Any:
     return None
 
 
+INT64 = 2**63
+SEED_MAX = 2**32 - 1
+# (low, high, low inclusive): the values a number may take, for TRL fields where TRL's own checks come too
+# late (training fails after SFT and the dry run wrote versions) or not at all (a run that never ends).
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "learning_rate": (0, 10, False), "beta": (0, 1e4, False), "temperature": (0, 100, False), "top_p": (0, 1, False),
+    "top_k": (0, 1e9, True), "min_p": (0, 1, True), "repetition_penalty": (0, 100, False), "epsilon": (0, 100, True),
+    "epsilon_high": (0, 100, True), "delta": (0, 1e6, False), "weight_decay": (0, 100, True), "max_grad_norm": (0, 1e9, True),
+    "warmup_ratio": (0, 1, True), "warmup_steps": (0, 1e9, True), "seed": (0, SEED_MAX, True), "data_seed": (0, SEED_MAX, True),
+    "max_steps": (-1, 1e9, True), "num_train_epochs": (0, 1e6, False), "per_device_train_batch_size": (1, 2**20, True),
+    "per_device_eval_batch_size": (1, 2**20, True), "gradient_accumulation_steps": (1, 1e6, True), "num_generations": (2, 1e4, True),
+    "max_completion_length": (1, 1e7, True), "max_length": (1, 1e7, True), "max_prompt_length": (1, 1e7, True),
+    "save_steps": (0, 1e9, False), "logging_steps": (0, 1e9, False), "eval_steps": (0, 1e9, False), "save_total_limit": (2, 1e6, True),
+    "steps_per_generation": (1, 1e6, True), "generation_batch_size": (1, 2**24, True), "num_iterations": (1, 1e4, True),
+    "adam_beta1": (0, 1, True), "adam_beta2": (0, 1, True), "adam_epsilon": (0, 1, False),
+}
+"""Besides: every number is finite, every whole number fits in 64 bits, and the worker processes a run may
+start (`dataset_num_proc`, `dataloader_num_workers`) fit in this machine's CPUs."""
+PROCESSES = ("dataset_num_proc", "dataloader_num_workers")
+WHY = {"beta": ": Regimen's GRPO stage always trains with a KL penalty that limits drift",
+       "temperature": ": sampling at temperature 0 or below is not sampling (GRPO needs varied attempts)"}
+
+
+def check_number(section: str, key: str, value: Any) -> None:
+    """A TRL number the door accepts (see BOUNDS); raises ValueError naming the field."""
+    import math
+    import os
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{section}.{key}: must be a finite number (got {value!r})")
+    if isinstance(value, int) and not -INT64 <= value < INT64:
+        raise ValueError(f"{section}.{key}: {value} does not fit in 64 bits")
+    if key in PROCESSES:
+        cpus = os.cpu_count() or 1
+        if not 0 <= value <= cpus:
+            raise ValueError(f"{section}.{key}: at most {cpus} (this machine's CPUs: a run stays inside its compute slot; got {value})")
+    if key in BOUNDS:
+        low, high, inclusive = BOUNDS[key]
+        if not (low <= value if inclusive else low < value) or value > high:
+            lower = f">= {low:g}" if inclusive else f"> {low:g}"
+            why = WHY.get(key, "")
+            raise ValueError(f"{section}.{key}: must be {lower} and <= {high:g} (got {value!r}){why}")
+
+
 def coerce(section: str, values: dict[str, Any], fields: dict[str, dataclasses.Field], class_name: str) -> dict[str, Any]:
-    """Check names against the dataclass and values against its field types (YAML gives strings and ints)."""
+    """Check names against the dataclass and values against its field types (YAML gives strings and ints)
+    and the door's bounds (`check_number`)."""
     out = {}
     for key, value in values.items():
         if key in RESERVED:
@@ -92,6 +139,7 @@ def coerce(section: str, values: dict[str, Any], fields: dict[str, dataclasses.F
             raise ValueError(f"{section}.{key}: {msg} (got {value!r})") from None
         except Exception:  # a type pydantic cannot build a validator for: let TRL judge it
             out[key] = value
+        check_number(section, key, out[key])
     return out
 
 

@@ -15,18 +15,18 @@ from regimen.stages.tasks import registry as tasks
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN and infinities refused at the door
 
 
 class TinyModel(Section):
     """The embedded model's shape (used when `model.name_or_path: tiny`): a tiny Llama, ~0.5M params."""
 
-    hidden_size: int = Field(128, gt=0)
-    intermediate_size: int = Field(512, gt=0)
-    num_hidden_layers: int = Field(2, gt=0)
-    num_attention_heads: int = Field(4, gt=0)
-    max_position_embeddings: int = Field(64, gt=8)
-    seed: int = 0
+    hidden_size: int = Field(128, gt=0, le=65536)
+    intermediate_size: int = Field(512, gt=0, le=262144)
+    num_hidden_layers: int = Field(2, gt=0, le=512)
+    num_attention_heads: int = Field(4, gt=0, le=1024)
+    max_position_embeddings: int = Field(64, gt=8, le=1 << 20)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
 
 
 def looks_like_path(v: str) -> bool:
@@ -69,10 +69,10 @@ class TeacherSection(Section):
 
     kind: Literal["oracle", "weak", "model", "self", "none"] = "oracle"
     name_or_path: str | None = None
-    samples_per_prompt: int = Field(4, ge=1, description="model/self: completions generated per prompt")
-    min_reward: float = Field(1.0, description="model/self: keep a trace only when its total reward is at least this")
-    temperature: float = Field(1.0, gt=0)
-    max_prompts: int | None = Field(None, gt=0, description="traces for at most this many training prompts (a cycle's fresh draw; default: all)")
+    samples_per_prompt: int = Field(4, ge=1, le=1024, description="model/self: completions generated per prompt")
+    min_reward: float = Field(1.0, ge=-1e9, le=1e9, description="model/self: keep a trace only when its total reward is at least this")
+    temperature: float = Field(1.0, gt=0, le=100)
+    max_prompts: int | None = Field(None, gt=0, le=10**9, description="traces for at most this many training prompts (a cycle's fresh draw; default: all)")
 
     @model_validator(mode="after")
     def _needs_model(self) -> TeacherSection:
@@ -85,7 +85,7 @@ class TeacherSection(Section):
 
 class RewardSpec(Section):
     name: str = Field(description="a registered reward (answer, format, unit_tests, ...) or 'pkg.module:function'")
-    weight: float = Field(1.0, ge=0, description="0 makes it a monitor: computed and logged, never trained on")
+    weight: float = Field(1.0, ge=0, le=1e6, description="0 makes it a monitor: computed and logged, never trained on")
     pattern: str | None = Field(None, description="format: the regex the whole completion must match")
     args: dict[str, Any] = Field({}, description="options of a configurable reward, e.g. unit_tests: {timeout_s: 5}")
 
@@ -101,50 +101,61 @@ class RewardSpec(Section):
 class DryRunSection(Section):
     """The gate before RL: sample the policy, score it, and stop when GRPO could learn nothing."""
 
-    num_prompts: int = Field(32, gt=0, description="prompts sampled, num_generations completions each")
-    min_mean_reward: float = Field(0.05, description="below this the task is hopeless for this policy")
-    max_mean_reward: float = Field(0.95, description="above this the task is trivial: nothing left to learn")
+    num_prompts: int = Field(32, gt=0, le=10**6, description="prompts sampled, num_generations completions each")
+    min_mean_reward: float = Field(0.05, ge=-1e9, le=1e9, description="below this the task is hopeless for this policy")
+    max_mean_reward: float = Field(0.95, ge=-1e9, le=1e9, description="above this the task is trivial: nothing left to learn")
     max_frac_zero_std: float = Field(0.8, ge=0, le=1, description="most groups without variance teach nothing")
 
 
 class SmokeSection(Section):
     """A few GRPO steps with the full recipe: some step must show reward variation and finite loss."""
 
-    max_steps: int = Field(4, gt=0)
+    max_steps: int = Field(4, gt=0, le=10**5)
 
 
 class ProbeSection(Section):
     """The held-out probe inside GRPO: greedy accuracy on a small held-out sample every `steps` steps, which
     the reward-hacking guard watches during training and which picks the checkpoint the version keeps."""
 
-    steps: int = Field(50, ge=0, description="probe every this many GRPO steps (0: no probe, the guard speaks after the round)")
-    prompts: int = Field(64, gt=0, description="held-out prompts per probe (greedy)")
+    steps: int = Field(50, ge=0, le=10**9, description="probe every this many GRPO steps (0: no probe, the guard speaks after the round)")
+    prompts: int = Field(64, gt=0, le=10**6, description="held-out prompts per probe (greedy)")
     keep: Literal["best", "last"] = Field("best", description="the GRPO version holds the best-probing checkpoint, or the last")
 
 
 class EvalSection(Section):
-    batch_size: int = Field(64, gt=0, description="held-out prompts per generate() call (greedy)")
-    max_new_tokens: int | None = Field(None, gt=0, description="default: grpo.max_completion_length as resolved")
-    trajectories: int = Field(50, ge=0, description="held-out samples written to trajectories.jsonl")
+    batch_size: int = Field(64, gt=0, le=1 << 20, description="held-out prompts per generate() call (greedy)")
+    max_new_tokens: int | None = Field(None, gt=0, le=10**7, description="default: grpo.max_completion_length as resolved")
+    trajectories: int = Field(50, ge=0, le=10**6, description="held-out samples written to trajectories.jsonl")
     metric: str = Field("exact_match", description="'exact_match' against the `answer` column, or a reward name (1.0 counts as correct)")
 
 
 class GuardSection(Section):
     """Reward-hacking guard: training reward rose, held-out accuracy did not."""
 
-    train_rise: float = Field(0.2, description="a rise of the training reward at least this large ...")
-    heldout_gain: float = Field(0.02, description="... with held-out accuracy gaining less than this is suspicious")
+    train_rise: float = Field(0.2, ge=-1e9, le=1e9, description="a rise of the training reward at least this large ...")
+    heldout_gain: float = Field(0.02, ge=-1, le=1, description="... with held-out accuracy gaining less than this is suspicious")
     action: Literal["stop", "warn"] = "stop"
 
 
 class CycleSection(Section):
-    max_cycles: int = Field(1, ge=1, description="SFT → ... → eval cycles at most")
-    max_rounds: int = Field(1, ge=1, description="GRPO rounds (each followed by eval) per cycle at most")
-    target: float = Field(0.95, description="held-out accuracy that ends the flow")
-    min_delta: float = Field(0.02, ge=0, description="held-out gain that counts as progress")
-    patience: int = Field(1, ge=1, description="evaluations without progress before going back to SFT")
+    max_cycles: int = Field(1, ge=1, le=1000, description="SFT → ... → eval cycles at most")
+    max_rounds: int = Field(1, ge=1, le=1000, description="GRPO rounds (each followed by eval) per cycle at most")
+    target: float = Field(0.95, ge=0, le=1, description="held-out accuracy that ends the flow")
+    min_delta: float = Field(0.02, ge=0, le=1, description="held-out gain that counts as progress")
+    patience: int = Field(1, ge=1, le=1000, description="evaluations without progress before going back to SFT")
     start_from: Literal["base", "latest"] = Field("base", description="cycle 1 starts from the base model or the latest good policy")
     guard: GuardSection = GuardSection()
+
+
+class LimitsSection(Section):
+    """An operator's ceilings on one run. `regimen serve --max-steps/--max-checkpoints/--max-hours/--max-disk-gb`
+    sets them for every run it serves (a UI run cannot raise them: `limits.*` is not on the allow-list).
+    They do not enter fingerprints: they refuse or stop a run, they never change what it computes."""
+
+    max_steps: int | None = Field(None, ge=1, le=10**9, description="a training stage's max_steps at most (epoch-based training refused)")
+    max_checkpoints: int | None = Field(None, ge=2, le=10**6, description="checkpoints a training stage keeps at most (its save_total_limit)")
+    max_hours: float | None = Field(None, gt=0, le=10**5, description="wall time of the run: training stops past it")
+    max_disk_gb: float | None = Field(None, gt=0, le=10**7, description="the experiment folder's size: training stops past it at a save")
 
 
 ACCELERATE_FLAGS = {
@@ -156,7 +167,7 @@ ACCELERATE_FLAGS = {
 
 
 class AccelerateSection(Section):
-    num_processes: int = Field(2, ge=1)
+    num_processes: int = Field(2, ge=1, le=4096)
     config_file: str | None = None
     main_process_port: int = Field(0, ge=0, le=65535)
     extra_args: list[str] = Field([], description="more `accelerate launch` options (only known ones: no program or script)")
@@ -202,6 +213,7 @@ class Recipe(Section):
     store: str = "artifacts"
     launcher: Literal["inprocess", "accelerate"] = "inprocess"
     accelerate: AccelerateSection = AccelerateSection()
+    limits: LimitsSection = LimitsSection()
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)  # what the recipe itself set (for `regimen check`)
 
     @field_validator("sft")
@@ -238,9 +250,25 @@ class Recipe(Section):
             raise ValueError("rewards: every reward has weight 0 (monitors only); at least one must train (weight > 0)")
         if self.eval.metric != "exact_match" and self.eval.metric not in names:
             raise ValueError(f"eval.metric {self.eval.metric!r} must be 'exact_match' or one of the recipe's rewards: {', '.join(names)}")
+        self._within_limits()
         if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
             raise ValueError(f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none")
         return self
+
+    def _within_limits(self) -> None:
+        """A recipe asking for more than `limits` allows is refused, naming the field and the limit."""
+        lim = self.limits
+        sections = {"sft": self.sft, "grpo": self.grpo, "smoke": {"max_steps": self.smoke.max_steps}}
+        for section, values in sections.items():
+            if section == "sft" and not self.trains_sft():
+                continue
+            steps = values.get("max_steps", -1)  # TRL's default: train by epochs
+            if lim.max_steps is not None and steps is not None and not 0 < steps <= lim.max_steps:
+                why = "training by epochs (max_steps -1) is not bounded" if steps <= 0 else f"{steps} asked"
+                raise ValueError(f"{section}.max_steps: at most {lim.max_steps} (limits.max_steps, the operator's limit); {why}")
+            kept = values.get("save_total_limit")
+            if lim.max_checkpoints is not None and kept is not None and kept > lim.max_checkpoints:
+                raise ValueError(f"{section}.save_total_limit: at most {lim.max_checkpoints} (limits.max_checkpoints, the operator's limit); {kept} asked")
 
     # -- resolved values ----------------------------------------------------------------------
     def grpo_value(self, key: str) -> Any:

@@ -94,6 +94,9 @@ def for_stage(recipe, section: str, output_dir, **changes: Any):
     else:
         built = copy.copy(config(recipe, section))
     built.output_dir = str(output_dir)
+    cap = recipe.limits.max_checkpoints  # the operator's ceiling (the door refused a recipe asking for more)
+    if cap is not None and (built.save_total_limit is None or built.save_total_limit > cap):
+        built.save_total_limit = cap
     return built
 
 

@@ -31,7 +31,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from regimen.stages.errors import InputError, StoreError
-from regimen.stages.store import files
+from regimen.stages.store import files, schemas
 from regimen.stages.store.lock import ExperimentBusy, file_lock, lease
 
 __all__ = ["Store", "ExperimentBusy", "MANIFEST", "now_iso", "sha256_file", "check_name"]
@@ -39,7 +39,6 @@ __all__ = ["Store", "ExperimentBusy", "MANIFEST", "now_iso", "sha256_file", "che
 MANIFEST = "manifest.json"
 _VERSION = re.compile(r"^v(\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_REQUIRED = {"experiment": str, "stage": str, "version": int, "fingerprint": str, "files": dict, "status": str}
 
 
 _LOST: dict[tuple[str, str], threading.Event] = {}
@@ -85,8 +84,21 @@ def _stats(root: Path) -> tuple[dict[str, str], dict[str, list[int]]]:
     return digests, stats
 
 
+def _process_started(pid: int) -> float | None:
+    """When process `pid` started (psutil), or None when there is no such process."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError, OverflowError):
+        return None
+    except psutil.AccessDenied:
+        return 0.0
+
+
 def well_formed(manifest: Any) -> bool:
-    return isinstance(manifest, dict) and all(isinstance(manifest.get(k), t) and not isinstance(manifest.get(k), bool) for k, t in _REQUIRED.items())
+    """A manifest of the shape the store writes (`schemas.Manifest`): anything else is damaged."""
+    return schemas.parse(schemas.Manifest, manifest) is not None
 
 
 class Store:
@@ -148,6 +160,7 @@ class Store:
                 raise StoreError(f"{d} belongs to another user; refusing to resume from files someone else wrote (remove it)")
         except OSError as exc:
             raise StoreError(f"cannot secure {d}: {files.describe_os_error(exc, d)}") from None
+        files.check_tree_no_links(d)  # a planted `checkpoint-N` link would take the Trainer's writes elsewhere
         return d
 
     def experiment_dir(self, experiment: str, *sub: str) -> Path:
@@ -363,7 +376,7 @@ class Store:
 
     def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
         entries = sorted(self._entries(self.join(check_name(experiment), stage, "failed")))
-        return [r for e in entries if isinstance(r := self._read_json(f"{e}/error.json"), dict)]
+        return [r for e in entries if schemas.parse(schemas.Failure, r := self._read_json(f"{e}/error.json")) is not None]
 
     # -- the cycle's verdicts ----------------------------------------------------------------
     def record_decision(self, experiment: str, record: dict[str, Any]) -> str:
@@ -382,7 +395,7 @@ class Store:
     def decisions(self, experiment: str) -> list[dict[str, Any]]:
         """Every recorded verdict, oldest first."""
         entries = sorted(self._entries(self.join(check_name(experiment), "decisions")))
-        return [r for e in entries if e.endswith(".json") and isinstance(r := self._read_json(e), dict)]
+        return [r for e in entries if e.endswith(".json") and schemas.parse(schemas.Verdict, r := self._read_json(e)) is not None]
 
     def verdicts_by_eval(self, experiment: str) -> dict[int, dict[str, Any]]:
         """The newest verdict recorded for each eval version."""
@@ -399,26 +412,25 @@ class Store:
     @contextmanager
     def running(self, experiment: str, stage: str, info: dict[str, Any]) -> Iterator[None]:
         marker = self._running_file(experiment, stage)
-        files.write_text(self.cache, marker, json.dumps({**info, "pid": os.getpid(), "since": now_iso()}))
-        try:
+        files.write_text(self.cache, marker, json.dumps({**info, "pid": os.getpid(), "since": now_iso(), "pid_started": _process_started(os.getpid())}))
+        with files.removed_after(self.cache, marker):
             yield
-        finally:
-            files.unlink(self.cache, marker)
 
     def running_info(self, experiment: str, stage: str) -> dict[str, Any] | None:
+        """The stage's running marker: None when there is none; `stale` when its process is gone (or the
+        pid now belongs to another process), or the file is not a marker's shape (`malformed` says why)."""
         marker = self.cache / check_name(experiment) / stage / "running.json"
         try:
             info = json.loads(files.read_text(self.cache, marker))
-        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, StoreError, OSError):
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        if not isinstance(info, dict):
-            return None
-        try:
-            os.kill(int(info["pid"]), 0)
-        except (ProcessLookupError, ValueError, KeyError, TypeError):
+        except (json.JSONDecodeError, StoreError, OSError, ValueError) as exc:
+            return {"stale": True, "malformed": f"{marker}: unreadable ({str(exc)[:80]})"}
+        if (why := schemas.problem(schemas.Running, info)) is not None:
+            return {"stale": True, "malformed": f"{marker}: {why}"}
+        started = _process_started(info["pid"])
+        if started is None or (started and info.get("pid_started") is not None and abs(started - info["pid_started"]) > 1.0):
             return {**info, "stale": True}
-        except PermissionError:
-            pass
         return info
 
     def _sweep_staging(self, experiment: str) -> None:

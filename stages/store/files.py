@@ -13,9 +13,12 @@ stdlib calls (`os.open` flags, `os.replace`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from regimen.stages.errors import StoreError
@@ -48,6 +51,16 @@ def check_no_links(root: Path, path: Path) -> None:
         current = current / part
         if current.is_symlink():
             raise StoreError(f"{current} is a symbolic link inside the store; the store never follows links it did not make (remove it)")
+
+
+def check_tree_no_links(path: Path) -> None:
+    """Refuse a folder holding a symbolic link anywhere below it (a link the store did not make: training
+    would write or read through it)."""
+    for dirpath, dirs, names in os.walk(path, followlinks=False):
+        for name in (*dirs, *names):
+            found = Path(dirpath) / name
+            if found.is_symlink():
+                raise StoreError(f"{found} is a symbolic link inside the store; the store never writes or reads through links it did not make (remove it)")
 
 
 def ensure_dir(root: Path, path: Path) -> Path:
@@ -101,6 +114,21 @@ def read_text(root: Path, path: Path) -> str:
         raise
     with os.fdopen(fd, encoding="utf-8") as fh:
         return fh.read()
+
+
+@contextlib.contextmanager
+def removed_after(root: Path, path: Path) -> Iterator[None]:
+    """Remove `path` when the block ends; when the block failed, a failure to remove it is logged, never
+    raised: the block's own error is the one the user sees (a read-only store fails both)."""
+    try:
+        yield
+    except BaseException:
+        try:
+            unlink(root, path)
+        except OSError as exc:
+            logging.getLogger("regimen.store").warning("could not remove %s: %s", path, describe_os_error(exc, path))
+        raise
+    unlink(root, path)
 
 
 def unlink(root: Path, path: Path) -> None:

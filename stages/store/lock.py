@@ -73,9 +73,9 @@ def file_lock(root: Path, path: Path, *, experiment: str, url: str) -> Iterator[
         raise _busy(experiment, url, holder) from None
     try:
         files.write_text(root, owner_file, _owner())
-        yield
+        with files.removed_after(root, owner_file):  # the run's own error wins over a failed clean-up
+            yield
     finally:
-        files.unlink(root, owner_file)
         lock.release()
 
 

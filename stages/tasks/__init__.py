@@ -31,10 +31,10 @@ MAX_ROW_BYTES = 1 << 20
 class TaskOptions(BaseModel):
     """Fields every task's `data:` section has."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    seed: int = Field(0, description="seed of generated data and of held-out splits")
-    max_prompt_chars: int = Field(8000, gt=0, description="a longer prompt is refused (it would cost memory, not teach)")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of generated data and of held-out splits")
+    max_prompt_chars: int = Field(8000, gt=0, le=10**7, description="a longer prompt is refused (it would cost memory, not teach)")
 
 
 @dataclass

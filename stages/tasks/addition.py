@@ -16,9 +16,9 @@ NAME = "addition"
 
 class Options(TaskOptions):
     task: Literal["addition"] = "addition"
-    train_size: int = Field(9000, gt=0, description="distinct training problems")
-    heldout_size: int = Field(200, gt=0, description="distinct held-out problems (never trained on)")
-    max_operand: int = Field(99, gt=0, description="operands are drawn from 0..max_operand")
+    train_size: int = Field(9000, gt=0, le=10**8, description="distinct training problems")
+    heldout_size: int = Field(200, gt=0, le=10**8, description="distinct held-out problems (never trained on)")
+    max_operand: int = Field(99, gt=0, le=10**6, description="operands are drawn from 0..max_operand")
 
     @model_validator(mode="after")
     def _fits(self) -> Options:

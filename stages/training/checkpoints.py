@@ -19,12 +19,26 @@ _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
 class MarkComplete(TrainerCallback):
-    """Write the marker after each save (on_save runs once the checkpoint is fully written)."""
+    """Write the marker after each save (on_save runs once the checkpoint is fully written). Before a
+    save, the checkpoint's folder must not be a link (planted in the work folder while training: the
+    Trainer would write through it); after it, nothing in it may be one."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if ckpt.is_symlink():
+                from regimen.stages.errors import StoreError
+
+                raise StoreError(f"{ckpt} is a symbolic link inside the store; the store never writes through links it did not make (remove it)")
+        return control
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if ckpt.is_dir():
+                from regimen.stages.store.files import check_tree_no_links
+
+                check_tree_no_links(ckpt)
                 (ckpt / MARKER).write_text(json.dumps({"step": state.global_step}))
         return control
 

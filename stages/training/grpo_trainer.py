@@ -66,6 +66,7 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     from regimen.stages.recipe.trl import for_stage
     from regimen.stages.rewards import from_specs
     from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training import limits
     from regimen.stages.training.checkpoints import MarkComplete
     from regimen.stages.training.model import load_tokenizer
     from regimen.stages.training.policy import peft_config
@@ -80,7 +81,7 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
         train_dataset=Dataset.from_list(task.train),
         processing_class=load_tokenizer(policy),
         peft_config=peft_config(recipe),
-        callbacks=[MarkComplete(), StepCounter(recorder), Clock(), FaultInjection(stage), *(callbacks or [])],
+        callbacks=[MarkComplete(), StepCounter(recorder), Clock(), FaultInjection(stage), *limits.callbacks(recipe, output_dir), *(callbacks or [])],
     )
     return progress.quiet(trainer, stage), fns
 

@@ -54,8 +54,8 @@ def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out_dir = Path(out_dir)
-    if (out_dir / "config.json").exists():
-        return out_dir
+    if out_dir.is_symlink() or (out_dir / "config.json").exists():
+        return check_built(out_dir)
     tokenizer = build_char_tokenizer()
     torch.manual_seed(int(spec.get("seed", 0)))
     config = LlamaConfig(
@@ -77,9 +77,17 @@ def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
     staging = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "regimen_tiny_spec.json").write_text(json.dumps(spec, sort_keys=True, indent=1))
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            (staging / "regimen_tiny_spec.json").write_text(json.dumps(spec, sort_keys=True, indent=1))
+            (staging / DIGEST).write_text(json.dumps({"files": _file_digests(staging)}, indent=1))
+        except Exception as exc:  # safetensors reports a full disk as its own error, without the path
+            free = shutil.disk_usage(out_dir.parent).free
+            from regimen.stages.errors import StoreError
+
+            raise StoreError(f"could not write the base model to {staging}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                             + (f" (no space left on the device holding {out_dir.parent}: {free / 2**20:.1f} MiB free)" if free < 64 * 2**20 else "")) from None
         try:
             os.rename(staging, out_dir)
         except OSError:  # another process built it first
@@ -87,6 +95,35 @@ def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+DIGEST = "regimen_digest.json"
+"""Beside a built base model: each file's sha256, checked before every use (`check_built`)."""
+
+
+def _file_digests(folder: Path) -> dict[str, str]:
+    from regimen.stages.fingerprint import file_digest
+
+    return {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != DIGEST}
+
+
+def check_built(out_dir: Path) -> Path:
+    """A built base model, as built: no link the store did not make (the folder or anything in it), and
+    every file matching the digest written when it was built. Raises StoreError naming the path."""
+    from regimen.stages.errors import StoreError
+    from regimen.stages.store.files import check_tree_no_links
+
+    if out_dir.is_symlink():
+        raise StoreError(f"{out_dir} is a symbolic link inside the store; the base model is never read through a link the store did not make (remove it: it is rebuilt)")
+    check_tree_no_links(out_dir)
+    try:
+        recorded = json.loads((out_dir / DIGEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = None
+    if recorded != _file_digests(out_dir):
+        raise StoreError(f"{out_dir}: the base model's files do not match the digest recorded when it was built "
+                         f"({'no readable ' + DIGEST if recorded is None else 'changed since'}); remove the folder: it is rebuilt")
     return out_dir
 
 

@@ -71,7 +71,14 @@ class Recorder:
         recorder = self
 
         def wrapped(prompts, completions, **kwargs):
-            values = fn(prompts=prompts, completions=completions, **kwargs)
+            from regimen.stages.errors import InputError
+            from regimen.stages.rewards.registry import check_values
+
+            # at every step, not only at the preflight: a bad value names the reward, the row and the value
+            try:
+                values = check_values(name, fn(prompts=prompts, completions=completions, **kwargs), len(completions))
+            except InputError as exc:
+                raise InputError(f"{exc} (at training step {max(recorder.step, 1)})") from None
             recorder._add(name, prompts, completions, values, kwargs)
             return values
 
