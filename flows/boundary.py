@@ -173,12 +173,13 @@ def check_deployment() -> str | None:
     if not registered:
         return None
     from prefect import get_client
-    from prefect.runtime import deployment
+    from prefect.context import FlowRunContext
 
-    deployment_id = deployment.id
+    ctx = FlowRunContext.get()
+    deployment_id = ctx.flow_run.deployment_id if ctx is not None and ctx.flow_run is not None else None
     digests = json.loads(registered)
-    if not deployment_id:
-        return None
+    if not deployment_id:  # serve's processes run only its deployments' runs: one it cannot place is refused
+        return "this run names no deployment, in a process `regimen serve` started for its deployments"
     if str(deployment_id) not in digests:
         return f"deployment {deployment_id} is not one `regimen serve` registered"
     with get_client(sync_client=True) as client:

@@ -108,6 +108,9 @@ def run(
         from regimen.flows.cycle import RunResult, regimen_cycle_recipe
 
         api_ready()
+        from regimen.flows import orchestrator
+
+        orchestrator.on_finish_while_down(lambda outcome: _present_and_say(outcome, started))
         with terminal(console, verbose=verbose):
             console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
             state = regimen_cycle_recipe(recipe, return_state=True)
@@ -120,6 +123,15 @@ def run(
         error = InputError(outcome.message or "bad input") if outcome.exit_code == 2 else RegimenError(outcome.message or state.message or "the run stopped")
         error.exit_code = outcome.exit_code
         raise error
+
+
+def _present_and_say(outcome, started: float) -> None:
+    """The run's table and its last line, as `main` prints them (for a run ending while Prefect's API is down)."""
+    _print_run(outcome, started)
+    if outcome.exit_code == 2:
+        err.print(f"error: {outcome.message}", markup=False, highlight=False)
+    elif outcome.exit_code:
+        err.print(f"{'interrupted' if outcome.exit_code in (130, 143) else 'stopped'}: {outcome.message}", markup=False, highlight=False)
 
 
 def _flush_prefect_logs() -> None:

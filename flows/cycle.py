@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,11 +144,12 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
 
 def _tampered_event(reason: str) -> None:
     """`regimen.deployment.tampered`, for an operator's automation (Prefect's event feed keeps it)."""
+    from prefect.context import FlowRunContext
     from prefect.events import emit_event
-    from prefect.runtime import deployment, flow_run
 
-    emit_event(event="regimen.deployment.tampered", resource={"prefect.resource.id": f"prefect.deployment.{deployment.id}"},
-               related=[{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}", "prefect.resource.role": "flow-run"}], payload={"reason": reason})
+    run = FlowRunContext.get().flow_run
+    emit_event(event="regimen.deployment.tampered", resource={"prefect.resource.id": f"prefect.deployment.{run.deployment_id}"},
+               related=[{"prefect.resource.id": f"prefect.flow-run.{run.id}", "prefect.resource.role": "flow-run"}], payload={"reason": reason})
 
 
 @flow(name="regimen-cycle", validate_parameters=False, persist_result=False)
@@ -168,6 +170,17 @@ def run_cycles(recipe: Recipe):
     """The cycles under the experiment's lock, with one Store for the whole run. Returns a RunResult; a run
     that a gate, the guard, a stage or the store stopped ends as Failed, an interrupted one (Ctrl-C,
     SIGTERM, a cancel) as Cancelled, each with its message and the RunResult as the state's data."""
+    from regimen.flows import orchestrator
+
+    orchestrator.watch()
+    outcome = _run_cycles(recipe)
+    result = outcome.data if hasattr(outcome, "data") and isinstance(outcome.data, RunResult) else outcome
+    if isinstance(result, RunResult):
+        orchestrator.finish(result)
+    return outcome
+
+
+def _run_cycles(recipe: Recipe):
     results: list[dict[str, Any]] = []
     presenter = Presenter()
     try:
@@ -183,13 +196,14 @@ def run_cycles(recipe: Recipe):
             finally:
                 if results:
                     presenter.submit(publish_report, run.store, recipe)
-                presenter.close()  # what is still queued is published before the run ends
+                interrupted = isinstance(sys.exc_info()[1], StageInterrupted)  # a person asked to stop: not long
+                presenter.close(patience=5.0 if interrupted else None)  # what is still queued is published before the run ends
     except StageInterrupted as exc:
         return Cancelled(message=str(exc), data=RunResult(results, exc.exit_code, str(exc), exc.stage, type(exc).__name__))
     except RegimenError as exc:  # a gate, the guard, a stage, the store, the lock; bad input found at preflight
         return Failed(message=str(exc), data=RunResult(results, exc.exit_code, str(exc), getattr(exc, "stage", None), type(exc).__name__))
     finally:
-        presenter.close()
+        presenter.close(patience=5.0)  # closed above unless the run stopped before taking the lock
     return RunResult(results)
 
 

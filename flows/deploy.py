@@ -230,7 +230,7 @@ async def _serve(options: dict[str, dict[str, Any]]) -> None:
             os.environ["REGIMEN_DEPLOYMENT_FIELDS"] = json.dumps({k: v[1] for k, v in digests.items()})
             await runner.start()
             return
-        except (OSError, RuntimeError) as exc:  # the API went away (the runner's "Service exceeded error threshold", a refused connection)
+        except Exception as exc:  # noqa: BLE001 - the API went away (a refused connection, the runner's "Service exceeded error threshold"); else re-raised
             if not _api_unreachable(exc):
                 raise
             log.warning("Prefect's API is unreachable (%s): serve waits for it to come back, then registers again", str(exc)[:200])

@@ -15,6 +15,7 @@ import contextvars
 import logging
 import re
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +39,7 @@ class Presenter:
         self.pending: list[Future] = []
         self.latest: dict[str, tuple[Callable[..., Any], tuple, dict]] = {}
         self.lock = threading.Lock()
+        self.closed = False
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Run `fn` on the publishing thread, in the caller's context (Prefect's run context: artifacts are
@@ -62,14 +64,45 @@ class Presenter:
 
     @staticmethod
     def _guarded(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        from regimen.flows import orchestrator
+
+        if orchestrator.down():  # nobody to publish to: the store keeps the results, the warning was said once
+            return
         try:
             fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - presentation never fails a run
+            if orchestrator.down():
+                return  # said once, by the orchestrator's watch
             log.warning("could not publish %s: %s", getattr(fn, "__name__", "an artifact"), str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
 
-    def close(self) -> None:
-        """Wait for everything queued, then stop the thread."""
-        self.pool.shutdown(wait=True)
+    def close(self, patience: float | None = None) -> None:
+        """Wait for what is queued, then stop the thread. Not while Prefect's API is down (what is queued is
+        dropped; a call stuck in the client's retries is left to the exit), and not past `patience`
+        seconds when given (an interrupted run: the person asked to stop)."""
+        from concurrent.futures import wait
+
+        from regimen.flows import orchestrator
+
+        if self.closed:
+            return
+        self.closed = True
+        self.pool.shutdown(wait=False)
+        deadline = None if patience is None else time.monotonic() + patience
+        while True:
+            with self.lock:
+                pending = [f for f in self.pending if not f.done()]
+            if not pending:
+                return
+            if orchestrator.down() or (deadline is not None and time.monotonic() > deadline):
+                break
+            done, _ = wait(pending, timeout=2.0)
+            if not done and not orchestrator.answers(timeout=2.0):  # stuck in the client's retries: the API is gone
+                orchestrator.mark_down()
+                break
+        for f in pending:
+            f.cancel()
+        if left := sum(not f.done() for f in pending):
+            log.warning("%d artifact(s) for Prefect's UI left unpublished (the store has the results)", left)
 
 
 def artifact_key(*parts: str) -> str:
