@@ -7,8 +7,8 @@ terminal full of "Error logging to API" and "EventsWorker failed" tracebacks, an
 minutes to end the process. Nothing Prefect offers switches that off at run time, so this module (written
 here for that reason; it uses only public APIs: logging filters, an HTTP health check, daemon threads):
 
-- `watch()` starts a daemon thread that asks the API's `/health` every few seconds; while it does not
-  answer, `down()` is true, one warning says so (and one line when it answers again);
+- `watching()`, around a run, keeps a daemon thread asking the API's `/health` every few seconds; while it
+  does not answer, `down()` is true, one warning says so (and one line when it answers again);
 - while down, records bound for Prefect's API log handler are dropped, and so are the client's own
   connection-error lines (the warning above said it once); Regimen's artifacts are skipped (`Presenter`);
 - `finish(result)`, called when a run is over: if the API is down, the CLI's presentation of the result is
@@ -21,17 +21,17 @@ here for that reason; it uses only public APIs: logging filters, an HTTP health 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 log = logging.getLogger("regimen.orchestrator")
 
 _DOWN = threading.Event()
-_STARTED = threading.Event()
-_LOCK = threading.Lock()
 NOISY = ("prefect.events.clients", "prefect._internal.concurrency", "prefect.client", "prefect.runner", "prefect.flow_runs.runner")
 
 
@@ -103,18 +103,23 @@ def _install_filters() -> None:
             logger.addFilter(_WhileUp())
 
 
-def watch(every_s: float = 2.0) -> None:
-    """Start the health-check thread (once per process; nothing when no API URL is configured yet)."""
-    with _LOCK:
-        if _STARTED.is_set() or _health_url() is None:
-            return
-        _STARTED.set()
+@contextlib.contextmanager
+def watching(every_s: float = 2.0) -> Iterator[None]:
+    """Health-check the API this run talks to while the block runs (nothing when no API URL is set)."""
+    url = _health_url()
+    if url is None:
+        yield
+        return
     _install_filters()
+    _DOWN.clear()
+    stop = threading.Event()
 
     def loop() -> None:
         misses = 0
-        while True:
+        while not stop.is_set():
             ok = answers(timeout=5.0)
+            if stop.is_set():
+                return
             misses = 0 if ok else misses + 1
             if misses >= 2:  # two checks in a row: a busy server's slow answer is not an outage
                 mark_down()
@@ -122,9 +127,14 @@ def watch(every_s: float = 2.0) -> None:
                 _DOWN.clear()
                 logging.raiseExceptions = True
                 log.warning("Prefect's API answers again")
-            time.sleep(every_s)
+            stop.wait(every_s)
 
-    threading.Thread(target=loop, name="regimen-orchestrator-watch", daemon=True).start()
+    thread = threading.Thread(target=loop, name="regimen-orchestrator-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 _FINISHER: list = []

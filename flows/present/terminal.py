@@ -64,7 +64,11 @@ def terminal(console, *, verbose: bool):
     previous_env = os.environ.get("REGIMEN_VERBOSE")
     os.environ["REGIMEN_VERBOSE"] = "1" if verbose else "0"
     changed: list[tuple[logging.Handler, int]] = []
+    import sys
+
     for handler in _terminal_handlers():
+        if getattr(handler, "console", None) is not None and getattr(handler.console, "file", None) is not sys.stderr:
+            handler.console.file = sys.stderr  # the terminal of this run (a process that runs several: the tests)
         if not any(isinstance(f, QuietFailures) for f in handler.filters):
             handler.addFilter(QuietFailures())
         if not verbose and handler.level < logging.WARNING:
