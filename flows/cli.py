@@ -306,6 +306,11 @@ def make_model(
     console.print(f"model saved to {path} (model.name_or_path: {path})")
 
 
+from regimen.flows import models_cli  # noqa: E402  (champion, promote, rollback, export, heldout refresh)
+
+models_cli.register(app)
+
+
 def main() -> None:
     import atexit
     import gc

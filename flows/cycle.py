@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, Failed
 
-from regimen.flows.publish import Presenter, publish, publish_curves, publish_report, publish_stopped, publish_verdict
+from regimen.flows.publish import Presenter, publish, publish_champion, publish_curves, publish_report, publish_stopped, publish_verdict
 from regimen.stages import registry
 from regimen.stages.cycle import BACK_TO_SFT, CONTINUE, REWARD_HACKING, Evaluation, decide
 from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
@@ -71,6 +71,10 @@ class Run:
     store: Store
     presenter: Presenter
     results: list[dict[str, Any]] = field(default_factory=list)
+    heldout: dict[str, Any] | None = None  # the experiment's frozen held-out set: an input of every stage
+    data: dict[str, Any] = field(default_factory=dict)  # tonight's training data next to its last version
+    started_from: dict[str, Any] | None = None  # the policy cycle 1 started from
+    challenger: tuple[dict[str, Any], dict[str, Any]] | None = None  # (policy, its evaluation): the last one measured
 
 
 @task(name="stage", task_run_name="{stage} (cycle {cycle}, round {round})", cache_policy=NO_CACHE, persist_result=False)
@@ -96,7 +100,9 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycl
 
 def stage(name: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycle: int = 1, round: int = 0) -> dict[str, Any]:
     """Run `name` as a task and add its summary to the run's results."""
-    where = f"cycle {cycle}" + (f", round {round}" if round else "")
+    where = f"cycle {cycle}" + (f", round {round}" if round else "") if cycle else "the champion"
+    if run.heldout is not None:
+        inputs = {**inputs, "heldout": run.heldout}
     log.info("%s (%s) ...", name, where)
     out = run_stage(name, recipe, inputs, run, cycle=cycle, round=round, return_state=True).result()
     log.info("%s v%s %s in %.1fs%s", name, out["version"], "reused" if out["reused"] else "ran", out["wall_s"],
@@ -172,8 +178,8 @@ def run_cycles(recipe: Recipe):
     SIGTERM, a cancel) as Cancelled, each with its message and the RunResult as the state's data."""
     from regimen.flows import orchestrator
 
-    orchestrator.watch()
-    outcome = _run_cycles(recipe)
+    with orchestrator.watching():
+        outcome = _run_cycles(recipe)
     result = outcome.data if hasattr(outcome, "data") and isinstance(outcome.data, RunResult) else outcome
     if isinstance(result, RunResult):
         orchestrator.finish(result)
@@ -188,10 +194,13 @@ def _run_cycles(recipe: Recipe):
         run = Run(Store(recipe.store), presenter, results)
         with run.store.lock(recipe.experiment):
             try:
+                prepare_data(recipe, run)
                 cycles(recipe, run)
+                crown(recipe, run, stopped=None)
             except StageStopped as exc:
                 if exc.stage in registry.in_role("train") and str(exc.reason).startswith(REWARD_HACKING):
                     presenter.submit(_publish_stopped, recipe, run.store, exc)
+                crown(recipe, run, stopped=str(exc.reason).split(":")[0] if exc.reason else exc.stage)
                 raise
             finally:
                 if results:
@@ -243,12 +252,68 @@ def train_round(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int, ro
     return out
 
 
+def prepare_data(recipe: Recipe, run: Run) -> None:
+    """The experiment's frozen held-out set (frozen now on its first run) and tonight's training data next
+    to its last version (`stages/data_records.py`)."""
+    from regimen.stages import data_records
+    from regimen.stages.tasks.registry import load_task
+
+    run.heldout, frozen_now = data_records.resolve(run.store, recipe.experiment, load_task(recipe.data).heldout)
+    task = load_task(recipe.data, run.heldout)
+    run.data = data_records.record_training_data(run.store, recipe.experiment, task.train, task.dropped_heldout)
+    d = run.data
+    log.info("data: %d training rows (%d new since data v%s%s%s); held-out set v%d, %d prompts%s", d["rows"], d["new"], d["version"] - 1 if d["changed"] else d["version"],
+             f", {d['gone']} gone" if d["gone"] else "", f", {d['dropped_heldout']} dropped as held-out prompts" if d["dropped_heldout"] else "",
+             run.heldout["version"], run.heldout.get("rows") or 0, " (frozen now: the experiment's first run)" if frozen_now else "")
+
+
+def starting_policy(recipe: Recipe, run: Run) -> dict[str, Any]:
+    """Cycle 1's policy, by `cycle.start_from`: the champion (or, on the data it was trained on, what it was
+    trained from: the same training again), the latest good policy, or the base model."""
+    from regimen.flows import champion
+
+    st = run.store
+    if recipe.cycle.start_from == "champion":
+        found = champion.start_policy(st, recipe.experiment, _data_digest(run))
+        if found and found.get("stage") == "base":
+            return base_policy(recipe, st)
+        if found:
+            return found
+    if recipe.cycle.start_from == "latest":
+        found = latest_policy(st, recipe.experiment, registry.judge(), registry.in_role("train"))
+        if found:
+            return found
+    return base_policy(recipe, st)
+
+
+def _data_digest(run: Run) -> str | None:
+    """Tonight's training rows, by content (the data version's fingerprint)."""
+    return run.data.get("digest")
+
+
+def crown(recipe: Recipe, run: Run, stopped: str | None) -> None:
+    """The challenger against the champion, decided and recorded (`flows/champion.py`); then its artifact
+    and event. Never the run's failure: a problem here is a warning."""
+    from regimen.flows import champion
+
+    if run.heldout is None:
+        return
+    measured = champion.measured(run.challenger[0], run.challenger[1], run.heldout) if run.challenger else None
+    try:
+        line = champion.conclude(run.store, recipe, challenger=measured, stopped=stopped, trained_from=run.started_from, data_digest=_data_digest(run),
+                                 champion_eval=lambda policy: stage(registry.judge(), recipe, {"policy": policy}, run, 0, 0))
+    except RegimenError as exc:
+        if stopped:
+            log.warning("champion: not decided (%s)", exc)
+            return
+        raise
+    run.presenter.submit(publish_champion, recipe.experiment, champion.record(run.store, recipe.experiment), line)
+
+
 def cycles(recipe: Recipe, run: Run) -> None:
     """Cycle after cycle: the teach stages (where a teacher exists), the gates, then training rounds each
     measured by the judge. Which stage plays which role is the registry's (`stages/registry.py`)."""
-    st = run.store
-    latest = recipe.cycle.start_from == "latest" and latest_policy(st, recipe.experiment, registry.judge(), registry.in_role("train"))
-    policy = latest or base_policy(recipe, st)
+    policy = run.started_from = starting_policy(recipe, run)
     history: list[dict[str, Any]] = []
     for cycle in range(1, recipe.cycle.max_cycles + 1):
         policy, baseline = teach(recipe, policy, run, cycle)
@@ -258,6 +323,7 @@ def cycles(recipe: Recipe, run: Run) -> None:
             trained = train_round(recipe, policy, run, cycle, round)
             policy, g = trained["ref"], trained["metrics"]
             ev = stage(registry.judge(), recipe, {"policy": policy}, run, cycle, round)
+            run.challenger = (policy, ev)
             history.append(Evaluation(cycle, round, ev["metrics"]["heldout_accuracy"], g.get("train_reward_last"), g.get("train_reward_first")).__dict__)
             verdict = record_verdict(run, recipe, list(history), ev, cycle, round)
             ev.update(verdict=verdict["verdict"], decision=verdict)

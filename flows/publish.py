@@ -155,6 +155,38 @@ def publish_curves(experiment: str, runs: dict[str, list[dict[str, Any]]], png: 
                              description=title)
 
 
+def champion_table(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The champion history as rows, newest first (the current champion's line is marked)."""
+    current = (record.get("champion") or {}).get("policy")
+    rows = []
+    for h in reversed(record.get("history", [])):
+        figures = h.get("figures") or {}
+        champ = figures.get("champion") or {}
+        rows.append({"when": str(h.get("at", ""))[:19], "event": h["event"], "by": h.get("by"), "policy": h.get("policy", "-"),
+                     "held-out": rounded(h.get("heldout_accuracy")), "interval 95%": h.get("interval_95"),
+                     "champion then": f"{champ.get('policy')} {rounded(champ.get('heldout_accuracy'))}" if champ else "-",
+                     "held-out set": h.get("heldout_set"), "reason": h.get("reason")})
+    if rows and current:
+        rows[0]["current champion"] = current
+    return rows
+
+
+def publish_champion(experiment: str, record: dict[str, Any], line: dict[str, Any]) -> None:
+    """The champion's history as a table artifact with a stable key (the UI's artifact history is the
+    champion history), and the event `regimen.model.promoted` or `regimen.model.kept` with the figures."""
+    from prefect.events import emit_event
+
+    current = record.get("champion") or {}
+    create_table_artifact(table=champion_table(record), key=artifact_key(experiment, "champion"),
+                          description=f"{experiment}: champion {current.get('policy', 'none')} "
+                                      f"(held-out {rounded(current.get('heldout_accuracy'))} on set v{current.get('heldout_set')}); {line['event']}: {line['reason']}")
+    emit_event(event=f"regimen.model.{line['event']}", resource={"prefect.resource.id": f"regimen.experiment.{experiment}",
+                                                                  "prefect.resource.name": experiment},
+               payload={"experiment": experiment, "champion": current.get("policy"), "champion_heldout_accuracy": current.get("heldout_accuracy"),
+                        "challenger": line.get("policy"), "challenger_heldout_accuracy": line.get("heldout_accuracy"), "reason": line["reason"],
+                        "figures": line.get("figures", {})})
+
+
 def publish_verdict(experiment: str, record: dict[str, Any], eval_path: str) -> None:
     md = f"### Verdict: `{record['verdict']}`\n\n{record['reason']}\n"
     if record.get("warning"):

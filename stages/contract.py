@@ -58,7 +58,9 @@ class Stage(Protocol):
     KEY_METRICS: tuple[str, ...]  # shown first in summaries
 
     def config_section(self, recipe: Any) -> dict[str, Any]:
-        """The part of the resolved recipe that can change this stage's result (enters its fingerprint)."""
+        """The part of the resolved recipe that can change this stage's result (enters its fingerprint).
+        A stage may take the inputs too (`config_section(recipe, inputs)`), when which part of the recipe
+        matters depends on them (evaluation on a frozen held-out set leaves the training data out)."""
 
     def run(self, recipe: Any, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:
         """Do the work; write files into `dirs.out`."""

@@ -78,7 +78,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     group = int(g("num_generations"))
     seed = int(g("seed") or 0)
     policy = inputs["policy"]["model"]
-    task = load_task(recipe.data)
+    task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
     model, tokenizer = load_policy(policy, recipe)
     samples = generate(model, tokenizer, [r["prompt"] for r in rows], num_return_sequences=group, do_sample=True,

@@ -17,12 +17,15 @@ TRAINS = False
 KEY_METRICS = ("heldout_accuracy", "heldout_accuracy_unprobed")
 
 
-def config_section(recipe) -> dict[str, Any]:
+def config_section(recipe, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """With a frozen held-out set among the inputs, the training data is not part of what evaluation
+    measures (the set enters through the inputs): a champion's evaluation is reused night after night
+    while the training data grows."""
     from regimen.stages.rewards import identity as rewards_identity
     from regimen.stages.tasks.registry import identity
 
     return {
-        "data": identity(recipe.data),
+        "data": {"task": recipe.data.task} if (inputs or {}).get("heldout") else identity(recipe.data),
         "rewards": rewards_identity(recipe.rewards),
         "eval": {**recipe.eval.model_dump(mode="json"), "max_new_tokens": recipe.max_new_tokens()},
         "dtype": recipe.model.dtype,
@@ -36,7 +39,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.training.heldout import heldout_eval
     from regimen.stages.training.model import load_policy
 
-    task = load_task(recipe.data)
+    task = load_task(recipe.data, inputs.get("heldout"))
     model, tokenizer = load_policy(inputs["policy"]["model"], recipe)
     metrics, rows = heldout_eval(model, tokenizer, recipe, task.heldout)
     if recipe.probe.steps > 0:  # the probe picked the kept checkpoint on some held-out prompts: also report the rest
@@ -50,4 +53,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
             metrics["heldout_accuracy_unprobed"] = sum(rest) / len(rest)
             metrics["heldout_unprobed_size"] = float(len(rest))
     trajectories.write(dirs.out, rows[: max(recipe.eval.trajectories, 1)])
+    import json
+
+    # each held-out prompt's outcome, in the set's order: the champion's comparison is paired over these
+    (dirs.out / "correct.json").write_text(json.dumps([t["correct"] for t in rows]))
     return StageOutput(metrics)

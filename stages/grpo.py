@@ -60,10 +60,10 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
 
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder()
-    task = load_task(recipe.data)
+    task = load_task(recipe.data, inputs.get("heldout"))
     probe = HeldoutProbe(recipe, probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed), load_tokenizer(policy), dirs.checkpoints,
                           progress=getattr(dirs, "progress", None))
-    trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe])
+    trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe], heldout=inputs.get("heldout"))
     probe.trainer = trainer
     t0 = time.perf_counter()
     resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps, on_finished=probe.recheck)

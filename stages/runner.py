@@ -66,10 +66,16 @@ def launch_info(stage: str, recipe) -> dict[str, Any]:
 def stage_key(stage: str, recipe, inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(fingerprint, config section) of `stage` for this recipe and these inputs."""
     module = registry.get(stage)
-    section = module.config_section(recipe)
+    section = module.config_section(recipe, inputs) if _takes_inputs(module.config_section) else module.config_section(recipe)
     key = digest({"stage": stage, "config": section, "inputs": input_digests(inputs),
                   "code": code_version(module.__name__), "launch": launch_info(stage, recipe)})
     return key, section
+
+
+def _takes_inputs(fn) -> bool:
+    import inspect
+
+    return len(inspect.signature(fn).parameters) >= 2
 
 
 def execute(

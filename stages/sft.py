@@ -77,7 +77,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.training.teacher import as_sft_rows, teacher_accuracy
 
     policy = inputs["policy"]["model"]
-    task = load_task(recipe.data)
+    task = load_task(recipe.data, inputs.get("heldout"))
     rows, counts = cached_traces(recipe, task, int(inputs.get("cycle", 1)), policy, Path(dirs.checkpoints))
     if not rows:
         raise StageStopped("sft", f"the {recipe.teacher.kind} teacher produced no trace that clears teacher.min_reward={recipe.teacher.min_reward} "

@@ -55,7 +55,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder(keep_first=recipe.smoke.max_steps, keep_last=0)
     scratch = Path(dirs.checkpoints) / "smoke"
-    trainer, _ = build_trainer(recipe, policy, scratch, recorder, stage=NAME, max_steps=recipe.smoke.max_steps,
+    trainer, _ = build_trainer(recipe, policy, scratch, recorder, stage=NAME, heldout=inputs.get("heldout"), max_steps=recipe.smoke.max_steps,
                                logging_steps=1, save_strategy="no")
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]

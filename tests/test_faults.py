@@ -127,11 +127,14 @@ def test_missing_answers_and_overlap_are_named_for_what_they_are(tmp_path, capsy
     no_answer = jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"Q: {i}+2="} for i in range(5)])
     code, err = run_jsonl(tmp_path, capsys, jsonl(tmp_path / "train.jsonl", GOOD), no_answer)
     assert code == 2 and "held-out row 1 (prompt 'Q: 0+2=') has no 'answer'" in err and "exact_match" in err and "min_reward" not in err
-    overlap = jsonl(tmp_path / "overlap.jsonl", [{"prompt": "  q: 3+1= ", "answer": "4"}])  # Q: 3+1= up to whitespace and case
-    code, err = run_jsonl(tmp_path, capsys, jsonl(tmp_path / "train.jsonl", GOOD), overlap)
-    assert code == 2 and "also appear in the training rows" in err and "normalisation" in err and "None" not in err
+    # a training row equal to a held-out prompt (up to whitespace and case) is left out of training and counted, not a refusal
+    from regimen.stages.tasks import jsonl as jsonl_task
+
+    overlap = jsonl(tmp_path / "overlap.jsonl", [{"prompt": "  q: 3+1= ", "answer": "4"}])
+    task = jsonl_task.load(jsonl_task.Options(train_file=str(jsonl(tmp_path / "train.jsonl", GOOD)), heldout_file=str(overlap)))
+    assert task.dropped_heldout == 1 and "Q: 3+1=" not in [r["prompt"] for r in task.train] and len(task.train) == len(GOOD) - 1
     code, err = run_jsonl(tmp_path, capsys, jsonl(tmp_path / "t.jsonl", GOOD[:1]))
-    assert code == 2 and "too few rows" in err
+    assert code == 2 and "too few distinct prompts" in err
 
 
 # -- store faults ------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ GRAPH = {name: edges(name, path) for name, path in MODULES.items()}
 
 # The house as rooms, lowest first: which modules each room holds (by prefix; the longest prefix wins) and
 # which rooms it may import. Imports point down only; a room not listed is not importable from here.
-PIECES = ["contract", "decisions", "store", "tasks", "rewards", "recipe", "training"]
+PIECES = ["contract", "decisions", "store", "tasks", "rewards", "recipe", "training", "records"]
 ROOMS: dict[str, tuple[list[str], list[str]]] = {
     "sandbox": (["regimen.stages.sandbox"], []),  # the judge's isolation: stdlib only, nothing of Regimen
     "contract": (["regimen.stages", "regimen.stages.errors", "regimen.stages.contract", "regimen.stages.fingerprint"], []),
@@ -67,6 +67,8 @@ ROOMS: dict[str, tuple[list[str], list[str]]] = {
     "rewards": (["regimen.stages.rewards"], ["contract", "tasks", "sandbox"]),
     "recipe": (["regimen.stages.recipe"], ["contract", "tasks", "rewards"]),  # with TRL's config objects
     "training": (["regimen.stages.training"], ["contract", "decisions", "store", "tasks", "rewards", "recipe"]),
+    # an experiment's records over time: its frozen held-out set, its data versions, its champion
+    "records": (["regimen.stages.data_records", "regimen.stages.champion"], ["contract", "decisions", "store", "tasks"]),
     "stages": ([s.__name__ for s in registry.ORDER] + ["regimen.stages.preflight"], PIECES),
     "registry": (["regimen.stages.registry"], ["contract", "stages"]),
     "runner": (["regimen.stages.runner", "regimen.stages.launcher", "regimen.stages.launch_entry"], [*PIECES, "registry"]),

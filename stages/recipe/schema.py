@@ -143,8 +143,18 @@ class CycleSection(Section):
     target: float = Field(0.95, ge=0, le=1, description="held-out accuracy that ends the flow")
     min_delta: float = Field(0.02, ge=0, le=1, description="held-out gain that counts as progress")
     patience: int = Field(1, ge=1, le=1000, description="evaluations without progress before going back to SFT")
-    start_from: Literal["base", "latest"] = Field("base", description="cycle 1 starts from the base model or the latest good policy")
+    start_from: Literal["champion", "base", "latest"] = Field(
+        "champion", description="cycle 1 starts from the experiment's champion (the base model until there is one), the base model, or the latest good policy")
     guard: GuardSection = GuardSection()
+
+
+class PromoteSection(Section):
+    """When a run's challenger replaces the experiment's champion (`stages/champion.py`)."""
+
+    enabled: bool = Field(True, description="promote a better challenger (false: decide and record, never promote)")
+    min_gain: float = Field(0.02, ge=0, le=1, description="held-out accuracy the challenger must gain over the champion at least")
+    confidence: float = Field(0.9, gt=0, lt=1, description="an exact McNemar test over the frozen set's prompts must reject 'no better' at this level")
+    test: Literal["mcnemar"] = "mcnemar"
 
 
 class LimitsSection(Section):
@@ -210,6 +220,7 @@ class Recipe(Section):
     probe: ProbeSection = ProbeSection()
     eval: EvalSection = EvalSection()
     cycle: CycleSection = CycleSection()
+    promote: PromoteSection = PromoteSection()
     store: str = "artifacts"
     launcher: Literal["inprocess", "accelerate"] = "inprocess"
     accelerate: AccelerateSection = AccelerateSection()

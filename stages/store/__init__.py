@@ -392,6 +392,21 @@ class Store:
                 fh.write(text)
         return path
 
+    def write_record(self, experiment: str, name: str, data: dict[str, Any]) -> str:
+        """Replace the experiment-level record `name` (e.g. champion.json) atomically."""
+        path = self.join(check_name(experiment), name)
+        text = json.dumps(data, indent=1, default=str)
+        if self.local:
+            files.write_text(Path(self.root), Path(path), text)
+        else:
+            with self.fs.open(path, "w") as fh:
+                fh.write(text)
+        return path
+
+    def read_record(self, experiment: str, name: str) -> Any:
+        """The experiment-level record `name`, or None when there is none (or it is unreadable)."""
+        return self._read_json(self.join(check_name(experiment), name))
+
     def decisions(self, experiment: str) -> list[dict[str, Any]]:
         """Every recorded verdict, oldest first."""
         entries = sorted(self._entries(self.join(check_name(experiment), "decisions")))

@@ -48,6 +48,8 @@ class Task:
     """The oracle teacher's completion for a row."""
     weak_reference: Callable[[dict[str, Any]], str | None] | None = None
     """The task's weak teacher (right on a known part of the task), where it has one."""
+    dropped_heldout: int = 0
+    """Training rows left out because their prompt is in the experiment's frozen held-out set."""
 
 
 def row_reference(row: dict[str, Any]) -> str | None:
@@ -108,26 +110,47 @@ def same_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: r.get(k) for k in keys} for r in rows]
 
 
-def check_split(train: list[dict[str, Any]], heldout: list[dict[str, Any]], train_source: str, heldout_source: str) -> None:
-    """Refuse held-out prompts that are also training prompts (after normalisation); report duplicates."""
+def check_split(train: list[dict[str, Any]], heldout: list[dict[str, Any]], train_source: str, heldout_source: str) -> list[dict[str, Any]]:
+    """The training rows without those whose prompt is also a held-out prompt (after normalisation):
+    held-out prompts are never trained on. Dropped rows and repeated prompts are reported, not refused."""
+    held = {normalized_prompt(r["prompt"]) for r in heldout}
     train_keys = [normalized_prompt(r["prompt"]) for r in train]
     seen: set[str] = set()
     dups = sum(1 for k in train_keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
     if dups:
         log.warning("%s: %d training prompt(s) repeat an earlier one (after whitespace and case normalisation)", train_source, dups)
-    overlap = [r for r in heldout if normalized_prompt(r["prompt"]) in seen]
-    if overlap:
-        raise InputError(f"data: {len(overlap)} held-out prompt(s) from {heldout_source} also appear in the training rows of {train_source} "
-                         f"(after whitespace and case normalisation), e.g. {str(overlap[0]['prompt'])[:80]!r}; held-out prompts must never be trained on")
+    kept = [r for r, k in zip(train, train_keys) if k not in held]
+    if len(kept) < len(train):
+        log.warning("data: %d training row(s) of %s are held-out prompts of %s (after whitespace and case normalisation): left out of training",
+                    len(train) - len(kept), train_source, heldout_source)
+    if not kept:
+        raise InputError(f"data: every training row of {train_source} is a held-out prompt of {heldout_source}")
+    return kept
 
 
 def seeded_split(rows: list[dict[str, Any]], fraction: float, seed: int, source: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, heldout): a seeded share of the rows held out."""
-    rows = shuffled(rows, seed=seed)
-    n = max(1, round(len(rows) * fraction))
-    if n >= len(rows):
-        raise InputError(f"data: {source} has too few rows ({len(rows)}) to hold out {fraction:.0%}")
-    return rows[n:], rows[:n]
+    """(train, heldout): a seeded share of the distinct prompts held out. Rows whose prompts are the same
+    after normalisation go to the same side, so the split never puts copies of a row on both."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(normalized_prompt(row["prompt"]), []).append(row)
+    keys = shuffled(list(groups), seed=seed)
+    n = max(1, round(len(keys) * fraction))
+    if n >= len(keys):
+        raise InputError(f"data: {source} has too few distinct prompts ({len(keys)}) to hold out {fraction:.0%}")
+    held = set(keys[:n])
+    return [r for r in shuffled(rows, seed=seed) if normalized_prompt(r["prompt"]) not in held], [groups[k][0] for k in keys[:n]]
+
+
+def with_frozen_heldout(task: Task, frozen: list[dict[str, Any]]) -> Task:
+    """The task evaluated on a frozen held-out set: `heldout` is exactly `frozen`, and training rows whose
+    prompt equals a frozen one (after normalisation) are dropped and counted (`dropped_heldout`)."""
+    keys = {normalized_prompt(r["prompt"]) for r in frozen}
+    train = [r for r in task.train if normalized_prompt(r["prompt"]) not in keys]
+    if not train:
+        raise InputError("data: every training row is a prompt of the experiment's frozen held-out set; add new rows, "
+                         "or start a new set with `regimen heldout refresh`")
+    return Task(train, list(frozen), task.name, task.reference, task.weak_reference, dropped_heldout=len(task.train) - len(train))
 
 
 def read_jsonl(path: str | Path, *, required: tuple[str, ...] = (), max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -101,7 +101,7 @@ def load(opts: Options) -> Task:
     n = max(1, round(len(functions) * opts.heldout_fraction))
     heldout = [problem(*f, io=opts.io) for f in functions[:n]]
     train = [problem(*f, io=opts.io) for f in functions[n:]]
-    check_split(train, heldout, "the code task's training functions", "its held-out functions")
+    train = check_split(train, heldout, "the code task's training functions", "its held-out functions")
     return Task(train, heldout, NAME, reference=lambda row: row.get("solution"),
                 weak_reference=lambda row: weak_solution(row, opts.weak_max_slope, opts.io))
 

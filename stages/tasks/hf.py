@@ -104,26 +104,32 @@ def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
 
 
 def load(opts: Options) -> Task:
+    dropped = 0
     train = _load_split(opts, opts.split)
     if opts.heldout_split:
         heldout = _load_split(opts, opts.heldout_split)
-        check_split(train, heldout, _describe(opts, opts.split), _describe(opts, opts.heldout_split))
+        n = len(train)
+        train = check_split(train, heldout, _describe(opts, opts.split), _describe(opts, opts.heldout_split))
+        dropped = n - len(train)
     else:
         train, heldout = seeded_split(train, opts.heldout_fraction, opts.seed, _describe(opts, opts.split))
-        check_split(train, heldout, _describe(opts, opts.split), "its held-out share")
-    return Task(train, heldout, NAME)
+        n = len(train)
+        train = check_split(train, heldout, _describe(opts, opts.split), "its held-out share")
+        dropped = n - len(train)
+    return Task(train, heldout, NAME, dropped_heldout=dropped)
 
 
 def identity(opts: Options) -> dict[str, Any]:
-    """The options plus the data's digest: local files by content; a hub dataset by its datasets fingerprint."""
+    """The options plus the data's content: local files by their sha256 (in name order, not by path: a
+    moved folder is the same data, a new partition is new data); a hub dataset by its rows as loaded."""
+    files = sorted({p for f in _local_paths(opts.data_files) for p in (glob.glob(f, recursive=True) if glob.has_magic(f) else [f]) if "://" not in p})
+    if files or Path(opts.path).exists():
+        ident = opts.model_dump(mode="json", exclude={"data_files"} | ({"path"} if Path(opts.path).exists() else set()))
+        found = files or [str(p) for p in sorted(Path(opts.path).rglob("*")) if p.is_file()]
+        ident["files_sha256"] = [file_digest(f) for f in found]
+        return ident
     ident = opts.model_dump(mode="json")
-    files = sorted({p for f in _local_paths(opts.data_files) for p in (glob.glob(f) if glob.has_magic(f) else [f]) if "://" not in p})
-    if files:
-        ident["files_sha256"] = {f: file_digest(f) for f in files}
-    elif Path(opts.path).exists():
-        ident["files_sha256"] = {str(p): file_digest(str(p)) for p in sorted(Path(opts.path).rglob("*")) if p.is_file()}
-    else:
-        ident["rows_sha256"] = _rows_digest(json.dumps(ident, sort_keys=True))
+    ident["rows_sha256"] = _rows_digest(json.dumps(ident, sort_keys=True))
     return ident
 
 

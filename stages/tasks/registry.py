@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from regimen.stages.tasks import Task, addition, code, hf, jsonl
+from regimen.stages.tasks import Task, addition, code, hf, jsonl, with_frozen_heldout
 
 TASKS = {m.NAME: m for m in (addition, code, jsonl, hf)}
 
@@ -23,12 +23,25 @@ def identity(data) -> dict[str, Any]:
 _LOADED: dict[str, Task] = {}
 
 
-def load_task(data) -> Task:
+def frozen_rows(ref: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a frozen held-out set (`rows.jsonl` in the version folder its reference names)."""
+    from pathlib import Path
+
+    text = (Path(ref["path"]) / "rows.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def load_task(data, heldout: dict[str, Any] | None = None) -> Task:
     """The recipe's `data` section as rows (generated deterministically, or read and checked); loaded
-    once per process for the same data (the stages of one run share it)."""
-    key = json.dumps(identity(data), sort_keys=True)
+    once per process for the same data (the stages of one run share it). With `heldout` (a reference to
+    the experiment's frozen held-out set, a stage input), evaluation uses exactly that set and training
+    rows equal to one of its prompts are dropped (`tasks.with_frozen_heldout`)."""
+    key = json.dumps([identity(data), (heldout or {}).get("fingerprint")], sort_keys=True)
     if key not in _LOADED:
         if len(_LOADED) >= 8:
             _LOADED.pop(next(iter(_LOADED)))
-        _LOADED[key] = TASKS[data.task].load(data)
+        task = TASKS[data.task].load(data)
+        if heldout:
+            task = with_frozen_heldout(task, frozen_rows(heldout))
+        _LOADED[key] = task
     return _LOADED[key]

@@ -58,7 +58,7 @@ class FaultInjection(TrainerCallback):
 
 
 def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.Recorder, *, stage: str = "grpo",
-                  callbacks: list | None = None, **overrides: Any):
+                  callbacks: list | None = None, heldout: dict[str, Any] | None = None, **overrides: Any):
     """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights."""
     from datasets import Dataset
     from trl import GRPOTrainer
@@ -73,7 +73,7 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
 
     fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
     args = for_stage(recipe, "grpo", output_dir, **overrides)
-    task = load_task(recipe.data)
+    task = load_task(recipe.data, heldout)  # training rows never include a frozen held-out prompt
     trainer = GRPOTrainer(
         model=policy,
         reward_funcs=[recorder.wrap(name, fn) for name, fn in fns.items()],

@@ -73,10 +73,17 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     ref = ev["inputs"]["policy"]
     if ref.get("stage") not in trained_by:
         return None
+    return policy_from_ref(store, experiment, ref)
+
+
+def policy_from_ref(store, experiment: str, ref: dict) -> dict | None:
+    """The intact version a policy reference names (by stage and fingerprint, and content when given: a
+    retrained version can share the fingerprint of a damaged one), as a fresh reference with local paths;
+    None when no intact version holds it. A base-model reference is returned as it is."""
     from regimen.stages.fingerprint import content_digest
 
-    # the intact version holding the weights that evaluation measured (a retrained version can share
-    # the fingerprint of a damaged one)
+    if ref.get("stage") == "base":
+        return ref
     same = [m for m in reversed(store.versions(experiment, ref["stage"])) if m["fingerprint"] == ref.get("fingerprint")
             and (not ref.get("content") or content_digest(m) == ref["content"])]
     manifest = next((m for m in same if not store.check(m)), None)

@@ -1,0 +1,122 @@
+"""The CLI's commands about an experiment's models and data over time: `champion`, `promote`, `rollback`,
+`export`, `heldout refresh`. Registered on the main app by `flows/cli.py`; the work is `flows/champion.py`
+and `stages/data_records.py`. A person's move is recorded as such (`by: person`, with the reason given),
+and, when a Prefect server is configured (`PREFECT_API_URL`), announced as an event for automations."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(soft_wrap=True)
+StoreOpt = Annotated[str, typer.Option("--store", help="artifact store: a folder or an fsspec URL")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="why (recorded in the champion's history)")]
+
+
+def _announce(experiment: str, event: str, line: dict) -> None:
+    """The person's move as a Prefect event, when a server is configured (best effort: the record is the truth)."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return
+    try:
+        from prefect.events import emit_event
+
+        emit_event(event=f"regimen.model.{event}", resource={"prefect.resource.id": f"regimen.experiment.{experiment}", "prefect.resource.name": experiment},
+                   payload={"experiment": experiment, "by": "person", "policy": line.get("policy"), "heldout_accuracy": line.get("heldout_accuracy"),
+                            "reason": line.get("reason")})
+    except Exception as exc:  # noqa: BLE001 - an unreachable server does not undo the recorded move
+        console.print(f"(not announced to Prefect: {str(exc)[:120]})", markup=False, highlight=False)
+
+
+def champion(experiment: Annotated[str, typer.Argument(help="experiment name")], store: StoreOpt = "artifacts") -> None:
+    """The experiment's champion and its history (promotions, keeps, a person's moves)."""
+    from regimen.flows.champion import record
+    from regimen.flows.publish import champion_table
+    from regimen.stages.errors import InputError
+    from regimen.stages.store import Store
+
+    st = Store(store)
+    if not st.has_experiment(experiment):
+        raise InputError(f"champion: no experiment {experiment!r} in store {store}")
+    rec = record(st, experiment)
+    current = rec.get("champion")
+    if current:
+        low, high = current.get("interval_95") or (None, None)
+        console.print(f"champion of {experiment}: {current['policy']}, held-out {current['heldout_accuracy']:.3f} (95% {low:.3f}–{high:.3f}) "
+                      f"on held-out set v{current['heldout_set']}, {current['prompts']} prompts", markup=False, highlight=False)
+    else:
+        console.print(f"{experiment} has no champion yet", markup=False)
+    rows = champion_table(rec)
+    if rows:
+        table = Table(title="history (newest first)")
+        cols = ["when", "event", "by", "policy", "held-out", "champion then", "held-out set", "reason"]
+        for c in cols:
+            table.add_column(c)
+        for r in rows:
+            table.add_row(*[str(r.get(c, "")) for c in cols])
+        console.print(table)
+
+
+def promote(experiment: Annotated[str, typer.Argument(help="experiment name")],
+            version: Annotated[str, typer.Argument(help="the policy: grpo/v3, v3 or 3 (a GRPO version), or sft/v2")],
+            store: StoreOpt = "artifacts", reason: ReasonOpt = "") -> None:
+    """Make a policy the champion (a person's decision; it must have been evaluated on the frozen held-out set)."""
+    from regimen.flows.champion import person_promotes
+    from regimen.stages.store import Store
+
+    line = person_promotes(Store(store), experiment, version, reason)
+    console.print(f"{experiment}: {line['policy']} is the champion (held-out {line['heldout_accuracy']:.3f}), by a person", markup=False, highlight=False)
+    _announce(experiment, "promoted", line)
+
+
+def rollback(experiment: Annotated[str, typer.Argument(help="experiment name")], store: StoreOpt = "artifacts", reason: ReasonOpt = "") -> None:
+    """Make the previous champion the champion again (a person's decision; it holds until a better challenger)."""
+    from regimen.flows.champion import person_rolls_back
+    from regimen.stages.store import Store
+
+    line = person_rolls_back(Store(store), experiment, reason)
+    console.print(f"{experiment}: rolled back from {line['from']} to {line['policy']} (held-out {line['heldout_accuracy']:.3f})", markup=False, highlight=False)
+    _announce(experiment, "rollback", line)
+
+
+def export(experiment: Annotated[str, typer.Argument(help="experiment name")],
+           out: Annotated[str, typer.Argument(help="a new folder: the champion as a plain model folder (from_pretrained loads it)")],
+           store: StoreOpt = "artifacts") -> None:
+    """Write the champion as a model folder that `AutoModelForCausalLM.from_pretrained` loads."""
+    from regimen.flows.champion import export as do_export
+    from regimen.stages.store import Store
+
+    path = do_export(Store(store), experiment, out)
+    console.print(f"exported the champion of {experiment} to {path}", markup=False, highlight=False)
+
+
+heldout_app = typer.Typer(help="The experiment's frozen held-out set.", no_args_is_help=True)
+
+
+@heldout_app.command("refresh")
+def heldout_refresh(config: Annotated[str, typer.Argument(help="the experiment's recipe (its data gives the new set)")],
+                    reason: Annotated[str, typer.Option("--reason", help="why a new set (recorded)")],
+                    store: Annotated[Optional[str], typer.Option("--store", help="artifact store")] = None,
+                    experiment: Annotated[Optional[str], typer.Option("--experiment", help="experiment name")] = None) -> None:
+    """Start a new frozen held-out set from the recipe's data (a person's decision; accuracies compare within one set)."""
+    from regimen.stages import data_records
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.store import Store
+    from regimen.stages.tasks.registry import load_task
+
+    overrides = {k: v for k, v in (("store", store), ("experiment", experiment)) if v}
+    recipe = load_recipe(config, overrides)
+    st = Store(recipe.store)
+    with st.lock(recipe.experiment):
+        ref = data_records.freeze(st, recipe.experiment, load_task(recipe.data).heldout, by="person", reason=reason)
+    console.print(f"{recipe.experiment}: held-out set v{ref['version']} ({ref['rows']} prompts) from now on; the champion is compared "
+                  "with challengers on it at the next run", markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (champion, promote, rollback, export):
+        app.command(fn.__name__)(fn)
+    app.add_typer(heldout_app, name="heldout")
