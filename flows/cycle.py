@@ -22,12 +22,13 @@ from prefect.states import Cancelled, Completed, Failed
 
 from regimen.flows.publish import Presenter, publish, publish_champion, publish_curves, publish_report, publish_stopped, publish_verdict
 from regimen.stages import registry
-from regimen.stages.cycle import BACK_TO_SFT, CONTINUE, REWARD_HACKING, Evaluation, decide
+from regimen.stages.cycle import BACK_TO_SFT, CONTINUE, OVERFITTING_VERDICT, REWARD_HACKING, Evaluation, decide
 from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
 from regimen.stages.recipe import Recipe, load_recipe
 from regimen.stages.runner import StageResult, execute
 from regimen.stages.store import Store
 from regimen.stages.store.lock import machine_slot
+from regimen.stages.training.pass_rates import FILE as PASS_RATES
 from regimen.stages.training.policy import base_policy, latest_policy
 
 log = logging.getLogger("regimen.run")  # one line per stage start and end (the CLI shows them; Prefect's log keeps them)
@@ -50,7 +51,7 @@ def summary(result: StageResult) -> dict[str, Any]:
     return {
         "stage": m["stage"], "version": m["version"], "cycle": m.get("cycle"), "round": m.get("round"),
         "reused": result.reused, "wall_s": round(result.wall_s, 3), "stage_wall_s": m.get("wall_s"),
-        "metrics": m.get("metrics", {}), "warning": m.get("warning") or m.get("guard_warning"),
+        "metrics": m.get("metrics", {}), "warning": m.get("warning") or m.get("guard_warning"), "finding": m.get("guard_finding"),
         "resumed_from_step": m.get("resumed_from_step"), "path": str(result.path), "ref": result.ref,
         "damaged": result.damaged,
     }
@@ -198,7 +199,7 @@ def _run_cycles(recipe: Recipe):
                 cycles(recipe, run)
                 crown(recipe, run, stopped=None)
             except StageStopped as exc:
-                if exc.stage in registry.in_role("train") and str(exc.reason).startswith(REWARD_HACKING):
+                if exc.stage in registry.in_role("train") and str(exc.reason).startswith((REWARD_HACKING, OVERFITTING_VERDICT)):
                     presenter.submit(_publish_stopped, recipe, run.store, exc)
                 crown(recipe, run, stopped=str(exc.reason).split(":")[0] if exc.reason else exc.stage)
                 raise
@@ -238,16 +239,23 @@ def teach(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> tuple
     return policy, base["metrics"]["heldout_accuracy"]
 
 
-def gates(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> None:
-    """Every gate on the policy, in order; a gate that fails stops the flow (StageStopped)."""
+def gates(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> dict[str, Any] | None:
+    """Every gate on the policy, in order; a gate that fails stops the flow (StageStopped). Returns the
+    last gate's result that measured per-prompt pass rates (the dry run's), for the curriculum."""
+    seen = None
     for name in registry.in_role("gate"):
-        stage(name, recipe, {"policy": policy}, run, cycle)
+        out = stage(name, recipe, {"policy": policy}, run, cycle)
+        if (Path(out["ref"]["path"]) / PASS_RATES).is_file():
+            seen = out["ref"]
+    return seen
 
 
-def train_round(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int, round: int) -> dict[str, Any]:
-    """The train stages of one round, each from the previous one's policy; the last one's result."""
+def train_round(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int, round: int, seen: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The train stages of one round, each from the previous one's policy; the last one's result. With the
+    curriculum on, `seen` (the dry run's or the round before's pass rates) is where it starts."""
     for name in registry.in_role("train"):
-        out = stage(name, recipe, {"policy": policy}, run, cycle, round)
+        inputs = {"policy": policy, **({"pass_rates": seen} if seen is not None and recipe.curriculum.enabled else {})}
+        out = stage(name, recipe, inputs, run, cycle, round)
         policy = out["ref"]
     return out
 
@@ -318,18 +326,20 @@ def cycles(recipe: Recipe, run: Run) -> None:
     for cycle in range(1, recipe.cycle.max_cycles + 1):
         policy, baseline = teach(recipe, policy, run, cycle)
         history.append(Evaluation(cycle, 0, baseline).__dict__)
-        gates(recipe, policy, run, cycle)
+        seen = gates(recipe, policy, run, cycle)
         for round in range(1, recipe.cycle.max_rounds + 1):
-            trained = train_round(recipe, policy, run, cycle, round)
+            trained = train_round(recipe, policy, run, cycle, round, seen)
             policy, g = trained["ref"], trained["metrics"]
+            seen = policy
             ev = stage(registry.judge(), recipe, {"policy": policy}, run, cycle, round)
             run.challenger = (policy, ev)
-            history.append(Evaluation(cycle, round, ev["metrics"]["heldout_accuracy"], g.get("train_reward_last"), g.get("train_reward_first")).__dict__)
+            history.append(Evaluation(cycle, round, ev["metrics"]["heldout_accuracy"], g.get("train_reward_last"), g.get("train_reward_first"),
+                                      trained.get("finding")).__dict__)
             verdict = record_verdict(run, recipe, list(history), ev, cycle, round)
             ev.update(verdict=verdict["verdict"], decision=verdict)
             if verdict["verdict"] != CONTINUE:
                 break
-        if verdict["verdict"] == REWARD_HACKING:
-            raise StageStopped(registry.judge(), f"{REWARD_HACKING}: {verdict['reason']} (trajectories: {ev['path']})")
+        if verdict["verdict"] in (REWARD_HACKING, OVERFITTING_VERDICT):
+            raise StageStopped(registry.judge(), f"{verdict['verdict']}: {verdict['reason']} (trajectories: {ev['path']})")
         if verdict["verdict"] != BACK_TO_SFT:
             return

@@ -3,8 +3,13 @@
 - `decide(history, cycle)`: what comes after an evaluation, from the evaluation history and `cycle:`.
   History entries are the SFT result of each cycle (round 0, the baseline; or the base policy's dry run
   when there is no SFT) and each GRPO round's evaluation (round 1, 2, ...).
-- `guard_in_training(train_curve, probe_curve, guard)`: the reward-hacking rule applied while GRPO
-  trains, on the training-reward curve and the held-out probe's curve.
+- `guard_in_training(train_curve, probe_curve, guard)`: the guard's rule applied while GRPO trains, on
+  the training-reward curve and the held-out probe's curve.
+- `finding(evidence, train_probe_curve, guard)`: what the guard sees, named from the greedy probe on
+  training prompts: `hacking` (the reward rises while greedy accuracy on training prompts and the
+  held-out probe stay flat: it pays for something else), `overfitting` (greedy accuracy on training
+  prompts rises, the held-out probe does not) or `sharpening` (the sampled reward climbs toward what greedy
+  decoding already scored, both flat: harmless). Only hacking stops a run by default.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ TARGET_REACHED = "target-reached"
 BUDGET_SPENT = "budget-spent"
 STALLED = "stalled"
 REWARD_HACKING = "reward-hacking-suspected"
+OVERFITTING_VERDICT = "overfitting-suspected"
+HACKING, OVERFITTING, SHARPENING = "hacking", "overfitting", "sharpening"
 
 
 @dataclass(frozen=True)
@@ -27,10 +34,11 @@ class Evaluation:
     heldout_accuracy: float
     train_reward: float | None = None  # mean training reward over the round's last logging window
     train_reward_first: float | None = None  # ... and over its first logging window
+    finding: str | None = None  # what the guard named the round's curves (`finding`), when it could tell
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Evaluation:
-        return cls(**{k: d.get(k) for k in ("cycle", "round", "heldout_accuracy", "train_reward", "train_reward_first")})
+        return cls(**{k: d.get(k) for k in ("cycle", "round", "heldout_accuracy", "train_reward", "train_reward_first", "finding")})
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,43 @@ def guard_in_training(train_curve: list[tuple[int, float]], probe_curve: list[tu
     return None
 
 
+def finding(evidence: dict[str, Any], train_probe_curve: list[tuple[int, float, float]], guard) -> str:
+    """Name what the guard's rule found (`evidence` from `guard_in_training` or `hacking_evidence`), from the
+    greedy probe on training prompts: (step, greedy accuracy, greedy weighted reward) per probe.
+
+    - overfitting: greedy accuracy on training prompts gained at least `guard.heldout_gain` (the held-out
+      probe did not: that is the rule's other half);
+    - sharpening: the sampled reward now is within `guard.sharpening_margin` of the greedy reward at the
+      first probe and the greedy reward itself moved less than half of `guard.train_rise`: sampling is
+      catching up with what the policy already answered greedily;
+    - hacking: anything else (the greedy reward rose too, or the sampled reward passed it, while nothing
+      the task measures did). Without a training-prompt probe it cannot tell, and says hacking."""
+    if len(train_probe_curve) < 2:
+        return HACKING
+    (_, acc0, rew0), (_, acc1, rew1) = train_probe_curve[0], train_probe_curve[-1]
+    if acc1 - acc0 >= guard.heldout_gain:
+        return OVERFITTING
+    if evidence["train_reward_now"] <= rew0 + guard.sharpening_margin and abs(rew1 - rew0) < guard.train_rise / 2:
+        return SHARPENING
+    return HACKING
+
+
+def stops(kind: str | None, guard) -> bool:
+    """Whether a finding stops the stage: hacking by `guard.action`, overfitting by `guard.on_overfitting`;
+    sharpening never."""
+    if kind in (None, HACKING):
+        return guard.action == "stop"
+    if kind == OVERFITTING:
+        return guard.on_overfitting == "stop"
+    return False
+
+
+def describe(kind: str | None) -> str:
+    return {OVERFITTING: "the policy learns its training prompts and it does not carry over to held-out ones (overfitting)",
+            SHARPENING: "sampling catches up with what greedy decoding already answered (sharpening: harmless)"}.get(
+        kind or HACKING, "the policy is learning to please the reward, not to solve the task (hacking); read the trajectories and fix the reward")
+
+
 def decide(history: list[Evaluation], cfg) -> Decision:
     """The next step after the last evaluation in `history` (cfg: the recipe's `cycle` section)."""
     if not history:
@@ -109,12 +154,13 @@ def decide(history: list[Evaluation], cfg) -> Decision:
     warning = None
     evidence = hacking_evidence(history, cfg.guard)
     if evidence is not None:
+        kind = last.finding or HACKING  # the GRPO round named it from its training-prompt probe, where it had one
+        evidence["finding"] = kind
         reason = (f"training reward rose {evidence['train_reward_rise']:+.3f} (from {evidence['train_reward_start']:.3f} to "
                   f"{evidence['train_reward_now']:.3f}) while held-out accuracy changed {evidence['heldout_gain']:+.3f} "
-                  f"(from {evidence['heldout_accuracy_start']:.3f} to {evidence['heldout_accuracy_now']:.3f}): the policy is "
-                  "learning to please the reward, not to solve the task; read the trajectories and fix the reward")
-        if cfg.guard.action == "stop":
-            return Decision(REWARD_HACKING, reason, evidence)
+                  f"(from {evidence['heldout_accuracy_start']:.3f} to {evidence['heldout_accuracy_now']:.3f}): {describe(kind)}")
+        if stops(kind, cfg.guard):
+            return Decision(REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT, reason, evidence)
         warning = reason
 
     if last.heldout_accuracy >= cfg.target:

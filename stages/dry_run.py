@@ -92,6 +92,11 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     per_reward = score(fns, prompts, completions, columns)
     totals = weighted_total(per_reward, recipe.reward_weights())
     stats = group_stats(totals, group)
+    from regimen.stages.training.pass_rates import PassRates, prompt_id
+
+    rates = PassRates()  # each sampled prompt's group: where GRPO's curriculum starts
+    rates.add_groups([prompt_id(p) for p in prompts], totals, group, 0, "dry_run")
+    rates.write(dirs.out)
     for name, vals in per_reward.items():
         scored = [v for v in vals if v is not None]
         stats[f"rewards/{name}/mean"] = statistics.fmean(scored) if scored else math.nan

@@ -131,6 +131,17 @@ def environment() -> dict[str, str]:
     return out
 
 
+def cpu_capability() -> str | None:
+    """The CPU instruction set torch's kernels use here (`AVX512`, `AVX2`, `DEFAULT`; `ATEN_CPU_CAPABILITY`
+    lowers it), or None without torch."""
+    try:
+        import torch
+
+        return torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        return None
+
+
 @functools.cache
 def code_version(module: str) -> str:
     """A short digest of the code that can change `module`'s result (see the module doc)."""

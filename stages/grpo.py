@@ -35,9 +35,15 @@ def config_section(recipe) -> dict[str, Any]:
         "grpo": recipe.grpo,
         "peft": recipe.peft,
         "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
-        "probe": {**recipe.probe.model_dump(mode="json"), "guard": recipe.cycle.guard.model_dump(mode="json"),
+        "probe": {**recipe.probe.model_dump(mode="json"), "target": recipe.cycle.target if recipe.probe.stop_at_target else None, "guard": recipe.cycle.guard.model_dump(mode="json"),
                   "metric": recipe.eval.metric, "max_new_tokens": recipe.max_new_tokens()},
+        "curriculum": recipe.curriculum.model_dump(mode="json") if curriculum_on(recipe) else None,
     }
+
+
+def curriculum_on(recipe) -> bool:
+    """The curriculum runs in one process only (see `training/curriculum.py`)."""
+    return recipe.curriculum.enabled and recipe.num_processes() == 1
 
 
 def barrier(trainer) -> None:
@@ -48,7 +54,7 @@ def barrier(trainer) -> None:
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
-    from regimen.stages.cycle import REWARD_HACKING
+    from regimen.stages.cycle import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
     from regimen.stages.rewards import GAMEABLE_WARNING, gameable_names
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import trajectories
@@ -58,12 +64,18 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.training.policy import is_main_process, save_policy
     from regimen.stages.training.probe import HeldoutProbe, probe_rows, restore_best
 
+    from regimen.stages.training.curriculum import Curriculum
+    from regimen.stages.training.pass_rates import PassRates
+
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder()
     task = load_task(recipe.data, inputs.get("heldout"))
     probe = HeldoutProbe(recipe, probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed), load_tokenizer(policy), dirs.checkpoints,
-                          progress=getattr(dirs, "progress", None))
-    trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe], heldout=inputs.get("heldout"))
+                          progress=getattr(dirs, "progress", None), train_rows=probe_rows(task.train, recipe.probe.train_prompts, recipe.data.seed + 1))
+    seen = PassRates.read((inputs.get("pass_rates") or {}).get("path"))  # the dry run's (or the round before's) table
+    pacing = Curriculum(task.train, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen) if curriculum_on(recipe) else None
+    trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe], heldout=inputs.get("heldout"),
+                                 curriculum=pacing, rates=None if pacing else seen)
     probe.trainer = trainer
     t0 = time.perf_counter()
     resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps, on_finished=probe.recheck)
@@ -85,22 +97,42 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if curve:
         metrics["probe_first"] = curve[0]["heldout_accuracy"]
         metrics["probe_last"] = curve[-1]["heldout_accuracy"]
+    rates = pacing.rates if pacing else seen
+    if probe.stopped_at_target is not None:
+        extra["stopped_at_target"] = probe.stopped_at_target
+        metrics["stopped_at_target"] = float(probe.stopped_at_target)
+    if pacing is not None:
+        summary = pacing.summary()
+        extra["curriculum"] = summary
+        metrics.update({f"curriculum_{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+        metrics.update({f"curriculum_band_{k}": float(v) for k, v in summary["bands"].items()})
+    elif recipe.curriculum.enabled:
+        extra["note"] = "curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)"
     if is_main_process(trainer):
         with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
             for h in history:
                 fh.write(json.dumps(h) + "\n")
         trajectories.write(dirs.out, recorder.rows())
+        rates.write(dirs.out)
     if gameable := gameable_names(fns):
         extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
+    seen = probe.fired or probe.noted or probe.final_look(history)
+    if seen:
+        extra["guard_finding"] = seen["finding"]  # hacking, overfitting or sharpening: what the evaluation's verdict is told
+        extra["guard_evidence"] = seen
+    if probe.noted and not probe.fired:
+        extra["guard_note"] = f"the guard saw sharpening at step {probe.noted['step']} (harmless; training went on): {describe(SHARPENING)}"
     if probe.fired:
         extra["guard_fired_at_step"] = probe.fired["step"]
-        extra["guard_evidence"] = probe.fired
         metrics["guard_fired_at_step"] = float(probe.fired["step"])
-        if recipe.cycle.guard.action == "stop":
-            reason = (f"{REWARD_HACKING}: at GRPO step {probe.fired['step']} of {trainer.state.max_steps} the training reward had risen "
+        if probe.fired_and_stopped():
+            kind = probe.fired["finding"]
+            verdict = REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT
+            reason = (f"{verdict}: at GRPO step {probe.fired['step']} of {trainer.state.max_steps} the training reward had risen "
                       f"{probe.fired['train_reward_rise']:+.3f} (from {probe.fired['train_reward_start']:.3f} to {probe.fired['train_reward_now']:.3f}) "
                       f"while held-out probe accuracy changed {probe.fired['heldout_gain']:+.3f} (from {probe.fired['heldout_accuracy_start']:.3f} "
-                      f"to {probe.fired['heldout_accuracy_now']:.3f}); training stopped. Read the trajectories (high reward, wrong answer) and fix the reward")
+                      f"to {probe.fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
+                      + (". Read the trajectories (high reward, wrong answer) and fix the reward" if kind == HACKING else ""))
             return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
         extra["guard_warning"] = probe.warning
     barrier(trainer)  # every rank reads best/ only once rank 0 has finished writing it

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from regimen.stages import registry
 from regimen.stages.contract import StageDirs, StageOutput
 from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
-from regimen.stages.fingerprint import code_version, content_digest, digest, environment, input_digests
+from regimen.stages.fingerprint import code_version, content_digest, cpu_capability, digest, environment, input_digests
 from regimen.stages.store import Store, now_iso
 
 log = logging.getLogger("regimen.runner")
@@ -139,6 +139,7 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
     dirs = StageDirs(out=store.staging_dir(experiment, stage), checkpoints=store.work_dir(experiment, stage, fp), progress=progress)
     device = _device(recipe, module)
     manifest["device"] = device["device"]
+    manifest["torch_cpu_capability"] = cpu_capability()  # which float kernels torch chose: a tiny model's training depends on it
     with store.running(experiment, stage, {"fingerprint": fp, "cycle": cycle, "round": round_, "checkpoints": str(dirs.checkpoints)}):
         try:
             output: StageOutput = _launch(stage, module, recipe, inputs, dirs)

@@ -87,3 +87,22 @@ def test_the_frozen_set_is_written_once_and_data_versions_count_what_is_new(tmp_
     assert refreshed["version"] == 2 and data_records.current(st, "exp")["version"] == 2
     manifest = json.loads((tmp_path / "store" / "exp" / "heldout" / "v2" / "manifest.json").read_text())
     assert manifest["by"] == "person" and manifest["reason"] == "new set"
+
+
+def test_the_readme_automation_is_one_prefect_accepts():
+    """The automation the README documents for `regimen.model.kept` is valid for Prefect's own model."""
+    import re
+    import uuid
+    from pathlib import Path
+
+    import yaml
+    from prefect.events.schemas.automations import AutomationCore
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"cat > kept.yaml <<'YAML'\n(.*?)\n\s*YAML\n", readme, re.S)
+    assert block, "the README's automation example is gone"
+    text = "\n".join(line[2:] for line in block.group(1).splitlines()).replace("<your notification block's id>", str(uuid.uuid4()))
+    automation = AutomationCore.model_validate(yaml.safe_load(text))
+    assert automation.trigger.expect == {"regimen.model.kept"}
+    assert automation.trigger.match.model_dump()  # matches our resource id
+    assert automation.actions[0].type == "send-notification"

@@ -45,6 +45,18 @@ def _points(log: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
     return [(h["step"], h[key]) for h in log if key in h and "step" in h and h[key] is not None]
 
 
+def _bands(ax, name: str, log: list[dict[str, Any]], color) -> None:
+    """The curriculum's bands (`curriculum/<band>` in the log) as shares of the prompts, beside
+    frac_reward_zero_std: what the sampler drew from while groups did or did not vary."""
+    keys = ("easy", "normal", "hard", "set_aside")
+    rows = [h for h in log if "step" in h and all(f"curriculum/{k}" in h for k in keys)]
+    if not rows:
+        return
+    for k, style in zip(keys, (":", "-.", "--", (0, (1, 3)))):
+        pts = [(h["step"], h[f"curriculum/{k}"] / max(sum(h[f"curriculum/{b}"] for b in keys), 1)) for h in rows]
+        ax.plot(*zip(*pts), linestyle=style, color=color, alpha=0.6, linewidth=1.0, label=f"{name}: {k.replace('_', ' ')}")
+
+
 def training_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str) -> Path:
     """Per run: training reward with each reward's mean (monitors dashed) and the held-out probe; reward
     std; frac_reward_zero_std; KL."""
@@ -65,8 +77,13 @@ def training_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str
     for ax, (key, label) in zip(list(axes.flat)[1:], (("reward_std", "reward std"), ("frac_reward_zero_std", "frac_reward_zero_std"), ("kl", "KL to reference"))):
         for name, log in runs.items():
             if pts := _points(log, key):
-                ax.plot(*zip(*pts), label=name, linewidth=1.4)
-        ax.set_title(label)
+                line, = ax.plot(*zip(*pts), label=name, linewidth=1.4)
+                if key == "frac_reward_zero_std":
+                    _bands(ax, name, log, line.get_color())
+        ax.set_title(label if key != "frac_reward_zero_std" or not ax.get_legend_handles_labels()[0][1:] else
+                     "frac_reward_zero_std and the curriculum's bands (share of prompts)")
+        if key == "frac_reward_zero_std" and ax.get_legend_handles_labels()[0][1:]:
+            ax.legend(fontsize=6, loc="best")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     for ax in axes[-1]:

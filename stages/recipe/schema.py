@@ -120,6 +120,8 @@ class ProbeSection(Section):
     steps: int = Field(50, ge=0, le=10**9, description="probe every this many GRPO steps (0: no probe, the guard speaks after the round)")
     prompts: int = Field(64, gt=0, le=10**6, description="held-out prompts per probe (greedy)")
     keep: Literal["best", "last"] = Field("best", description="the GRPO version holds the best-probing checkpoint, or the last")
+    stop_at_target: bool = Field(True, description="end the GRPO round once two probes in a row reach cycle.target (evaluation then decides on the whole set)")
+    train_prompts: int = Field(32, ge=0, le=10**6, description="training prompts answered greedily at each probe too: tells hacking, overfitting and sharpening apart (0: none)")
 
 
 class EvalSection(Section):
@@ -130,11 +132,40 @@ class EvalSection(Section):
 
 
 class GuardSection(Section):
-    """Reward-hacking guard: training reward rose, held-out accuracy did not."""
+    """The guard: the training reward rose while held-out accuracy did not. What it sees is named from the
+    greedy probe on training prompts too (`stages/cycle.py:verdict`): hacking (the reward pays for something
+    else), overfitting (training prompts learnt, held-out not) or sharpening (sampling catches up with what
+    greedy decoding already scored: harmless)."""
 
     train_rise: float = Field(0.2, ge=-1e9, le=1e9, description="a rise of the training reward at least this large ...")
     heldout_gain: float = Field(0.02, ge=-1, le=1, description="... with held-out accuracy gaining less than this is suspicious")
-    action: Literal["stop", "warn"] = "stop"
+    action: Literal["stop", "warn"] = Field("stop", description="on hacking: stop the stage, or warn and go on")
+    on_overfitting: Literal["stop", "warn"] = Field("warn", description="on overfitting: stop the stage, or warn and go on")
+    sharpening_margin: float = Field(0.05, ge=0, le=1e9, description="sampled reward within this of the greedy reward before training counts as sharpening")
+
+
+class BandsSection(Section):
+    easy: float = Field(0.8, ge=-1e9, le=1e9, description="a prompt's mean reward at or above this: easy")
+    hard: float = Field(0.2, ge=-1e9, le=1e9, description="below this: hard (between them, and never seen: normal)")
+
+
+class CurriculumSection(Section):
+    """GRPO's prompts chosen by pass rate (`stages/training/curriculum.py`): prompts whose latest groups all
+    scored alike are set aside and re-admitted later; the rest are drawn by difficulty band."""
+
+    enabled: bool = Field(True, description="false: TRL's own sampler (a uniform shuffle of the training rows)")
+    set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
+    readmit_after: int = Field(50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again")
+    bands: BandsSection = BandsSection()
+    weights: dict[Literal["easy", "normal", "hard"], float] = Field(
+        {"easy": 0.1, "normal": 0.7, "hard": 0.2}, description="how often each band is drawn (among those with an active prompt)")
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(not (0 <= w <= 1e6) for w in v.values()) or not any(w > 0 for w in v.values()):
+            raise ValueError("curriculum.weights: each within [0, 1e6], and at least one above 0")
+        return v
 
 
 class CycleSection(Section):
@@ -221,6 +252,7 @@ class Recipe(Section):
     eval: EvalSection = EvalSection()
     cycle: CycleSection = CycleSection()
     promote: PromoteSection = PromoteSection()
+    curriculum: CurriculumSection = CurriculumSection()
     store: str = "artifacts"
     launcher: Literal["inprocess", "accelerate"] = "inprocess"
     accelerate: AccelerateSection = AccelerateSection()

@@ -58,12 +58,19 @@ class FaultInjection(TrainerCallback):
 
 
 def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.Recorder, *, stage: str = "grpo",
-                  callbacks: list | None = None, heldout: dict[str, Any] | None = None, **overrides: Any):
-    """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights."""
+                  callbacks: list | None = None, heldout: dict[str, Any] | None = None, curriculum=None, rates=None, **overrides: Any):
+    """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights.
+
+    With `curriculum` (a `curriculum.Curriculum`), the training set is the curriculum's stream (an
+    IterableDataset read in order: `shuffle_dataset` off, and no batches skipped on resume, since the
+    curriculum's own state comes back from the checkpoint) and the trainer's rewards feed its pass rates;
+    without, TRL's sampler shuffles the rows and `rates` (a `curriculum.PassRates`) still hears every group."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
     from regimen.stages.recipe.trl import for_stage
+    from regimen.stages.training import curriculum as pacing
+    from regimen.stages.training.pass_rates import prompt_id
     from regimen.stages.rewards import from_specs
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import limits
@@ -74,14 +81,26 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
     args = for_stage(recipe, "grpo", output_dir, **overrides)
     task = load_task(recipe.data, heldout)  # training rows never include a frozen held-out prompt
+    weights = [recipe.reward_weights()[name] for name in fns]
+    first: list = []
+    if curriculum is not None:
+        train = pacing.dataset(curriculum)
+        args.shuffle_dataset, args.ignore_data_skip = False, True
+        recorder.listen(pacing.listener(curriculum, weights, args.num_generations), len(fns))
+        first.append(pacing.CurriculumCallback(curriculum))  # before MarkComplete: its state is in the checkpoint when marked
+    else:
+        train = Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in task.train])
+        if rates is not None:
+            recorder.listen(pacing.rates_listener(rates, weights, args.num_generations, recorder), len(fns))
+            first.append(pacing.RatesCallback(rates))
     trainer = GRPOTrainer(
         model=policy,
         reward_funcs=[recorder.wrap(name, fn) for name, fn in fns.items()],
         args=args,
-        train_dataset=Dataset.from_list(task.train),
+        train_dataset=train,
         processing_class=load_tokenizer(policy),
         peft_config=peft_config(recipe),
-        callbacks=[MarkComplete(), StepCounter(recorder), Clock(), FaultInjection(stage), *limits.callbacks(recipe, output_dir), *(callbacks or [])],
+        callbacks=[*first, MarkComplete(), StepCounter(recorder), Clock(), FaultInjection(stage), *limits.callbacks(recipe, output_dir), *(callbacks or [])],
     )
     return progress.quiet(trainer, stage), fns
 

@@ -63,11 +63,11 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     policy the `judge` stage last measured, made by one of the `trained_by` stages (the caller reads both
     from the registry), never one whose verdict suspected reward hacking (verdicts are kept beside the
     evaluations)."""
-    from regimen.stages.cycle import REWARD_HACKING
+    from regimen.stages.cycle import OVERFITTING_VERDICT, REWARD_HACKING
 
     verdicts = store.verdicts_by_eval(experiment)
     ev = next((m for m in reversed(store.versions(experiment, judge))
-               if verdicts.get(m["version"], {}).get("verdict") not in (REWARD_HACKING, None)), None)
+               if verdicts.get(m["version"], {}).get("verdict") not in (REWARD_HACKING, OVERFITTING_VERDICT, None)), None)
     if not ev:
         return None
     ref = ev["inputs"]["policy"]

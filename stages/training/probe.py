@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from regimen.stages.cycle import guard_in_training
+from regimen.stages.cycle import SHARPENING, describe, finding, guard_in_training, stops
 
 log = logging.getLogger("regimen.probe")
 BEST = "best"
@@ -38,6 +38,17 @@ def probe_rows(heldout: list[dict[str, Any]], n: int, seed: int) -> list[dict[st
     rows = list(heldout)
     random.Random(seed + 17).shuffle(rows)
     return rows[:n]
+
+
+def weighted_rewards(recipe, completions: list[str], rows: list[dict[str, Any]]) -> list[float]:
+    """Each completion's weighted total reward, as GRPO computes it (a reward's None counts as nothing)."""
+    from regimen.stages.rewards import from_specs, score
+
+    fns = from_specs(recipe.rewards)
+    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    values = score(fns, [r["prompt"] for r in rows], completions, columns)
+    weights = recipe.reward_weights()
+    return [sum(weights[name] * v[i] for name, v in values.items() if v[i] is not None) for i in range(len(completions))]
 
 
 def correct_flags(recipe, completions: list[str], rows: list[dict[str, Any]]) -> list[float]:
@@ -54,14 +65,22 @@ def correct_flags(recipe, completions: list[str], rows: list[dict[str, Any]]) ->
 
 
 class HeldoutProbe(TrainerCallback):
-    def __init__(self, recipe, rows: list[dict[str, Any]], tokenizer, work_dir: Path, progress=None):
+    """`rows`: the held-out sample; `train_rows`: a sample of training prompts, answered greedily too, whose
+    accuracy and weighted reward (`train_probe`, `train_probe_reward` in the log) let the guard name what
+    it sees (`regimen.stages.cycle.finding`)."""
+
+    def __init__(self, recipe, rows: list[dict[str, Any]], tokenizer, work_dir: Path, progress=None, train_rows: list[dict[str, Any]] | None = None):
         self.recipe, self.rows, self.tokenizer = recipe, rows, tokenizer
+        self.train_rows = list(train_rows or [])
         self.every = recipe.probe.steps
         self.best_dir = Path(work_dir) / BEST
         self.trainer = None  # set by the stage once the trainer exists
-        self.fired: dict[str, Any] | None = None
+        self.fired: dict[str, Any] | None = None  # the guard's finding when it is hacking or overfitting
+        self.noted: dict[str, Any] | None = None  # ... when it is sharpening (never stops a run)
+        self.stopped_at_target: int | None = None
         self.warning: str | None = None
         self.probe_s = 0.0
+        self.t0 = time.perf_counter()
         self.sharded = False
         self.progress = progress
 
@@ -74,6 +93,11 @@ class HeldoutProbe(TrainerCallback):
     def train_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
         return [(h["step"], h["reward"]) for h in log_history if "reward" in h and "step" in h]
 
+    @staticmethod
+    def train_probe_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+        """(step, greedy accuracy, greedy weighted reward) on the sample of training prompts."""
+        return [(h["step"], h["train_probe"], h["train_probe_reward"]) for h in log_history if "train_probe" in h]
+
     def best(self) -> dict[str, Any] | None:
         try:
             return json.loads((self.best_dir / "best.json").read_text())
@@ -81,31 +105,42 @@ class HeldoutProbe(TrainerCallback):
             return None
 
     # -- measuring ----------------------------------------------------------------------------
-    def measure(self, model) -> float:
+    def measure(self, model, rows: list[dict[str, Any]] | None = None, *, with_reward: bool = False) -> float | tuple[float, float]:
+        """Greedy accuracy on `rows` (default: the held-out sample); with `with_reward`, also the mean
+        weighted reward."""
         from regimen.stages.training.sampling import generate
 
+        rows = self.rows if rows is None else rows
         t0 = time.perf_counter()
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
-        mine = self.rows[rank::world]
-        per_rank = -(-len(self.rows) // world)
-        padded = mine + self.rows[: per_rank - len(mine)]  # equal shares: sharded models need every rank in step
+        mine = rows[rank::world]
+        per_rank = -(-len(rows) // world)
+        padded = mine + rows[: per_rank - len(mine)]  # equal shares: sharded models need every rank in step
         completions = [c[0] for c in generate(model, self.tokenizer, [r["prompt"] for r in padded], max_new_tokens=self.recipe.max_new_tokens(),
                                                batch_size=self.recipe.eval.batch_size, desc="held-out probe", synced_gpus=self.sharded)]
         flags = correct_flags(self.recipe, completions[: len(mine)], mine) if mine else []
+        rewards = weighted_rewards(self.recipe, completions[: len(mine)], mine) if mine and with_reward else []
         if world > 1:
             from accelerate.utils import gather_object
 
             flags = gather_object(flags)
+            rewards = gather_object(rewards) if with_reward else rewards
         self.probe_s += time.perf_counter() - t0
         scored = [f for f in flags if f is not None]
-        return sum(scored) / len(scored) if scored else 0.0
+        acc = sum(scored) / len(scored) if scored else 0.0
+        if with_reward:
+            return acc, (sum(rewards) / len(rewards) if rewards else 0.0)
+        return acc
 
     def _probe(self, state, model) -> None:
         step = state.global_step
         if not any(h.get("heldout_probe") is not None and h.get("step") == step for h in state.log_history):
             acc = self.measure(model)
-            state.log_history.append({"step": step, "heldout_probe": acc, "probe_s": round(self.probe_s, 3)})
+            entry = {"step": step, "heldout_probe": acc}
+            if self.train_rows:
+                entry["train_probe"], entry["train_probe_reward"] = self.measure(model, self.train_rows, with_reward=True)
+            state.log_history.append({**entry, "probe_s": round(self.probe_s, 3), "wall_s": round(time.perf_counter() - self.t0, 3)})
             train = self.train_curve(state.log_history)
             log.info("held-out probe at step %d: %.3f%s", step, acc, f" (training reward {train[-1][1]:.3f})" if train else "")
             if self.progress is not None and int(os.environ.get("RANK", "0")) == 0:
@@ -129,11 +164,29 @@ class HeldoutProbe(TrainerCallback):
         now = guard_in_training(train, probes, guard)
         before = guard_in_training([t for t in train if len(probes) < 2 or t[0] <= probes[-2][0]], probes[:-1], guard)
         if now and before:
-            self.fired = {"step": probes[-1][0], **now}
-            if guard.action == "warn":
-                self.warning = (f"reward-hacking guard (warn): at step {probes[-1][0]} the training reward had risen {now['train_reward_rise']:+.3f} "
-                                f"while held-out probe accuracy changed {now['heldout_gain']:+.3f}")
+            kind = finding(now, self.train_probe_curve(state.log_history), guard)
+            seen = {"step": probes[-1][0], **now, "finding": kind, "train_probe_curve": [list(p) for p in self.train_probe_curve(state.log_history)]}
+            if kind == SHARPENING:  # harmless: noted once, and the guard keeps watching
+                if not self.noted:
+                    self.noted = seen
+                    log.info("guard: %s at step %d (training reward %+.3f, held-out probe %+.3f)", describe(kind), seen["step"],
+                             now["train_reward_rise"], now["heldout_gain"])
+                return
+            self.fired = seen
+            if not stops(kind, guard):
+                self.warning = (f"guard (warn): {kind} at step {probes[-1][0]}: the training reward had risen {now['train_reward_rise']:+.3f} "
+                                f"while held-out probe accuracy changed {now['heldout_gain']:+.3f}; {describe(kind)}")
                 log.warning(self.warning)
+
+    def final_look(self, log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The guard's rule on the whole curves once training ended (a round where it never held at two
+        probes in a row can still end with it holding): the named finding, else None."""
+        probes = [(p["step"], p["heldout_accuracy"]) for p in self.curve(log_history)]
+        guard = self.recipe.cycle.guard
+        now = guard_in_training(self.train_curve(log_history), probes, guard)
+        if now is None:
+            return None
+        return {"step": probes[-1][0], **now, "finding": finding(now, self.train_probe_curve(log_history), guard)}
 
     def _save_best(self, model, step: int, acc: float) -> None:
         if int(os.environ.get("RANK", "0")) != 0:
@@ -152,6 +205,7 @@ class HeldoutProbe(TrainerCallback):
 
     # -- Trainer hooks -------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.t0 = time.perf_counter()  # the probe's entries carry wall_s (seconds of this process's training), as the Trainer's logs do
         self.sharded = bool(self.trainer is not None and (getattr(self.trainer, "is_fsdp_enabled", False) or getattr(self.trainer, "is_deepspeed_enabled", False)))
         best = self.best()
         stale = best is not None and (state.global_step == 0 or best["step"] > state.global_step)
@@ -166,16 +220,28 @@ class HeldoutProbe(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every and model is not None and state.global_step % self.every == 0:
             self._probe(state, self._unwrap(model))
-            if self.fired and self.recipe.cycle.guard.action == "stop":
+            if self.fired_and_stopped():
+                control.should_training_stop = True
+            elif self.reached_target(state.log_history):
+                self.stopped_at_target = state.global_step
+                log.info("held-out probe at or above the target %.3f twice in a row: the round ends at step %d", self.recipe.cycle.target, state.global_step)
                 control.should_training_stop = True
         return control
+
+    def reached_target(self, log_history: list[dict[str, Any]]) -> bool:
+        """`probe.stop_at_target`: the last two probes (after step 0) reached `cycle.target`. Groups of a
+        policy that solves nearly everything teach little; the evaluation on the whole set decides."""
+        if not getattr(self.recipe.probe, "stop_at_target", False):
+            return False
+        probes = [p for p in self.curve(log_history) if p["step"] > 0]
+        return len(probes) >= 2 and all(p["heldout_accuracy"] >= self.recipe.cycle.target for p in probes[-2:])
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if self.every and model is not None and not self.fired_and_stopped():
             self._probe(state, self._unwrap(model))
 
     def fired_and_stopped(self) -> bool:
-        return bool(self.fired and self.recipe.cycle.guard.action == "stop")
+        return bool(self.fired and stops(self.fired["finding"], self.recipe.cycle.guard))
 
     def _unwrap(self, model):
         if self.trainer is not None:

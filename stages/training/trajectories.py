@@ -66,6 +66,14 @@ class Recorder:
         self.keep_first, self.keep_last, self.rows_per_batch = keep_first, keep_last, rows_per_batch
         self.batches: list[dict[str, Any]] = []
         self.step = 0
+        self.listeners: list[Any] = []  # called with (kwargs, [values per reward]) once every reward scored a batch
+        self.expected = 0
+        self._full: dict[str, Any] = {"id": None, "values": {}}
+
+    def listen(self, fn, rewards: int) -> None:
+        """Hear each whole batch the trainer scores: `fn(kwargs, values)`, values in the rewards' order."""
+        self.listeners.append(fn)
+        self.expected = rewards
 
     def wrap(self, name: str, fn):
         recorder = self
@@ -80,6 +88,7 @@ class Recorder:
             except InputError as exc:
                 raise InputError(f"{exc} (at training step {max(recorder.step, 1)})") from None
             recorder._add(name, prompts, completions, values, kwargs)
+            recorder.hear(name, completions, values, kwargs)
             return values
 
         wrapped.__name__ = getattr(fn, "__name__", name)
@@ -94,6 +103,18 @@ class Recorder:
             if len(self.batches) > self.keep_first + self.keep_last:
                 del self.batches[self.keep_first]
         self.batches[-1]["rewards"][name] = [None if v is None else float(v) for v in values[:n]]
+
+    def hear(self, name, completions, values, kwargs) -> None:
+        if not self.listeners:
+            return
+        if self._full["id"] != id(completions):
+            self._full = {"id": id(completions), "values": {}}
+        self._full["values"][name] = list(values)
+        if len(self._full["values"]) == self.expected:
+            columns = list(self._full["values"].values())
+            self._full = {"id": None, "values": {}}
+            for fn in self.listeners:
+                fn(kwargs, columns)
 
     def rows(self) -> list[dict[str, Any]]:
         out = []
