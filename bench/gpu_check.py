@@ -8,6 +8,8 @@ Settings (each a full `regimen run`: dry run -> smoke -> GRPO -> eval, no SFT, t
   lora            the same with a `peft:` LoRA adapter (merged into the saved policy)
   vllm            `grpo.use_vllm: true, vllm_mode: colocate` (skipped, and said so, where vLLM is not installed)
   accelerate      `launcher: accelerate` with one process (the subprocess path a multi-GPU machine takes)
+  code-env        `configs/gpu/code-env.yaml`: GRPO over the code environment (sandboxed `run_tests` tool) on a
+                  Qwen3-shaped model with Qwen3's chat template (`--no-env` skips it)
 It prints one table and writes `gpu_check.json` into --out. It exits non-zero if any stage generated on
 the CPU while a GPU was present (the device each stage recorded in its manifest). Meant to finish in
 under 10 minutes on one GPU; `--quick` shrinks the steps for a smoke test of the script itself.
@@ -72,10 +74,44 @@ SETTINGS = {
 }
 
 
+def code_env(out: Path, quick: bool, cpu_while_gpu: list[str], gpu: bool) -> list[dict]:
+    """`configs/gpu/code-env.yaml` (the code environment, its sandboxed `run_tests` tool, GRPO through TRL's
+    environment_factory) on a locally built Qwen3-shaped model carrying Qwen3's own chat template, so TRL
+    parses its tool calls as it would the hub model's. Its answers are noise (random weights): the gates'
+    band is opened so every stage runs; what this checks is that episodes train and generate on the GPU."""
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from regimen.stages.training.model import build_real_shaped_model
+
+    model = build_real_shaped_model(out / "model-qwen3-tools", arch="qwen3", hidden_size=256, num_layers=4, chat_template=qwen3_chat_template)
+    store = out / "store-code-env"
+    steps = 4 if quick else 40
+    cmd = [sys.executable, "-m", "regimen.flows.cli", "run", "configs/gpu/code-env.yaml", "--store", str(store), "--experiment", "code-env"]
+    for s in (f"model.name_or_path={model}", "peft=null", "dry_run.min_mean_reward=0", "dry_run.max_frac_zero_std=1.0", f"grpo.max_steps={steps}",
+              "grpo.max_completion_length=256", "eval.max_new_tokens=128", "probe.steps=0", "grpo.per_device_train_batch_size=8", "grpo.num_generations=4"):
+        cmd += ["--set", s]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "REGIMEN_MACHINE_SLOTS": "0"})
+    print(f"[code-env] exit {proc.returncode} in {time.perf_counter() - t0:.0f}s", flush=True)
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], flush=True)
+    rows = []
+    for manifest in sorted(store.glob("code-env/*/v*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        met = m.get("metrics", {})
+        rows.append({"setting": "code-env", "stage": m["stage"], "version": m["version"], "device": m.get("device"), "wall_s": m.get("wall_s"),
+                     "peak_gpu_mib": m.get("peak_gpu_memory_mib"), "completions_per_s": met.get("completions_per_s"),
+                     "heldout_accuracy": met.get("heldout_accuracy")})
+        if gpu and str(m.get("device", "")).startswith("cpu"):
+            cpu_while_gpu.append(f"code-env/{m['stage']}")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="where models, data and runs go (default: a fresh temp folder)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-env", action="store_true", help="skip the code-env setting (configs/gpu/code-env.yaml)")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="regimen-gpu-check-"))
     print(f"gpu check: writing under {out}")
@@ -119,6 +155,8 @@ def main() -> int:
             rows.append(row)
             if gpu and str(m.get("device", "")).startswith("cpu"):
                 cpu_while_gpu.append(f"{name}/{m['stage']}")
+    if not args.no_env:
+        rows += code_env(out, args.quick, cpu_while_gpu, gpu)
     print(f"\n{'setting':<11} {'stage':<15} {'device':<24} {'wall s':>8} {'peak GPU MiB':>13} {'compl/s':>9} {'held-out':>9}")
     for r in rows:
         f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"  # noqa: E731

@@ -71,7 +71,7 @@ def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperat
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training.model import load_policy
-    from regimen.stages.training.sampling import generate
+    from regimen.stages.training.episodes import complete, transcript
 
     g = recipe.grpo_value
     cfg = recipe.dry_run
@@ -81,13 +81,15 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
     model, tokenizer = load_policy(policy, recipe)
-    samples = generate(model, tokenizer, [r["prompt"] for r in rows], num_return_sequences=group, do_sample=True,
-                       temperature=float(g("temperature")), top_p=float(g("top_p") or 1.0), top_k=int(g("top_k") or 0),
-                       max_new_tokens=int(g("max_completion_length")), batch_size=recipe.eval.batch_size, desc="dry run", seed=seed,
-                       extra={**{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None}, **(g("generation_kwargs") or {})})
+    samples, envs = complete(model, tokenizer, recipe, rows, num_return_sequences=group, do_sample=True,
+                             temperature=float(g("temperature")), top_p=float(g("top_p") or 1.0), top_k=int(g("top_k") or 0),
+                             max_new_tokens=int(g("max_completion_length")), batch_size=recipe.eval.batch_size, desc="dry run", seed=seed,
+                             extra={**{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None}, **(g("generation_kwargs") or {})})
     prompts = [r["prompt"] for r in rows for _ in range(group)]
     completions = [c for s in samples for c in s]
     columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k not in ("prompt", "completion")}
+    if envs is not None:  # episodes: the policy's own, each scored by its environment
+        columns["environments"] = [e for es in envs for e in es]
     fns = from_specs(recipe.rewards)
     per_reward = score(fns, prompts, completions, columns)
     totals = weighted_total(per_reward, recipe.reward_weights())
@@ -102,7 +104,10 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         stats[f"rewards/{name}/mean"] = statistics.fmean(scored) if scored else math.nan
         stats[f"rewards/{name}/none"] = float(len(vals) - len(scored))
     stats.update({"num_prompts": float(len(rows)), "num_generations": float(group)})
-    trajectories.write(dirs.out, trajectories.rows_from_batch(prompts, completions, per_reward, total=totals, group=[i // group for i in range(len(prompts))]))
+    context: dict[str, list[Any]] = {"total": totals, "group": [i // group for i in range(len(prompts))]}
+    if envs is not None:
+        context["episode"] = [transcript(c, e) for c, e in zip(completions, columns["environments"])]
+    trajectories.write(dirs.out, trajectories.rows_from_batch(prompts, completions, per_reward, **context))
     extra: dict[str, Any] = {}
     if gameable := gameable_names(fns):
         extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))

@@ -73,7 +73,12 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     probe = HeldoutProbe(recipe, probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed), load_tokenizer(policy), dirs.checkpoints,
                           progress=getattr(dirs, "progress", None), train_rows=probe_rows(task.train, recipe.probe.train_prompts, recipe.data.seed + 1))
     seen = PassRates.read((inputs.get("pass_rates") or {}).get("path"))  # the dry run's (or the round before's) table
-    pacing = Curriculum(task.train, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen) if curriculum_on(recipe) else None
+    train = task.train
+    if recipe.environment is not None:
+        from regimen.stages.training.episodes import chat_rows
+
+        train = chat_rows(train)
+    pacing = Curriculum(train, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen) if curriculum_on(recipe) else None
     trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe], heldout=inputs.get("heldout"),
                                  curriculum=pacing, rates=None if pacing else seen)
     probe.trainer = trainer

@@ -84,7 +84,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
                            f"({int(counts['traces_generated'])} generated); lower the threshold, sample more, or use a stronger teacher")
     tokenizer = load_tokenizer(policy)
     model = load_model(policy, dtype=recipe.model.dtype)
-    args = for_stage(recipe, "sft", dirs.checkpoints)
+    args = for_stage(recipe, "sft", dirs.checkpoints, **({"assistant_only_loss": True} if recipe.environment is not None else {}))
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(as_sft_rows(rows)), processing_class=tokenizer,
                          peft_config=peft_config(recipe), callbacks=[MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)])
     progress.quiet(trainer, NAME)

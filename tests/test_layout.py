@@ -57,7 +57,7 @@ GRAPH = {name: edges(name, path) for name, path in MODULES.items()}
 
 # The house as rooms, lowest first: which modules each room holds (by prefix; the longest prefix wins) and
 # which rooms it may import. Imports point down only; a room not listed is not importable from here.
-PIECES = ["contract", "decisions", "store", "tasks", "rewards", "recipe", "training", "records"]
+PIECES = ["contract", "decisions", "store", "tasks", "rewards", "environments", "recipe", "training", "records"]
 ROOMS: dict[str, tuple[list[str], list[str]]] = {
     "sandbox": (["regimen.stages.sandbox"], []),  # the judge's isolation: stdlib only, nothing of Regimen
     "contract": (["regimen.stages", "regimen.stages.errors", "regimen.stages.contract", "regimen.stages.fingerprint"], []),
@@ -65,8 +65,9 @@ ROOMS: dict[str, tuple[list[str], list[str]]] = {
     "store": (["regimen.stages.store"], ["contract"]),
     "tasks": (["regimen.stages.tasks"], ["contract"]),
     "rewards": (["regimen.stages.rewards"], ["contract", "tasks", "sandbox"]),
-    "recipe": (["regimen.stages.recipe"], ["contract", "tasks", "rewards"]),  # with TRL's config objects
-    "training": (["regimen.stages.training"], ["contract", "decisions", "store", "tasks", "rewards", "recipe"]),
+    "environments": (["regimen.stages.environments"], ["contract", "rewards"]),  # multi-turn episodes with tools
+    "recipe": (["regimen.stages.recipe"], ["contract", "tasks", "rewards", "environments"]),  # with TRL's config objects
+    "training": (["regimen.stages.training"], ["contract", "decisions", "store", "tasks", "rewards", "environments", "recipe"]),
     # an experiment's records over time: its frozen held-out set, its data versions, its champion
     "records": (["regimen.stages.data_records", "regimen.stages.champion"], ["contract", "decisions", "store", "tasks"]),
     "stages": ([s.__name__ for s in registry.ORDER] + ["regimen.stages.preflight"], PIECES),

@@ -27,6 +27,7 @@ class TinyModel(Section):
     num_attention_heads: int = Field(4, gt=0, le=1024)
     max_position_embeddings: int = Field(64, gt=8, le=1 << 20)
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    chat: bool = Field(False, description="give the tokenizer a compact chat template with tool calls (for environment recipes)")
 
 
 def looks_like_path(v: str) -> bool:
@@ -188,6 +189,34 @@ class PromoteSection(Section):
     test: Literal["mcnemar"] = "mcnemar"
 
 
+class EnvironmentSection(Section):
+    """Multi-turn episodes with tools (`stages/environments`): a registered environment, or `pkg.module:Class`
+    (the CLI's full power only; the UI cannot choose code)."""
+
+    name: str = Field(description="a registered environment (probe, code) or 'pkg.module:Class'")
+    max_turns: int = Field(4, ge=1, le=64, description="tool calls per episode at most; the episode ends there")
+    args: dict[str, Any] = Field({}, description="the environment's options, e.g. code: {timeout_s: 5}")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from regimen.stages.environments.registry import get
+
+        get(v)  # raises InputError naming the field
+        return v
+
+    @model_validator(mode="after")
+    def _builds(self) -> EnvironmentSection:
+        """One instance, made as training will make them: bad `args` are refused at the door."""
+        from regimen.stages.environments.registry import factory
+
+        try:
+            factory(self)()
+        except TypeError as exc:
+            raise ValueError(f"environment.args: {self.name} does not take these options ({exc})") from None
+        return self
+
+
 class LimitsSection(Section):
     """An operator's ceilings on one run. `regimen serve --max-steps/--max-checkpoints/--max-hours/--max-disk-gb`
     sets them for every run it serves (a UI run cannot raise them: `limits.*` is not on the allow-list).
@@ -253,6 +282,7 @@ class Recipe(Section):
     cycle: CycleSection = CycleSection()
     promote: PromoteSection = PromoteSection()
     curriculum: CurriculumSection = CurriculumSection()
+    environment: EnvironmentSection | None = None
     store: str = "artifacts"
     launcher: Literal["inprocess", "accelerate"] = "inprocess"
     accelerate: AccelerateSection = AccelerateSection()
@@ -294,6 +324,11 @@ class Recipe(Section):
         if self.eval.metric != "exact_match" and self.eval.metric not in names:
             raise ValueError(f"eval.metric {self.eval.metric!r} must be 'exact_match' or one of the recipe's rewards: {', '.join(names)}")
         self._within_limits()
+        if self.environment is not None:
+            if self.eval.metric == "exact_match":
+                raise ValueError("eval.metric: with an environment, evaluation judges episodes: name a reward (e.g. episode), not exact_match")
+            if self.model.name_or_path == "tiny" and not self.model.tiny.chat:
+                raise ValueError("model.tiny.chat: an environment needs a chat template with tool calls; set model.tiny.chat: true")
         if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
             raise ValueError(f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none")
         return self

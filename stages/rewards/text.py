@@ -85,3 +85,23 @@ def digits(prompts: list[Any], completions: list[Any], **_: Any) -> list[float |
     return [1.0 if re.fullmatch(r"\d+", first_line(completion_text(c)).strip()) else 0.0 for c in completions]
 
 
+
+
+@register("episode")
+def episode(prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **_: Any) -> list[float | None]:
+    """An environment's episode reward (`environment:` recipes): the environment judges the final assistant
+    message, and a tool failure or the turn limit makes it 0 (`stages/environments`). None without an
+    environment (a recipe without one has no episodes to judge)."""
+    if environments is None:
+        return [None] * len(completions)
+    return [env.episode.reward(final_answer(c)) for env, c in zip(environments, completions)]
+
+
+def final_answer(completion: Any) -> str:
+    """The last assistant message's text of a multi-turn completion (a plain completion as it is)."""
+    if isinstance(completion, list):
+        last = next((m for m in reversed(completion) if isinstance(m, dict) and m.get("role") == "assistant"), None)
+        if last is None or last.get("tool_calls"):
+            return ""  # the episode ended on a tool call (the turn limit): no answer
+        return str(last.get("content") or "")
+    return completion_text(completion)

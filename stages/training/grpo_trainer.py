@@ -81,6 +81,10 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
     args = for_stage(recipe, "grpo", output_dir, **overrides)
     task = load_task(recipe.data, heldout)  # training rows never include a frozen held-out prompt
+    if recipe.environment is not None:  # TRL's tool loop works on conversations
+        from regimen.stages.training.episodes import chat_rows
+
+        task = type(task)(chat_rows(task.train), task.heldout, task.name, task.reference, task.weak_reference, task.dropped_heldout)
     weights = [recipe.reward_weights()[name] for name in fns]
     first: list = []
     if curriculum is not None:
@@ -93,8 +97,15 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
         if rates is not None:
             recorder.listen(pacing.rates_listener(rates, weights, args.num_generations, recorder), len(fns))
             first.append(pacing.RatesCallback(rates))
+    env: dict[str, Any] = {}
+    if recipe.environment is not None:  # multi-turn episodes through TRL's own environment support
+        from regimen.stages.environments.registry import factory
+
+        env["environment_factory"] = factory(recipe.environment)
+        args.max_tool_calling_iterations = recipe.environment.max_turns
     trainer = GRPOTrainer(
         model=policy,
+        **env,
         reward_funcs=[recorder.wrap(name, fn) for name, fn in fns.items()],
         args=args,
         train_dataset=train,

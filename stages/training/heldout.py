@@ -27,12 +27,15 @@ def exact_match_metric():
 
 def heldout_eval(model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: str = "held-out eval") -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy completions for `rows`; `heldout_accuracy` by `eval.metric`; each reward's held-out mean."""
-    from regimen.stages.training.sampling import generate
+    from regimen.stages.training.episodes import complete, transcript
 
     prompts = [r["prompt"] for r in rows]
-    completions = [c[0] for c in generate(model, tokenizer, prompts, max_new_tokens=recipe.max_new_tokens(), batch_size=recipe.eval.batch_size, desc=desc)]
+    outs, envs = complete(model, tokenizer, recipe, rows, batch_size=recipe.eval.batch_size, desc=desc)
+    completions = [c[0] for c in outs]
     fns = from_specs(recipe.rewards)
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    if envs is not None:
+        columns["environments"] = [e[0] for e in envs]  # the episode reward reads each episode's environment
     values = score(fns, prompts, completions, columns)
     metrics: dict[str, float] = {}
     if recipe.eval.metric == "exact_match":
@@ -49,7 +52,10 @@ def heldout_eval(model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: 
         metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
     metrics["heldout_size"] = float(len(rows))
     rendered = [_rendered(tokenizer, p) for p in prompts]
-    traj = trajectories.rows_from_batch(prompts, completions, values, answer=[r.get("answer") for r in rows], correct=correct, rendered_prompt=rendered)
+    context: dict[str, list[Any]] = {"answer": [r.get("answer") for r in rows], "correct": correct, "rendered_prompt": rendered}
+    if envs is not None:
+        context["episode"] = [transcript(c, e[0]) for c, e in zip(completions, envs)]
+    traj = trajectories.rows_from_batch(prompts, completions, values, **context)
     return metrics, traj
 
 

@@ -21,6 +21,34 @@ SPECIAL_TOKENS = {"pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>"}
 CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
+# The embedded model's chat template, when its spec asks for one (`model.tiny.chat`, for environments):
+# compact, because every character is a token: `U:` a user turn, `A:` an assistant turn (its text, then
+# each tool call as `<c>{json}</c>`, then the end-of-sequence token), `T:` a tool's result. Assistant turns
+# are marked for `assistant_only_loss`. Tool descriptions are not rendered: the tiny model learns its
+# tools from the teacher's traces. `TOOL_RESPONSE` is the matching parser (transformers' response
+# templates, as TRL's `add_response_schema` sets for known models).
+TOOL_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'system' -%}S:{{ m['content'] }}"
+    "{%- elif m['role'] == 'user' -%}U:{{ m['content'] }}"
+    "{%- elif m['role'] == 'assistant' -%}A:{% generation %}{{ m['content'] or '' }}"
+    "{%- for tc in m.get('tool_calls') or [] -%}<c>{{ tc['function'] | tojson }}</c>{%- endfor -%}</s>{% endgeneration %}"
+    "{%- elif m['role'] == 'tool' -%}T:{{ m['content'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}A:{%- endif -%}"
+)
+TOOL_RESPONSE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "A:",
+    "fields": {
+        "tool_calls": {"open": "<c>", "close_pattern": r"</c>", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"</s>\s*", "content": "text"},
+    },
+}
+
+
 def tiny_spec_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -57,6 +85,8 @@ def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
     if out_dir.is_symlink() or (out_dir / "config.json").exists():
         return check_built(out_dir)
     tokenizer = build_char_tokenizer()
+    if spec.get("chat"):
+        tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     torch.manual_seed(int(spec.get("seed", 0)))
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -142,6 +172,8 @@ def load_tokenizer(path: str):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    if tok.chat_template == TOOL_CHAT_TEMPLATE and getattr(tok, "response_template", None) is None:
+        tok.response_template = TOOL_RESPONSE  # how tool calls are read back from what the model wrote
     return tok
 
 
@@ -189,7 +221,8 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_real_shaped_model(out: str | Path, *, arch: str = "qwen3", hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
+def build_real_shaped_model(out: str | Path, *, arch: str = "qwen3", hidden_size: int = 64, num_layers: int = 2, seed: int = 0,
+                            chat_template: str | None = None) -> Path:
     """A small standard-architecture causal LM with a BPE tokenizer trained here (byte-level, so any text
     encodes) that carries a chat template, saved with `save_pretrained` like a hub snapshot. `arch`:
     `qwen3` (Qwen3ForCausalLM) or `llama` (LlamaForCausalLM)."""
@@ -208,7 +241,7 @@ def build_real_shaped_model(out: str | Path, *, arch: str = "qwen3", hidden_size
     tok.train_from_iterator(_corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token=None,
                                    unk_token=None, padding_side="left", clean_up_tokenization_spaces=False)
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template or CHAT_TEMPLATE  # e.g. TRL's qwen3_chat_template, for tool calls
     kind = {"qwen3": "qwen3", "llama": "llama"}.get(arch)
     if kind is None:
         raise ValueError(f"arch {arch!r}: use qwen3 or llama")

@@ -44,7 +44,9 @@ def base_policy(recipe, store) -> dict:
 
     name = recipe.model.name_or_path
     if name == TINY:
-        spec = recipe.model.tiny.model_dump()
+        spec = recipe.model.tiny.model_dump(exclude_defaults=False)
+        if not spec.get("chat"):
+            spec.pop("chat", None)  # models built before the chat template existed keep their identity
         from regimen.stages.store import files
 
         path = resolve_base_model(name, spec, files.ensure_dir(store.cache, store.cache / "_base"))

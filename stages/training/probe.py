@@ -40,25 +40,25 @@ def probe_rows(heldout: list[dict[str, Any]], n: int, seed: int) -> list[dict[st
     return rows[:n]
 
 
-def weighted_rewards(recipe, completions: list[str], rows: list[dict[str, Any]]) -> list[float]:
+def weighted_rewards(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None) -> list[float]:
     """Each completion's weighted total reward, as GRPO computes it (a reward's None counts as nothing)."""
     from regimen.stages.rewards import from_specs, score
 
     fns = from_specs(recipe.rewards)
-    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}, **(extra or {})}
     values = score(fns, [r["prompt"] for r in rows], completions, columns)
     weights = recipe.reward_weights()
     return [sum(weights[name] * v[i] for name, v in values.items() if v[i] is not None) for i in range(len(completions))]
 
 
-def correct_flags(recipe, completions: list[str], rows: list[dict[str, Any]]) -> list[float]:
+def correct_flags(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None) -> list[float]:
     """1.0 per completion that the eval metric counts as correct, 0.0 otherwise, None where the metric (a
     reward) has no opinion (left out of the probe's accuracy, as of evaluation's)."""
     from regimen.stages.rewards import answer, from_specs, score
 
     if recipe.eval.metric == "exact_match":
         return [v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])]
-    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}, **(extra or {})}
     fn = {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}
     values = score(fn, [r["prompt"] for r in rows], completions, columns)[recipe.eval.metric]
     return [None if v is None else float(v >= 1.0) for v in values]
@@ -108,7 +108,7 @@ class HeldoutProbe(TrainerCallback):
     def measure(self, model, rows: list[dict[str, Any]] | None = None, *, with_reward: bool = False) -> float | tuple[float, float]:
         """Greedy accuracy on `rows` (default: the held-out sample); with `with_reward`, also the mean
         weighted reward."""
-        from regimen.stages.training.sampling import generate
+        from regimen.stages.training.episodes import complete
 
         rows = self.rows if rows is None else rows
         t0 = time.perf_counter()
@@ -117,10 +117,12 @@ class HeldoutProbe(TrainerCallback):
         mine = rows[rank::world]
         per_rank = -(-len(rows) // world)
         padded = mine + rows[: per_rank - len(mine)]  # equal shares: sharded models need every rank in step
-        completions = [c[0] for c in generate(model, self.tokenizer, [r["prompt"] for r in padded], max_new_tokens=self.recipe.max_new_tokens(),
-                                               batch_size=self.recipe.eval.batch_size, desc="held-out probe", synced_gpus=self.sharded)]
-        flags = correct_flags(self.recipe, completions[: len(mine)], mine) if mine else []
-        rewards = weighted_rewards(self.recipe, completions[: len(mine)], mine) if mine and with_reward else []
+        outs, envs = complete(model, self.tokenizer, self.recipe, padded, max_new_tokens=self.recipe.max_new_tokens(),
+                              batch_size=self.recipe.eval.batch_size, desc="held-out probe", synced_gpus=self.sharded)
+        completions = [c[0] for c in outs]
+        extra = {"environments": [e[0] for e in envs][: len(mine)]} if envs is not None else None
+        flags = correct_flags(self.recipe, completions[: len(mine)], mine, extra) if mine else []
+        rewards = weighted_rewards(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else []
         if world > 1:
             from accelerate.utils import gather_object
 

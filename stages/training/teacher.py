@@ -23,6 +23,10 @@ def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[di
         solve = task.reference if t.kind == "oracle" else task.weak_reference
         kept = [{"prompt": r["prompt"], "completion": ref} for r in rows if (ref := solve(r)) is not None]
         return kept, {"traces_generated": float(len(rows)), "traces_kept": float(len(kept))}
+    if recipe.environment is not None:
+        from regimen.stages.errors import InputError
+
+        raise InputError(f"teacher.kind {t.kind!r}: with an environment only the task's oracle (or weak) teacher writes traces for now")
     source = t.name_or_path if t.kind == "model" else policy_path
     return _rejection_sample(recipe, rows, source)
 
@@ -32,7 +36,9 @@ def as_sft_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     SFTTrainer applies the chat template and computes the loss on the assistant turn only."""
     out = []
     for r in rows:
-        if isinstance(r["prompt"], list):
+        if isinstance(r["completion"], list):  # a multi-turn trace (environments): the turns as they are
+            out.append({"prompt": r["prompt"], "completion": r["completion"]})
+        elif isinstance(r["prompt"], list):
             out.append({"prompt": r["prompt"], "completion": [{"role": "assistant", "content": r["completion"]}]})
         else:
             out.append({"prompt": r["prompt"], "completion": r["completion"]})
@@ -43,6 +49,8 @@ def teacher_accuracy(recipe, task: Task) -> float | None:
     """The teacher's own held-out accuracy by the recipe's eval metric (None for `self` and `none`)."""
     t = recipe.teacher
     rows = task.heldout
+    if recipe.environment is not None:
+        return None  # a teacher's episodes are judged by replaying them (not yet): no figure rather than a wrong one
     if t.kind in ("oracle", "weak"):
         solve = task.reference if t.kind == "oracle" else task.weak_reference
         completions = [solve(r) or "" for r in rows]

@@ -98,8 +98,13 @@ class Recorder:
     def _add(self, name, prompts, completions, values, kwargs) -> None:
         n = self.rows_per_batch
         if not self.batches or self.batches[-1]["completions_id"] != id(completions):
-            self.batches.append({"completions_id": id(completions), "step": self.step, "prompts": list(prompts[:n]),
-                                 "completions": list(completions[:n]), "answer": list(kwargs.get("answer", [None] * len(prompts))[:n]), "rewards": {}})
+            batch = {"completions_id": id(completions), "step": self.step, "prompts": list(prompts[:n]),
+                     "completions": list(completions[:n]), "answer": list(kwargs.get("answer", [None] * len(prompts))[:n]), "rewards": {}}
+            if kwargs.get("environments"):  # episodes: every turn, each tool call and what it returned
+                from regimen.stages.training.episodes import transcript
+
+                batch["episode"] = [transcript(c, e) for c, e in zip(completions[:n], kwargs["environments"][:n])]
+            self.batches.append(batch)
             if len(self.batches) > self.keep_first + self.keep_last:
                 del self.batches[self.keep_first]
         self.batches[-1]["rewards"][name] = [None if v is None else float(v) for v in values[:n]]
@@ -120,5 +125,6 @@ class Recorder:
         out = []
         for b in self.batches:
             k = len(b["completions"])
-            out += rows_from_batch(b["prompts"], b["completions"], b["rewards"], step=[b["step"]] * k, answer=b["answer"])
+            extra = {"episode": b["episode"]} if "episode" in b else {}
+            out += rows_from_batch(b["prompts"], b["completions"], b["rewards"], step=[b["step"]] * k, answer=b["answer"], **extra)
         return out

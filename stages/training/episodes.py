@@ -1,0 +1,125 @@
+"""Episodes outside TRL: the dry run, the held-out probe and evaluation run the recipe's environment
+turn by turn, as `GRPOTrainer(environment_factory=...)` does inside GRPO.
+
+Per turn, every open episode's conversation (the row's prompt, what the model wrote, what the tools
+returned) goes through the chat template with the environment's tools; the model continues it; the reply
+is read back with the tokenizer's response parser (TRL's `parse_response`, which falls back to plain text
+on a malformed call); each tool call runs on the episode's environment instance (a failure ends the
+episode, see `stages/environments`); an answer without a tool call ends it; so does the turn limit.
+`complete()` is what the stages call: plain completions for a recipe without an environment, episodes
+(completions as lists of messages, plus the `environments` column the `episode` reward reads) with one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def complete(model, tokenizer, recipe, rows: list[dict[str, Any]], *, num_return_sequences: int = 1, do_sample: bool = False,
+             desc: str = "sampling", **sampling: Any) -> tuple[list[list[Any]], list[list[Any]] | None]:
+    """(completions per row, environments per row or None). Without `environment:` these are `generate`'s
+    completions; with it, episodes."""
+    from regimen.stages.training.sampling import generate
+
+    max_new = sampling.pop("max_new_tokens", recipe.max_new_tokens())
+    if recipe.environment is None:
+        return generate(model, tokenizer, [r["prompt"] for r in rows], num_return_sequences=num_return_sequences, do_sample=do_sample,
+                        max_new_tokens=max_new, desc=desc, **sampling), None
+    flat = [r for r in rows for _ in range(num_return_sequences)]
+    completions, envs = run_episodes(model, tokenizer, recipe, flat, do_sample=do_sample, max_new_tokens=max_new, desc=desc, **sampling)
+    k = num_return_sequences
+    return [completions[i:i + k] for i in range(0, len(flat), k)], [envs[i:i + k] for i in range(0, len(flat), k)]
+
+
+def chat_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose text prompt becomes a one-message conversation (TRL's tool loop needs conversations)."""
+    return [r if isinstance(r["prompt"], list) else {**r, "prompt": [{"role": "user", "content": str(r["prompt"])}]} for r in rows]
+
+
+def prepare_tokenizer(tokenizer) -> None:
+    """A response parser for the tokenizer: its own, or the one TRL knows for its chat template."""
+    from regimen.stages.errors import InputError
+
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None) is not None:
+        return
+    from trl.chat_template_utils import add_response_schema
+
+    try:
+        add_response_schema(tokenizer)
+    except ValueError as exc:
+        raise InputError(f"environment: the model's chat template has no tool-call parser ({str(exc).splitlines()[0]}); "
+                         "use a model TRL knows (Qwen3, Llama 3.1, ...) or give the tokenizer a response_template") from None
+
+
+def run_episodes(model, tokenizer, recipe, rows: list[dict[str, Any]], *, do_sample: bool, max_new_tokens: int, desc: str,
+                 batch_size: int | None = None, **sampling: Any) -> tuple[list[list[dict[str, Any]]], list[Any]]:
+    """One episode per row: (the messages after the prompt, the environment instance that scored it)."""
+    from trl.chat_template_utils import parse_response
+
+    from regimen.stages.environments.base import tools_of
+    from regimen.stages.environments.registry import factory
+    from regimen.stages.training.sampling import generate
+
+    prepare_tokenizer(tokenizer)
+    make = factory(recipe.environment)
+    envs = [make() for _ in rows]
+    prompts: list[list[dict[str, Any]]] = []
+    for env, row in zip(envs, rows):
+        prompt = [dict(m) for m in row["prompt"]] if isinstance(row["prompt"], list) else [{"role": "user", "content": str(row["prompt"])}]
+        observation = env.reset(**row)
+        if isinstance(observation, str):
+            prompt[-1] = {**prompt[-1], "content": str(prompt[-1]["content"]) + observation}
+        prompts.append(prompt)
+    completions: list[list[dict[str, Any]]] = [[] for _ in rows]
+    open_ = list(range(len(rows)))
+    for turn in range(recipe.environment.max_turns + 1):
+        if not open_:
+            break
+        texts = [tokenizer.apply_chat_template(prompts[i] + completions[i], tools=tools_of(envs[i]) or None, tokenize=False, add_generation_prompt=True)
+                 for i in open_]
+        outs = generate(model, tokenizer, texts, do_sample=do_sample, max_new_tokens=max_new_tokens, batch_size=batch_size or recipe.eval.batch_size,
+                        desc=f"{desc} (turn {turn + 1})", **sampling)
+        still = []
+        for i, text, (out,) in zip(open_, texts, outs):
+            prefix = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(out + (tokenizer.eos_token or ""), add_special_tokens=False)["input_ids"]
+            message = parse_response(tokenizer, ids, prefix=prefix)
+            message = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
+            message.setdefault("content", "")
+            completions[i].append(message)
+            calls = message.get("tool_calls") or []
+            if not calls or turn >= recipe.environment.max_turns:
+                continue  # an answer, or the turn limit: the episode is over
+            tools = {t.__name__: t for t in tools_of(envs[i])}
+            for call in calls:
+                fn = call.get("function") or {}
+                name, args = fn.get("name"), fn.get("arguments")
+                if name in tools and isinstance(args, dict):
+                    result = tools[name](**args)
+                else:
+                    result = f"error: no tool {name!r} with arguments {args!r}"
+                completions[i].append({"role": "tool", "name": str(name), "content": str(result)})
+            still.append(i)
+        open_ = still
+    return completions, envs
+
+
+def transcript(completion: Any, env: Any | None = None) -> dict[str, Any]:
+    """A trajectory's turns, for people: each tool call with its arguments and what came back (or why it
+    failed), and the final answer."""
+    if not isinstance(completion, list):
+        return {}
+    turns = []
+    for m in completion:
+        if m.get("role") == "assistant":
+            for call in m.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                turns.append({"call": fn.get("name"), "arguments": fn.get("arguments")})
+            if m.get("content"):
+                turns.append({"say": m["content"]})
+        elif m.get("role") == "tool":
+            turns.append({"result": m.get("content")})
+    out: dict[str, Any] = {"turns": turns}
+    if env is not None and getattr(env, "episode", None) is not None:
+        out["episode"] = env.episode.record()
+    return out

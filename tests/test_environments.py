@@ -1,0 +1,235 @@
+"""Environments: tools whose failures end the episode (never the stage), the turn limit, the episode
+runner the dry run, probe and evaluation use (driven here by a scripted model), the chat template and
+parser of the embedded model, the door; and a shrunken environment run through every stage that resumes
+mid-GRPO (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from regimen.stages.environments.base import Environment, register, tool
+from regimen.stages.environments.probe import ProbeEnvironment
+from regimen.stages.rewards.text import episode, final_answer
+
+ROW = {"prompt": [{"role": "user", "content": "#7 f(3)=?"}], "answer": "11", "a": 3, "b": 2, "x": 3}
+
+
+@register("test-flaky")
+class Flaky(Environment):
+    """A tool that raises on 0, returns junk on 1 and a novel on 2."""
+
+    max_turns = 3
+
+    @tool
+    def look(self, n: int) -> str:
+        """Look.
+
+        Args:
+            n: what to look at
+        """
+        if n == 0:
+            raise RuntimeError("the tool broke")
+        if n == 1:
+            return {"not": "text"}  # type: ignore[return-value]
+        if n == 2:
+            return "x" * 10_000
+        return "fine"
+
+    def _score(self, final_answer: str) -> float:
+        return 1.0
+
+
+def test_a_probe_episode_is_rewarded_for_the_right_answer_only():
+    env = ProbeEnvironment(max_turns=2)
+    env.reset(**ROW)
+    assert env.probe(x=3) == "11" and env.probe(x=0) == "2"
+    assert env.episode.reward("11") == 1.0 and env.episode.reward(" 11 ") == 1.0 and env.episode.reward("12") == 0.0
+    assert [c["result"] for c in env.episode.calls] == ["11", "2"]
+
+
+@pytest.mark.parametrize("n, why", [(0, "raised RuntimeError: the tool broke"), (1, "returned dict, not text or a number"),
+                                     (2, "returned 10000 characters")])
+def test_a_tool_that_raises_or_returns_junk_ends_the_episode_with_reward_0(n, why):
+    env = Flaky()
+    env.reset(**ROW)
+    out = env.look(n=n)
+    assert out.startswith("error: ") and why in out
+    assert env.episode.failure and why in env.episode.failure
+    assert env.episode.reward("anything") == 0.0  # the episode is over: nothing the model says later counts
+    assert env.look(n=3).startswith("error: the episode ended")  # ... and later calls change nothing
+    record = env.episode.record()
+    assert record["failure"] == env.episode.failure and record["calls"][0]["error"] == env.episode.failure
+
+
+def test_wrong_arguments_are_a_failed_tool_not_a_crash():
+    env = ProbeEnvironment(max_turns=2)
+    env.reset(**ROW)
+    assert env.probe(y=3).startswith("error: probe raised TypeError")
+    env.reset(**ROW)
+    assert env.probe(x="3").startswith("error: probe raised ValueError")
+    assert env.episode.reward("11") == 0.0
+
+
+def test_the_turn_limit_ends_the_episode():
+    env = ProbeEnvironment(max_turns=2)
+    env.reset(**ROW)
+    env.probe(x=1), env.probe(x=2)
+    assert env.probe(x=3).startswith("error: turn limit")
+    assert env.episode.reward("11") == 0.0
+
+
+def test_the_episode_reward_reads_the_final_assistant_message():
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": 3}}}]}
+    done = [call, {"role": "tool", "name": "probe", "content": "11"}, {"role": "assistant", "content": "11"}]
+    assert final_answer(done) == "11"
+    assert final_answer([call, {"role": "tool", "content": "11"}]) == ""  # ended on a call (the turn limit): no answer
+    envs = [ProbeEnvironment(), ProbeEnvironment()]
+    for e in envs:
+        e.reset(**ROW)
+    assert episode(None, [done, [call]], environments=envs) == [1.0, 0.0]
+    assert episode(None, ["11"]) == [None]  # no environment: no opinion
+
+
+def test_the_embedded_chat_template_renders_and_parses_tool_calls():
+    from trl.chat_template_utils import parse_response, supports_tool_calling
+
+    from regimen.stages.training.model import TOOL_CHAT_TEMPLATE, TOOL_RESPONSE, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.chat_template, tok.response_template = TOOL_CHAT_TEMPLATE, TOOL_RESPONSE
+    assert supports_tool_calling(tok)
+    from regimen.stages.tasks.tool_probe import oracle
+
+    messages = ROW["prompt"] + oracle(ROW)
+    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    trained = "".join(tok.decode([i]) for i, m in zip(out["input_ids"], out["assistant_masks"]) if m)
+    assert trained == '<c>{"name": "probe", "arguments": {"x": 3}}</c></s>11</s>'  # assistant turns only: not the tool's result
+    prefix = tok.apply_chat_template(ROW["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
+    ids = tok('<c>{"name": "probe", "arguments": {"x": 3}}</c></s>', add_special_tokens=False)["input_ids"]
+    assert parse_response(tok, ids, prefix=prefix)["tool_calls"][0]["function"] == {"name": "probe", "arguments": {"x": 3}}
+    junk = tok('<c>{"name": "pro', add_special_tokens=False)["input_ids"]
+    assert "tool_calls" not in parse_response(tok, junk, prefix=prefix)  # a malformed call is text: the episode ends on it
+
+
+class Scripted:
+    """Stands in for `generate`: replies from a script by turn (the same for every open episode)."""
+
+    def __init__(self, replies):
+        self.replies, self.turn, self.seen = replies, 0, []
+
+    def __call__(self, model, tokenizer, texts, **kw):
+        self.seen.append(list(texts))
+        reply = self.replies[min(self.turn, len(self.replies) - 1)]
+        self.turn += 1
+        return [[reply] for _ in texts]
+
+
+def _recipe(tmp_path, max_turns=2, name="probe"):
+    from regimen.stages.recipe import load_recipe
+
+    path = tmp_path / "env.yaml"
+    path.write_text("experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true, max_position_embeddings: 128}}\n"
+                    "data: {task: tool_probe, train_size: 20, heldout_size: 10}\n"
+                    f"environment: {{name: {name}, max_turns: {max_turns}}}\nrewards: [{{name: episode}}]\neval: {{metric: episode}}\n")
+    path.chmod(0o600)
+    return load_recipe(str(path))
+
+
+@pytest.fixture
+def tokenizer():
+    from regimen.stages.training.model import TOOL_CHAT_TEMPLATE, TOOL_RESPONSE, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.chat_template, tok.response_template = TOOL_CHAT_TEMPLATE, TOOL_RESPONSE
+    return tok
+
+
+def test_episodes_call_the_tool_read_the_result_and_answer(tmp_path, monkeypatch, tokenizer):
+    from regimen.stages.training import episodes, sampling
+
+    script = Scripted(['<c>{"name": "probe", "arguments": {"x": 3}}</c>', "11"])
+    monkeypatch.setattr(sampling, "generate", script)
+    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path), [ROW], do_sample=False, max_new_tokens=60, desc="t")
+    assert [m["role"] for m in completions[0]] == ["assistant", "tool", "assistant"]
+    assert completions[0][1]["content"] == "11" and envs[0].episode.reward(final_answer(completions[0])) == 1.0
+    assert script.seen[1][0].endswith("T:11A:")  # the second turn saw the tool's result
+    t = episodes.transcript(completions[0], envs[0])
+    assert t["turns"] == [{"call": "probe", "arguments": {"x": 3}}, {"result": "11"}, {"say": "11"}]
+
+
+def test_episodes_end_at_the_turn_limit(tmp_path, monkeypatch, tokenizer):
+    from regimen.stages.training import episodes, sampling
+
+    script = Scripted(['<c>{"name": "probe", "arguments": {"x": 1}}</c>'])  # calls the tool forever
+    monkeypatch.setattr(sampling, "generate", script)
+    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, max_turns=2), [ROW, ROW], do_sample=False, max_new_tokens=60, desc="t")
+    for c, e in zip(completions, envs):
+        assert sum(m["role"] == "assistant" for m in c) == 3  # two answered calls, then the limit: the third is never run
+        assert len(e.episode.calls) == 2 and final_answer(c) == "" and e.episode.reward(final_answer(c)) == 0.0
+    assert script.turn == 3
+
+
+def test_a_broken_tool_in_an_episode_is_a_zero_and_a_trajectory_entry(tmp_path, monkeypatch, tokenizer):
+    from regimen.stages.training import episodes, sampling
+
+    script = Scripted(['<c>{"name": "look", "arguments": {"n": 0}}</c>', "done"])
+    monkeypatch.setattr(sampling, "generate", script)
+    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, 3, "test-flaky"), [ROW], do_sample=False, max_new_tokens=60, desc="t")
+    assert episode(None, completions, environments=envs) == [0.0]
+    t = episodes.transcript(completions[0], envs[0])
+    assert t["episode"]["failure"] == "look raised RuntimeError: the tool broke"
+    assert {"result": "error: look raised RuntimeError: the tool broke"} in t["turns"]
+
+
+def test_the_door_refuses_environment_recipes_that_cannot_work(tmp_path):
+    from regimen.stages.errors import InputError
+    from regimen.stages.recipe import load_recipe
+
+    def bad(text: str, match: str) -> None:
+        p = tmp_path / "bad.yaml"
+        p.write_text(text)
+        p.chmod(0o600)
+        with pytest.raises(InputError, match=match):
+            load_recipe(str(p))
+
+    base = "experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true}}\ndata: {task: tool_probe}\nrewards: [{name: episode}]\n"
+    bad(base + "environment: {name: nowhere}\neval: {metric: episode}\n", "environment.name: unknown environment 'nowhere'")
+    bad(base + "environment: {name: probe}\n", "eval.metric: with an environment")
+    bad(base.replace("chat: true", "chat: false") + "environment: {name: probe}\neval: {metric: episode}\n", "model.tiny.chat")
+    bad(base + "environment: {name: probe, max_turns: 0}\neval: {metric: episode}\n", "environment.max_turns")
+    bad(base + "environment: {name: probe, args: {color: red}}\neval: {metric: episode}\n", "environment.args")
+
+
+# -- a shrunken environment run ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_path, monkeypatch):
+    """SFT on multi-turn traces, the dry run's episodes, the smoke test and GRPO through TRL's
+    environment_factory, the probe and evaluation on held-out episodes; a crash mid-GRPO resumes; the
+    trajectories show tool calls and results."""
+    from conftest import ROOT, run_flow
+
+    from regimen.stages.errors import RegimenError
+
+    overrides = {"sft.max_steps": 60, "teacher.max_prompts": 200, "data.train_size": 300, "data.heldout_size": 32, "grpo.max_steps": 6,
+                 "grpo.save_steps": 2, "grpo.per_device_train_batch_size": 16, "probe.steps": 2, "probe.prompts": 8, "probe.train_prompts": 8,
+                 "dry_run.min_mean_reward": 0.0, "dry_run.max_mean_reward": 1.0, "dry_run.max_frac_zero_std": 1.0, "dry_run.num_prompts": 4}
+    config = ROOT / "configs" / "tiny-env.yaml"
+    monkeypatch.setenv("REGIMEN_FAULT", "grpo@3")
+    with pytest.raises(RegimenError):
+        run_flow(config, tmp_path, overrides=overrides)
+    monkeypatch.delenv("REGIMEN_FAULT")
+    results = run_flow(config, tmp_path, overrides=overrides)
+    by = {r["stage"]: r for r in results}
+    assert by["grpo"]["resumed_from_step"] == 2
+    exp = tmp_path / "tiny-env"
+    sft = [json.loads(line) for line in (exp / "sft" / "v1" / "trajectories.jsonl").read_text().splitlines()]
+    assert any(isinstance(r["completion"], list) and r["completion"][0].get("tool_calls") for r in sft if r.get("kind") == "trace")
+    for stage in ("reward-dry-run", "grpo", "eval"):
+        rows = [json.loads(line) for line in (exp / stage / "v1" / "trajectories.jsonl").read_text().splitlines()]
+        assert rows and all("episode" in r and "turns" in r["episode"] for r in rows), stage
+    grpo_rows = [json.loads(line) for line in (exp / "grpo" / "v1" / "trajectories.jsonl").read_text().splitlines()]
+    assert any(t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"])  # GRPO's own episodes called the tool
+    assert any("result" in t for r in grpo_rows for t in r["episode"]["turns"])
+    assert 0.0 <= by["eval"]["metrics"]["heldout_accuracy"] <= 1.0
