@@ -42,8 +42,9 @@ def config_section(recipe) -> dict[str, Any]:
 
 
 def curriculum_on(recipe) -> bool:
-    """The curriculum runs in one process only (see `training/curriculum.py`)."""
-    return recipe.curriculum.enabled and recipe.num_processes() == 1
+    """The curriculum runs in one process only (see `training/curriculum.py`), and over a number of steps:
+    its endless stream has no epochs."""
+    return recipe.curriculum.enabled and recipe.num_processes() == 1 and (recipe.grpo_value("max_steps") or -1) > 0
 
 
 def barrier(trainer) -> None:
@@ -79,11 +80,14 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
 
         train = chat_rows(train)
     pacing = Curriculum(train, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen) if curriculum_on(recipe) else None
+    one_process = recipe.num_processes() == 1  # pass rates from the trainer's rewards need whole groups: one process sees them
     trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe], heldout=inputs.get("heldout"),
-                                 curriculum=pacing, rates=None if pacing else seen)
+                                 curriculum=pacing, rates=None if pacing or not one_process else seen)
     probe.trainer = trainer
     t0 = time.perf_counter()
-    resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps, on_finished=probe.recheck)
+    keepers = [cb for cb in trainer.callback_handler.callbacks if callable(getattr(cb, "restore", None))]
+    resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps, on_finished=probe.recheck,
+                              restore=lambda path: [cb.restore(path) for cb in keepers])
     train_s = time.perf_counter() - t0
     history = trainer.state.log_history
     curve = HeldoutProbe.curve(history)
@@ -102,7 +106,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if curve:
         metrics["probe_first"] = curve[0]["heldout_accuracy"]
         metrics["probe_last"] = curve[-1]["heldout_accuracy"]
-    rates = pacing.rates if pacing else seen
+    rates = pacing.rates if pacing else (seen if one_process else None)
     if probe.stopped_at_target is not None:
         extra["stopped_at_target"] = probe.stopped_at_target
         metrics["stopped_at_target"] = float(probe.stopped_at_target)
@@ -112,22 +116,27 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         metrics.update({f"curriculum_{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         metrics.update({f"curriculum_band_{k}": float(v) for k, v in summary["bands"].items()})
     elif recipe.curriculum.enabled:
-        extra["note"] = "curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)"
+        extra["note"] = ("curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)" if not one_process
+                         else "curriculum off: it needs grpo.max_steps (training by epochs has no end for its stream)")
     if is_main_process(trainer):
         with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
             for h in history:
                 fh.write(json.dumps(h) + "\n")
         trajectories.write(dirs.out, recorder.rows())
-        rates.write(dirs.out)
+        if rates is not None:
+            rates.write(dirs.out)
     if gameable := gameable_names(fns):
         extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
-    seen = probe.fired or probe.noted or probe.final_look(history)
-    if seen:
-        extra["guard_finding"] = seen["finding"]  # hacking, overfitting or sharpening: what the evaluation's verdict is told
-        extra["guard_evidence"] = seen
-    if probe.noted and not probe.fired:
+    found = probe.fired or probe.final_look(history) or probe.warned or probe.noted  # what stopped it, else the whole curves' reading
+    if found:
+        extra["guard_finding"] = found["finding"]  # hacking, overfitting or sharpening: what the evaluation's verdict is told
+        extra["guard_evidence"] = found
+    if probe.noted and not probe.fired and not probe.warned:
         extra["guard_note"] = f"the guard saw sharpening at step {probe.noted['step']} (harmless; training went on): {describe(SHARPENING)}"
-    if probe.fired:
+    if probe.warned and not probe.fired:
+        extra["guard_warning"] = probe.warning
+        extra["guard_warned_at_step"] = probe.warned["step"]
+    if probe.fired:  # a finding that stops the stage (hacking by default)
         extra["guard_fired_at_step"] = probe.fired["step"]
         metrics["guard_fired_at_step"] = float(probe.fired["step"])
         if probe.fired_and_stopped():
@@ -139,7 +148,6 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
                       f"to {probe.fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
                       + (". Read the trajectories (high reward, wrong answer) and fix the reward" if kind == HACKING else ""))
             return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
-        extra["guard_warning"] = probe.warning
     barrier(trainer)  # every rank reads best/ only once rank 0 has finished writing it
     best = probe.best()
     if best is not None and {"step": best["step"], "heldout_accuracy": best["heldout_accuracy"]} not in curve:

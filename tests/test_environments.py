@@ -84,7 +84,7 @@ def test_the_episode_reward_reads_the_final_assistant_message():
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": 3}}}]}
     done = [call, {"role": "tool", "name": "probe", "content": "11"}, {"role": "assistant", "content": "11"}]
     assert final_answer(done) == "11"
-    assert final_answer([call, {"role": "tool", "content": "11"}]) == ""  # ended on a call (the turn limit): no answer
+    assert final_answer([call, {"role": "tool", "content": "11"}]) is None  # ended on a call (the turn limit): no answer
     envs = [ProbeEnvironment(), ProbeEnvironment()]
     for e in envs:
         e.reset(**ROW)
@@ -164,10 +164,12 @@ def test_episodes_end_at_the_turn_limit(tmp_path, monkeypatch, tokenizer):
 
     script = Scripted(['<c>{"name": "probe", "arguments": {"x": 1}}</c>'])  # calls the tool forever
     monkeypatch.setattr(sampling, "generate", script)
-    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, max_turns=2), [ROW, ROW], do_sample=False, max_new_tokens=60, desc="t")
+    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, max_turns=2), [ROW, ROW], do_sample=False, max_new_tokens=400, desc="t")
     for c, e in zip(completions, envs):
         assert sum(m["role"] == "assistant" for m in c) == 3  # two answered calls, then the limit: the third is never run
-        assert len(e.episode.calls) == 2 and final_answer(c) == "" and e.episode.reward(final_answer(c)) == 0.0
+        assert len(e.episode.calls) == 2 and final_answer(c) is None
+    assert episode(None, completions, environments=envs) == [0.0, 0.0]
+    assert all("turn limit" in e.episode.record()["failure"] for e in envs)  # the trajectory says why
     assert script.turn == 3
 
 
@@ -233,3 +235,26 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
     assert any(t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"])  # GRPO's own episodes called the tool
     assert any("result" in t for r in grpo_rows for t in r["episode"]["turns"])
     assert 0.0 <= by["eval"]["metrics"]["heldout_accuracy"] <= 1.0
+
+
+def test_an_episode_ends_when_its_token_budget_is_spent(tmp_path, monkeypatch, tokenizer):
+    """`max_new_tokens` is the whole episode's budget (tool results included), as TRL's max_completion_length."""
+    from regimen.stages.training import episodes, sampling
+
+    script = Scripted(['<c>{"name": "probe", "arguments": {"x": 1}}</c>'])
+    monkeypatch.setattr(sampling, "generate", script)
+    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, max_turns=4), [ROW], do_sample=False, max_new_tokens=60, desc="t")
+    # the call's tokens and the result's leave a few: the second turn's call is cut there, read as text, and ends it
+    assert len(envs[0].episode.calls) == 1 and script.turn == 2
+    cut = completions[0][-1]["content"]
+    assert "tool_calls" not in completions[0][-1] and 0 < len(cut) < 20 and '<c>{"name": "probe"'.startswith(cut[:19])
+    assert episode(None, completions, environments=envs) == [0.0]
+
+
+def test_a_call_the_trainer_could_not_make_fails_the_episode():
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "nope", "arguments": {}}}]}
+    env = ProbeEnvironment()
+    env.reset(**ROW)
+    completion = [call, {"role": "tool", "name": "nope", "content": "{'error': 'Tool nope not found.'}"}, {"role": "assistant", "content": "11"}]
+    assert episode(None, [completion], environments=[env]) == [0.0]
+    assert "Tool nope not found" in env.episode.failure

@@ -66,8 +66,8 @@ def test_the_guard_fires_in_the_probe_and_says_so_in_warn_mode(tmp_path):
     state.log_history += [{"step": 6, "reward": 0.8}, {"step": 8, "reward": 0.9}]
     state.global_step = 8
     probe._probe(state, torch.nn.Linear(2, 2))
-    assert probe.fired["step"] == 8 and probe.fired["train_reward_rise"] == pytest.approx(0.85 - 0.45)
-    assert "reward-hacking guard (warn)" in probe.warning and not probe.fired_and_stopped()
+    assert probe.warned["step"] == 8 and probe.warned["train_reward_rise"] == pytest.approx(0.85 - 0.45)
+    assert "guard (warn): hacking" in probe.warning and probe.fired is None and not probe.fired_and_stopped()
 
 
 def test_the_guard_is_re_read_from_a_restored_history(tmp_path):

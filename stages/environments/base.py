@@ -35,6 +35,11 @@ class Episode:
         value = float(self.score(final_answer))
         return value if math.isfinite(value) else 0.0
 
+    def end(self, why: str) -> None:
+        """End the episode from outside its tools (the turn limit reached by the trainer's loop)."""
+        if self.failure is None:
+            self.failure = why
+
     def record(self) -> dict[str, Any]:
         return {"calls": list(self.calls), "failure": self.failure, "turns": len(self.calls)}
 

@@ -1,6 +1,7 @@
 """`code`: a code problem (MBPP-style rows: `prompt`, `tests` or `test_list`, optional `entry_point`) as an
 environment. `run_tests(code)` runs the candidate in the sandbox against the row's first test only, the
-visible example, and says what passed and what failed; the episode's reward is the `unit_tests` reward of
+visible example, and says whether it passed (rows of other formats have no separate visible test: the
+tool says so rather than reveal the hidden tests' verdict); the episode's reward is the `unit_tests` reward of
 the final answer on all of the row's tests (hidden ones included). The sandboxed judge is the tool."""
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class CodeEnvironment(Environment):
         if not isinstance(code, str) or not code.strip():
             raise ValueError("code must be non-empty Python source")
         row = self.episode.row
+        if not any(isinstance(row.get(k), list) and row[k] for k in TEST_COLUMNS):
+            # other formats (HumanEval's `test`, stdin/stdout cases) carry no separate visible example: running
+            # them would show the hidden tests' verdict, so the tool says so instead
+            return "this problem has no visible example test to run"
         fenced = f"```python\n{code}\n```"
         value = self._judge(prompts=[row.get("prompt")], completions=[fenced], **_columns(row, visible_only=True))[0]
         if value is None:

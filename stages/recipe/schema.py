@@ -212,8 +212,9 @@ class EnvironmentSection(Section):
 
         try:
             factory(self)()
-        except TypeError as exc:
-            raise ValueError(f"environment.args: {self.name} does not take these options ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - an environment's constructor is user code: its error, named
+            raise ValueError(f"environment.args: {self.name} could not be made with {dict(self.args)!r}: "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         return self
 
 

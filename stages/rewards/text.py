@@ -94,14 +94,35 @@ def episode(prompts: list[Any], completions: list[Any], environments: list[Any] 
     environment (a recipe without one has no episodes to judge)."""
     if environments is None:
         return [None] * len(completions)
-    return [env.episode.reward(final_answer(c)) for env, c in zip(environments, completions)]
+    out: list[float | None] = []
+    for env, c in zip(environments, completions):
+        if failed := trainer_tool_error(c):  # a call the trainer's loop could not make (no such tool, bad arguments)
+            env.episode.end(f"tool call failed: {failed}")
+        answer_text = final_answer(c)
+        if answer_text is None:  # the episode ended on a tool call: the turn limit, no answer
+            env.episode.end("turn limit: the episode ended on a tool call, without an answer")
+            out.append(0.0)
+        else:
+            out.append(env.episode.reward(answer_text))
+    return out
 
 
-def final_answer(completion: Any) -> str:
-    """The last assistant message's text of a multi-turn completion (a plain completion as it is)."""
+def trainer_tool_error(completion: Any) -> str | None:
+    """A tool message that is TRL's own error for a call it could not make (`{'error': ...}`), if any: an
+    environment's tools answer `error: ...` themselves, and have ended the episode already."""
+    if isinstance(completion, list):
+        for m in completion:
+            if isinstance(m, dict) and m.get("role") == "tool" and str(m.get("content", "")).startswith("{'error': "):
+                return str(m["content"])[:300]
+    return None
+
+
+def final_answer(completion: Any) -> str | None:
+    """The last assistant message's text of a multi-turn completion (a plain completion as it is); None
+    when the episode ended on a tool call (the turn limit): there is no answer."""
     if isinstance(completion, list):
         last = next((m for m in reversed(completion) if isinstance(m, dict) and m.get("role") == "assistant"), None)
         if last is None or last.get("tool_calls"):
-            return ""  # the episode ended on a tool call (the turn limit): no answer
+            return None
         return str(last.get("content") or "")
     return completion_text(completion)

@@ -58,7 +58,7 @@ def last_checkpoint(output_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None) -> int:
+def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None, restore=None) -> int:
     """Train to the end, resuming from the last good checkpoint. Returns the step resumed from (0 fresh).
 
     A checkpoint is the end of training when its step reaches `max_steps`, or, for epoch-based training
@@ -66,7 +66,9 @@ def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None)
     Trainer computed it from the epochs). Then its weights are loaded without training (`load_weights`;
     `resume_from_checkpoint` would train one extra step, measured), the Trainer's state is restored from
     the checkpoint's `trainer_state.json` (transformers' public `TrainerState.load_from_json`), and
-    `on_finished(state)` lets callbacks see the restored log history (the guard re-reads its curves)."""
+    `on_finished(state)` lets callbacks see the restored log history (the guard re-reads its curves);
+    `restore(path)` lets them reload what they saved in that checkpoint (the curriculum's state), since
+    no `on_train_begin` runs then."""
     from transformers import TrainerState
 
     last = last_checkpoint(output_dir)
@@ -80,6 +82,8 @@ def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None)
         state.global_step = state.global_step or step
         state.max_steps = planned
         trainer.state = state
+        if restore is not None:
+            restore(path)
         if on_finished is not None:
             on_finished(trainer.state)
         return step

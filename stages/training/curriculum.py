@@ -23,7 +23,10 @@ is written here, on TRL's public surface only:
   band's next active prompt. A set-aside prompt met on the walk is a **skipped group** (counted).
 - The trainer's rewards reach the curriculum through the reward wrappers (`trajectories.Recorder`
   listeners), its step through a callback; its state is saved in every checkpoint (`curriculum.json`), so
-  a resumed run continues with the same table, set-asides and walk.
+  a resumed run continues with the same table, set-asides and walk. The choice lags the rewards by one
+  generation batch: the dataloader fetches a batch ahead, so a prompt found all alike at step N may
+  still be drawn for step N+1 (and the prompts drawn ahead of a checkpoint are not trained after a
+  resume: the walk goes on past them).
 
 Why hand-written: no library offers pass-rate sampling for TRL (huggingface/trl#3708, DAPO's dynamic
 sampling, is open); the rule is short and tested on made-up rewards (`tests/test_curriculum.py`).
@@ -38,6 +41,7 @@ import logging
 import math
 import os
 import random
+import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -78,7 +82,7 @@ class Curriculum:
         for i, pid in enumerate(self.ids):
             self.rows_of.setdefault(pid, []).append(i)
         for pid, e in self.rates.table.items():  # what earlier stages saw: set aside what they found all alike
-            if e.alike_streak >= cfg.set_aside_after:
+            if pid in self.rows_of and e.alike_streak >= cfg.set_aside_after:
                 self.aside[pid] = cfg.readmit_after
 
     # -- bands ---------------------------------------------------------------------------------
@@ -205,7 +209,8 @@ def _rng_from(state: list[Any]) -> tuple[Any, ...]:
 
 
 # -- wiring it into TRL's GRPOTrainer (public surface: the train dataset, reward functions, a callback) --
-_LIVE: dict[str, Curriculum] = {}  # the generator finds its curriculum by token (datasets hashes gen_kwargs)
+_LIVE: weakref.WeakValueDictionary[str, Curriculum] = weakref.WeakValueDictionary()  # the generator finds its
+# curriculum by token (datasets hashes gen_kwargs); weak, so a finished stage's rows do not outlive it
 
 
 def _generate(token: str) -> Iterator[dict[str, Any]]:
@@ -241,7 +246,14 @@ def rates_listener(rates: PassRates, weights: list[float], group: int, recorder)
         ids = kwargs.get("prompt_id")
         if ids:
             totals = [sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) for col in zip(*values)]
-            rates.add_groups(list(ids), totals, group, recorder.step, "grpo")
+            i = 0
+            while i < len(ids):  # whole groups only (a run of `group` equal ids); a partial one is left out
+                j = i
+                while j < len(ids) and ids[j] == ids[i]:
+                    j += 1
+                for k in range(i, j - group + 1, group):
+                    rates.add_group(ids[k], [float(t) for t in totals[k:k + group]], recorder.step, "grpo")
+                i = j
 
     return heard
 
@@ -254,9 +266,11 @@ class RatesCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if (ckpt / FILE).is_file():
-                self.rates.table = PassRates.read(ckpt).table
+            self.restore(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+
+    def restore(self, ckpt: Path) -> None:
+        if (Path(ckpt) / FILE).is_file():
+            self.rates.table = PassRates.read(ckpt).table
 
     def on_save(self, args, state, control, **kwargs):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -273,12 +287,15 @@ class CurriculumCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step:
-            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / STATE
-            try:
-                self.curriculum.load(json.loads(path.read_text()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("curriculum state not restored from %s (%s): it starts afresh", path, exc)
+            self.restore(Path(args.output_dir) / f"checkpoint-{state.global_step}")
         self.curriculum.step = state.global_step
+
+    def restore(self, ckpt: Path) -> None:
+        path = Path(ckpt) / STATE
+        try:
+            self.curriculum.load(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("curriculum state not restored from %s (%s): it starts afresh", path, exc)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.curriculum.step = state.global_step

@@ -71,19 +71,30 @@ def run_episodes(model, tokenizer, recipe, rows: list[dict[str, Any]], *, do_sam
             prompt[-1] = {**prompt[-1], "content": str(prompt[-1]["content"]) + observation}
         prompts.append(prompt)
     completions: list[list[dict[str, Any]]] = [[] for _ in rows]
+    # `max_new_tokens` is the whole episode's budget, tool results included, as TRL's max_completion_length
+    budget = [max_new_tokens] * len(rows)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 10**9
+    seed = sampling.pop("seed", None)  # sampled episodes are seeded once, not at every turn
     open_ = list(range(len(rows)))
     for turn in range(recipe.environment.max_turns + 1):
-        if not open_:
-            break
-        texts = [tokenizer.apply_chat_template(prompts[i] + completions[i], tools=tools_of(envs[i]) or None, tokenize=False, add_generation_prompt=True)
-                 for i in open_]
-        outs = generate(model, tokenizer, texts, do_sample=do_sample, max_new_tokens=max_new_tokens, batch_size=batch_size or recipe.eval.batch_size,
-                        desc=f"{desc} (turn {turn + 1})", **sampling)
-        still = []
-        for i, text, (out,) in zip(open_, texts, outs):
+        texts, prefixes, keep = [], [], []
+        for i in open_:
+            text = tokenizer.apply_chat_template(prompts[i] + completions[i], tools=tools_of(envs[i]) or None, tokenize=False, add_generation_prompt=True)
             prefix = tokenizer(text, add_special_tokens=False)["input_ids"]
-            ids = tokenizer(out + (tokenizer.eos_token or ""), add_special_tokens=False)["input_ids"]
-            message = parse_response(tokenizer, ids, prefix=prefix)
+            budget[i] = min(budget[i], context - len(prefix) - 1)
+            if budget[i] > 0:  # out of budget or context: the episode ends where it is
+                texts.append(text), prefixes.append(prefix), keep.append(i)
+        if not keep:
+            break
+        outs = generate(model, tokenizer, texts, do_sample=do_sample, max_new_tokens=max(budget[i] for i in keep),
+                        batch_size=batch_size or recipe.eval.batch_size, desc=f"{desc} (turn {turn + 1})",
+                        **({"seed": seed} if turn == 0 and seed is not None else {}), **sampling)
+        still = []
+        for i, prefix, (out,) in zip(keep, prefixes, outs):
+            ids = tokenizer(out, add_special_tokens=False)["input_ids"][: budget[i]]
+            budget[i] -= len(ids)
+            message = parse_response(tokenizer, ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []), prefix=prefix,
+                                     tools=tools_of(envs[i]) or None)
             message = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
             message.setdefault("content", "")
             completions[i].append(message)
@@ -96,9 +107,11 @@ def run_episodes(model, tokenizer, recipe, rows: list[dict[str, Any]], *, do_sam
                 name, args = fn.get("name"), fn.get("arguments")
                 if name in tools and isinstance(args, dict):
                     result = tools[name](**args)
-                else:
-                    result = f"error: no tool {name!r} with arguments {args!r}"
-                completions[i].append({"role": "tool", "name": str(name), "content": str(result)})
+                else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
+                    result = {"error": f"Tool {name} not found." if name not in tools else f"arguments {args!r} are not an object"}
+                content = str(result)
+                budget[i] -= len(tokenizer(content, add_special_tokens=False)["input_ids"])
+                completions[i].append({"role": "tool", "name": str(name), "content": content})
             still.append(i)
         open_ = still
     return completions, envs

@@ -23,6 +23,8 @@ def prompt_id(prompt: Any) -> str:
     train/held-out overlap check, so copies of a prompt share one id)."""
     from regimen.stages.tasks import normalized_prompt
 
+    if isinstance(prompt, str):  # a text prompt and the one-message conversation made of it are one prompt
+        prompt = [{"role": "user", "content": normalized_prompt(prompt)}]
     return hashlib.sha256(normalized_prompt(prompt).encode()).hexdigest()[:16]
 
 

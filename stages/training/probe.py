@@ -75,7 +75,8 @@ class HeldoutProbe(TrainerCallback):
         self.every = recipe.probe.steps
         self.best_dir = Path(work_dir) / BEST
         self.trainer = None  # set by the stage once the trainer exists
-        self.fired: dict[str, Any] | None = None  # the guard's finding when it is hacking or overfitting
+        self.fired: dict[str, Any] | None = None  # the guard's finding that stops the stage (hacking, by default)
+        self.warned: dict[str, Any] | None = None  # ... one it only warns about (overfitting by default; hacking with action: warn)
         self.noted: dict[str, Any] | None = None  # ... when it is sharpening (never stops a run)
         self.stopped_at_target: int | None = None
         self.warning: str | None = None
@@ -174,8 +175,11 @@ class HeldoutProbe(TrainerCallback):
                     log.info("guard: %s at step %d (training reward %+.3f, held-out probe %+.3f)", describe(kind), seen["step"],
                              now["train_reward_rise"], now["heldout_gain"])
                 return
-            self.fired = seen
-            if not stops(kind, guard):
+            if stops(kind, guard):
+                self.fired = seen
+                return
+            if self.warned is None or self.warned["finding"] != kind:  # warned once per finding; the guard keeps watching
+                self.warned = seen
                 self.warning = (f"guard (warn): {kind} at step {probes[-1][0]}: the training reward had risen {now['train_reward_rise']:+.3f} "
                                 f"while held-out probe accuracy changed {now['heldout_gain']:+.3f}; {describe(kind)}")
                 log.warning(self.warning)

@@ -66,6 +66,7 @@ class Recorder:
         self.keep_first, self.keep_last, self.rows_per_batch = keep_first, keep_last, rows_per_batch
         self.batches: list[dict[str, Any]] = []
         self.step = 0
+        self.order: list[str] = []
         self.listeners: list[Any] = []  # called with (kwargs, [values per reward]) once every reward scored a batch
         self.expected = 0
         self._full: dict[str, Any] = {"id": None, "values": {}}
@@ -77,6 +78,7 @@ class Recorder:
 
     def wrap(self, name: str, fn):
         recorder = self
+        self.order.append(name)  # TRL calls the rewards in this order: the first one opens each batch
 
         def wrapped(prompts, completions, **kwargs):
             from regimen.stages.errors import InputError
@@ -97,8 +99,8 @@ class Recorder:
 
     def _add(self, name, prompts, completions, values, kwargs) -> None:
         n = self.rows_per_batch
-        if not self.batches or self.batches[-1]["completions_id"] != id(completions):
-            batch = {"completions_id": id(completions), "step": self.step, "prompts": list(prompts[:n]),
+        if not self.batches or name == self.order[0]:  # (not by id(): CPython reuses a freed list's id)
+            batch = {"step": self.step, "prompts": list(prompts[:n]),
                      "completions": list(completions[:n]), "answer": list(kwargs.get("answer", [None] * len(prompts))[:n]), "rewards": {}}
             if kwargs.get("environments"):  # episodes: every turn, each tool call and what it returned
                 from regimen.stages.training.episodes import transcript
@@ -112,8 +114,8 @@ class Recorder:
     def hear(self, name, completions, values, kwargs) -> None:
         if not self.listeners:
             return
-        if self._full["id"] != id(completions):
-            self._full = {"id": id(completions), "values": {}}
+        if name == self.order[0]:
+            self._full = {"id": None, "values": {}}
         self._full["values"][name] = list(values)
         if len(self._full["values"]) == self.expected:
             columns = list(self._full["values"].values())
