@@ -116,9 +116,24 @@ def trajectories_markdown(path: Path, title: str, limit: int = 12) -> str:
         return f"### {title}\n\n(no trajectories)"
     names = sorted({k for r in rows for k in (r.get("rewards") or {})})
     head = "| prompt | completion | " + " | ".join(names) + " |\n|" + "---|" * (2 + len(names))
-    lines = [f"| {cell(r.get('rendered_prompt') or r.get('prompt'))} | {cell(r.get('completion'))} | "
+    lines = [f"| {cell(r.get('rendered_prompt') or r.get('prompt'))} | {cell(turns_text(r['episode']) if r.get('episode') else r.get('completion'))} | "
              + " | ".join(cell(rounded((r.get('rewards') or {}).get(n))) for n in names) + " |" for r in rows]
     return f"### {title}\n\n{head}\n" + "\n".join(lines)
+
+
+def turns_text(episode: dict) -> str:
+    """An episode's turns on one line: each tool call with its arguments, what it returned, the answer."""
+    parts = []
+    for t in episode.get("turns", []):
+        if "call" in t:
+            args = ", ".join(f"{k}={v!r}" for k, v in (t.get("arguments") or {}).items()) if isinstance(t.get("arguments"), dict) else t.get("arguments")
+            parts.append(f"{t['call']}({args})")
+        elif "result" in t:
+            parts.append(f"→ {t['result']}")
+        elif "say" in t:
+            parts.append(f"says {t['say']!r}")
+    failure = (episode.get("episode") or {}).get("failure")
+    return " ".join(parts) + (f" [ended: {failure}]" if failure else "")
 
 
 def publish(result: StageResult, store) -> None:

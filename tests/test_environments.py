@@ -258,3 +258,11 @@ def test_a_call_the_trainer_could_not_make_fails_the_episode():
     completion = [call, {"role": "tool", "name": "nope", "content": "{'error': 'Tool nope not found.'}"}, {"role": "assistant", "content": "11"}]
     assert episode(None, [completion], environments=[env]) == [0.0]
     assert "Tool nope not found" in env.episode.failure
+
+
+def test_the_ui_shows_an_episode_turn_by_turn():
+    from regimen.flows.publish import turns_text
+
+    ep = {"turns": [{"call": "probe", "arguments": {"x": 3}}, {"result": "11"}, {"say": "11"}], "episode": {"failure": None}}
+    assert turns_text(ep) == "probe(x=3) → 11 says '11'"
+    assert turns_text({"turns": [{"call": "look", "arguments": {"n": 0}}, {"result": "error: boom"}], "episode": {"failure": "look raised"}}).endswith("[ended: look raised]")
