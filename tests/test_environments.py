@@ -202,6 +202,7 @@ def test_the_door_refuses_environment_recipes_that_cannot_work(tmp_path):
     bad(base.replace("chat: true", "chat: false") + "environment: {name: probe}\neval: {metric: episode}\n", "model.tiny.chat")
     bad(base + "environment: {name: probe, max_turns: 0}\neval: {metric: episode}\n", "environment.max_turns")
     bad(base + "environment: {name: probe, args: {color: red}}\neval: {metric: episode}\n", "environment.args")
+    bad(base + "environment: {name: probe}\neval: {metric: episode}\nteacher: {kind: self}\n", "teacher.kind 'self': with an environment")
 
 
 # -- a shrunken environment run ----------------------------------------------------------------------

@@ -71,11 +71,22 @@ def test_identical_rerun_reuses_every_stage(first_run):
 def test_changing_only_the_cycle_target_reruns_nothing_and_records_a_new_verdict(first_run):
     store, _ = first_run
     before = versions(store)
-    results = run_flow(TINY, store, overrides={"cycle.target": 0.0})
+    results = run_flow(TINY, store, overrides={"cycle.target": 0.0, "cycle.stop_when_taught": False})
     assert all(r["reused"] for r in results)
     assert versions(store) == before
     latest = Store(store).decisions("tiny-test")[-1]
     assert latest["verdict"] == "target-reached" and latest["cycle_settings"]["target"] == 0.0
+
+
+def test_a_cycle_whose_sft_meets_the_target_runs_no_grpo(tmp_path):
+    """cycle.stop_when_taught: SFT's held-out accuracy already at the target ends the cycle there; the judge
+    measures the SFT policy (the challenger) and the verdict is recorded; no gate, no GRPO."""
+    results = run_flow(TINY, tmp_path, overrides={"cycle.target": 0.0})
+    ran = [r["stage"] for r in results if r.get("cycle")]
+    assert ran == ["sft", "eval"], ran
+    ev = next(r for r in results if r["stage"] == "eval" and r.get("cycle"))
+    assert ev["round"] == 0 and ev["verdict"] == "target-reached"
+    assert Store(tmp_path).decisions("tiny-test")[-1]["verdict"] == "target-reached"
 
 
 def test_a_truncated_file_is_not_reused_the_stage_runs_again_and_status_names_it(first_run, capsys):

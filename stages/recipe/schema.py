@@ -175,6 +175,7 @@ class CycleSection(Section):
     target: float = Field(0.95, ge=0, le=1, description="held-out accuracy that ends the flow")
     min_delta: float = Field(0.02, ge=0, le=1, description="held-out gain that counts as progress")
     patience: int = Field(1, ge=1, le=1000, description="evaluations without progress before going back to SFT")
+    stop_when_taught: bool = Field(True, description="end the cycle after SFT when its held-out accuracy already meets the target (no GRPO round)")
     start_from: Literal["champion", "base", "latest"] = Field(
         "champion", description="cycle 1 starts from the experiment's champion (the base model until there is one), the base model, or the latest good policy")
     guard: GuardSection = GuardSection()
@@ -330,6 +331,9 @@ class Recipe(Section):
                 raise ValueError("eval.metric: with an environment, evaluation judges episodes: name a reward (e.g. episode), not exact_match")
             if self.model.name_or_path == "tiny" and not self.model.tiny.chat:
                 raise ValueError("model.tiny.chat: an environment needs a chat template with tool calls; set model.tiny.chat: true")
+            if self.teacher.kind in ("model", "self"):
+                raise ValueError(f"teacher.kind {self.teacher.kind!r}: with an environment only the task's oracle or weak teacher writes traces "
+                                 "(a model teacher's episodes are not run yet); use oracle, weak or none")
         if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
             raise ValueError(f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none")
         return self
