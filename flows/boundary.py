@@ -5,8 +5,9 @@ name or relative path, never an arbitrary path), `experiment` (a name in the sto
 (dotted recipe keys). Overrides are limited to training hyperparameters: `sft.*` and `grpo.*` fields of
 TRL's configs whose values are numbers, booleans or fixed choices (never a path, a URL, a hub push, vLLM,
 remote code or a logger), and the Regimen sections `dry_run.*`, `smoke.*`, `eval.*`, `cycle.*`,
-`probe.*`. Everything that chooses code or places (`launcher`, `accelerate.*`, `rewards`, `model.*`,
-`data.*`, `teacher.*`, `peft`, `store`) is refused with a message naming the key, unless the operator
+`probe.*`, `curriculum.*`. Everything that chooses code or places (`launcher`, `accelerate.*`, `rewards`,
+`environment.*`, `model.*`, `data.*`, `teacher.*`, `peft`, `store`), and the operator's own policy
+(`promote.*`, `limits.*`) is refused with a message naming the key, unless the operator
 widened the list when starting `serve` (`regimen serve --allow model.name_or_path`), or, for
 `prefect deploy` deployments, in the `REGIMEN_UI_ALLOW` variable of `prefect.yaml`'s job variables.
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from regimen.stages.errors import InputError
 
-SAFE_SECTIONS = ("dry_run", "smoke", "eval", "cycle", "probe")
+SAFE_SECTIONS = ("dry_run", "smoke", "eval", "cycle", "probe", "curriculum")
 TRL_SECTIONS = ("sft", "grpo")
 # TRL fields that are numbers or switches but still reach out of the run: the network, the hub, other
 # programs, or files.

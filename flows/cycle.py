@@ -326,6 +326,16 @@ def cycles(recipe: Recipe, run: Run) -> None:
     for cycle in range(1, recipe.cycle.max_cycles + 1):
         policy, baseline = teach(recipe, policy, run, cycle)
         history.append(Evaluation(cycle, 0, baseline).__dict__)
+        if recipe.cycle.stop_when_taught and baseline >= recipe.cycle.target:
+            # the cycle's start already meets the target: GRPO has nothing left to add. Measured by the judge
+            # like any challenger (the champion's comparison needs its per-prompt outcomes), and recorded.
+            log.info("held-out accuracy %.3f before GRPO already meets the target %.3f: no GRPO round this cycle", baseline, recipe.cycle.target)
+            ev = stage(registry.judge(), recipe, {"policy": policy}, run, cycle, 0)
+            if ev["metrics"]["heldout_accuracy"] >= recipe.cycle.target:
+                run.challenger = (policy, ev)
+                verdict = record_verdict(run, recipe, list(history), ev, cycle, 0)
+                ev.update(verdict=verdict["verdict"], decision=verdict)
+                return
         seen = gates(recipe, policy, run, cycle)
         for round in range(1, recipe.cycle.max_rounds + 1):
             trained = train_round(recipe, policy, run, cycle, round, seen)

@@ -267,3 +267,16 @@ def test_the_ui_shows_an_episode_turn_by_turn():
     ep = {"turns": [{"call": "probe", "arguments": {"x": 3}}, {"result": "11"}, {"say": "11"}], "episode": {"failure": None}}
     assert turns_text(ep) == "probe(x=3) → 11 says '11'"
     assert turns_text({"turns": [{"call": "look", "arguments": {"n": 0}}, {"result": "error: boom"}], "episode": {"failure": "look raised"}}).endswith("[ended: look raised]")
+
+
+def test_a_ui_run_cannot_choose_an_environment():
+    """`environment.*` chooses code: not a UI parameter unless the operator allows it; the curriculum is."""
+    from regimen.flows.boundary import check_overrides
+    from regimen.stages.errors import InputError
+
+    for key in ("environment.name", "environment.args", "environment"):
+        with pytest.raises(InputError, match="is not a UI parameter"):
+            check_overrides({key: "os:system"}, [])
+    assert check_overrides({"curriculum.enabled": False, "cycle.start_from": "champion"}, []) 
+    with pytest.raises(InputError, match="promote.min_gain"):
+        check_overrides({"promote.min_gain": 0}, [])
