@@ -8,7 +8,8 @@ tool), at equal wall time, in one invocation.
 2. The same questions single-turn (`#<case> f(x)=?` -> the value; a JSONL file written here from the same
    generated rows, train and held-out), the same model, the oracle's answers as SFT traces and GRPO on the
    `answer` reward, with the same SFT steps; its GRPO steps are then raised so that its stages take W too
-   (the SFT, dry run and smoke test are reused; only GRPO and evaluation run again).
+   (the SFT, dry run and smoke test are reused; only GRPO and evaluation run again). Where the gates stop
+   it (no group varies: GRPO would learn nothing), the same time W goes to SFT instead.
 Printed: held-out success of both (episode success; exact match), their stages' wall times, and the ratio.
 """
 
@@ -76,23 +77,39 @@ def main() -> None:
 
     single = single_turn_recipe(work, env, args.seed)
     r1 = regimen("run", str(single), "--store", store, check=False)
-    w1 = stages_wall(store, "why-tools-single")
-    g = manifests(store, "why-tools-single", "grpo")[-1]
-    per_step = g["metrics"]["train_s"] / max(g["metrics"]["steps"], 1)
-    steps = int(env["grpo"]["max_steps"] + max(0.0, w_env - w1) / per_step)
-    r2 = regimen("run", str(single), "--store", store, "--set", f"grpo.max_steps={steps}", "--set", "probe.stop_at_target=false", check=False)
-    ms = {s: manifests(store, "why-tools-single", s)[-1] for s in STAGES}
-    # the equal-time single-turn run: its SFT/dry run/smoke (reused) as first measured, its own GRPO and evaluation
-    w_single = sum(manifests(store, "why-tools-single", s)[0]["wall_s"] for s in ("sft", "reward-dry-run", "grpo-smoke")) + ms["grpo"]["wall_s"] + ms["eval"]["wall_s"]
+    exp = "why-tools-single"
+    stop = next((line for line in r1["out"].splitlines() if line.startswith("stopped:")), "")
+    if manifests(store, exp, "grpo"):
+        # GRPO could run: give it more steps, so the single-turn pipeline takes the tool run's time
+        w1 = stages_wall(store, exp)
+        g = manifests(store, exp, "grpo")[-1]
+        per_step = g["metrics"]["train_s"] / max(g["metrics"]["steps"], 1)
+        steps = int(env["grpo"]["max_steps"] + max(0.0, w_env - w1) / per_step)
+        r2 = regimen("run", str(single), "--store", store, "--set", f"grpo.max_steps={steps}", "--set", "probe.stop_at_target=false", check=False)
+        ms = {s: manifests(store, exp, s)[-1] for s in STAGES}
+        w_single = sum(manifests(store, exp, s)[0]["wall_s"] for s in ("sft", "reward-dry-run", "grpo-smoke")) + ms["grpo"]["wall_s"] + ms["eval"]["wall_s"]
+        single_row = {"policy": "single-turn, no tool", "rc": r2["rc"], "sft_heldout": ms["sft"]["metrics"]["heldout_accuracy"],
+                      "final_heldout": ms["eval"]["metrics"]["heldout_accuracy"], "stages_wall_s": round(w_single, 1), "grpo_steps": steps}
+        how = f"GRPO given {steps} steps to fill the time"
+    else:
+        # the gates stopped it: every guess scores 0, no group varies, GRPO has nothing to learn from. The
+        # same time goes to SFT instead (more steps on the oracle's answers), measured on the held-out set.
+        sft = manifests(store, exp, "sft")[-1]
+        per_step = sft["wall_s"] / max(sft["metrics"]["steps"], 1)
+        steps = int(max(env["sft"]["max_steps"], w_env / per_step))
+        r2 = regimen("run", str(single), "--store", store, "--set", f"sft.max_steps={steps}", check=False)
+        sft2 = manifests(store, exp, "sft")[-1]
+        single_row = {"policy": "single-turn, no tool", "rc": r2["rc"], "sft_heldout": sft["metrics"]["heldout_accuracy"],
+                      "final_heldout": sft2["metrics"]["heldout_accuracy"], "stages_wall_s": round(sft2["wall_s"], 1), "grpo_steps": 0}
+        how = f"GRPO never ran ({stop or 'stopped at a gate'}); the time went to SFT instead: {steps} steps"
     rows = [
         {"policy": "tool-using (tiny-env)", "rc": r_env["rc"], "sft_heldout": sft_env, "final_heldout": acc_env, "stages_wall_s": round(w_env, 1),
          "grpo_steps": env["grpo"]["max_steps"]},
-        {"policy": "single-turn, no tool", "rc": r2["rc"], "sft_heldout": ms["sft"]["metrics"]["heldout_accuracy"],
-         "final_heldout": ms["eval"]["metrics"]["heldout_accuracy"], "stages_wall_s": round(w_single, 1), "grpo_steps": steps},
+        single_row,
     ]
     print(table(rows, list(rows[0])))
-    print(f"wall ratio single/tool {w_single / w_env:.2f} (aim 1.0); held-out success tool {acc_env} vs no tool {rows[1]['final_heldout']} "
-          f"(first single-turn run, {env['grpo']['max_steps']} GRPO steps: rc {r1['rc']})")
+    print(f"single-turn: {how}")
+    print(f"wall ratio single/tool {single_row['stages_wall_s'] / w_env:.2f} (aim 1.0); held-out success with the tool {acc_env} vs without {single_row['final_heldout']}")
 
 
 if __name__ == "__main__":
