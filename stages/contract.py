@@ -6,7 +6,9 @@ at first, and
 
     run(recipe, inputs, dirs) -> StageOutput
 
-`inputs` are references to earlier artifacts (`{"policy": {"stage", "version", "fingerprint", "model"}}`);
+`inputs` are references to earlier artifacts (`{"policy": {"stage", "version", "fingerprint", "model"}}`;
+also `heldout`, the experiment's frozen held-out set, and for train stages `pass_rates`, the version whose
+`pass_rates.jsonl` the curriculum starts from: the dry run's, or the round before's);
 `dirs.out` becomes the version folder, `dirs.checkpoints` is the resumable work folder. Stages import
 shared pieces (training, rewards, tasks), never each other and never the runner; `registry.py` lists them.
 """
@@ -28,7 +30,8 @@ ROLES: tuple[str, ...] = ("teach", "gate", "train", "judge")
   status "failed" with a diagnosis.
 - train: every round, each from the previous one's policy; the last one's policy is the round's result.
 - judge: exactly one; measures a policy on held-out data (`heldout_accuracy`), once per round and, when
-  the cycle has no teacher, once at its start. The flow decides what comes next from its history.
+  the cycle has no teacher, once at its start (and after the teach stages when they already meet the
+  target: `cycle.stop_when_taught`). The flow decides what comes next from its history.
 """
 
 
