@@ -191,7 +191,7 @@ def test_a_shrunken_run_shows_the_curriculum_in_its_manifest_and_resumes_with_it
     from regimen.stages.errors import RegimenError
     from regimen.stages.store import Store
 
-    overrides = {"grpo.max_steps": 12, "grpo.save_steps": 4, "grpo.logging_steps": 2, "curriculum.readmit_after": 3,
+    overrides = {"curriculum.enabled": True, "grpo.max_steps": 12, "grpo.save_steps": 4, "grpo.logging_steps": 2, "curriculum.readmit_after": 3,
                  "data.train_size": 60, "probe.steps": 4, "probe.prompts": 8, "probe.train_prompts": 8}
     monkeypatch.setenv("REGIMEN_FAULT", "grpo@5")
     with pytest.raises(RegimenError):

@@ -154,7 +154,7 @@ class CurriculumSection(Section):
     """GRPO's prompts chosen by pass rate (`stages/training/curriculum.py`): prompts whose latest groups all
     scored alike are set aside and re-admitted later; the rest are drawn by difficulty band."""
 
-    enabled: bool = Field(True, description="false: TRL's own sampler (a uniform shuffle of the training rows)")
+    enabled: bool = Field(False, description="true: GRPO draws its prompts by pass rate; false (default): TRL's own sampler (a uniform shuffle of the training rows)")
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
     readmit_after: int = Field(50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again")
     bands: BandsSection = BandsSection()
