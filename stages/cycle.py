@@ -106,12 +106,15 @@ def guard_in_training(train_curve: list[tuple[int, float]], probe_curve: list[tu
     return None
 
 
-def finding(evidence: dict[str, Any], train_probe_curve: list[tuple[int, float, float]], guard) -> str:
+def finding(evidence: dict[str, Any], train_probe_curve: list[tuple], guard) -> str:
     """Name what the guard's rule found (`evidence` from `guard_in_training` or `hacking_evidence`), from the
-    greedy probe on training prompts: (step, greedy accuracy, greedy weighted reward) per probe.
+    greedy probe on training prompts: (step, greedy accuracy, greedy weighted reward[, precision]) per
+    probe, precision being the share of correct answers among those the reward pays in full.
 
     - overfitting: greedy accuracy on training prompts gained at least `guard.heldout_gain` (the held-out
       probe did not: that is the rule's other half);
+    - hacking, whatever else holds, when the reward pays wrong answers in full (latest precision < 0.5):
+      a policy that already collected a gameable reward greedily is not "sharpening";
     - sharpening: the sampled reward now is within `guard.sharpening_margin` of the greedy reward at the
       first probe and the greedy reward itself moved less than half of `guard.train_rise`: sampling is
       catching up with what the policy already answered greedily;
@@ -119,9 +122,13 @@ def finding(evidence: dict[str, Any], train_probe_curve: list[tuple[int, float, 
       the task measures did). Without a training-prompt probe it cannot tell, and says hacking."""
     if len(train_probe_curve) < 2:
         return HACKING
-    (_, acc0, rew0), (_, acc1, rew1) = train_probe_curve[0], train_probe_curve[-1]
+    first, last = train_probe_curve[0], train_probe_curve[-1]
+    (acc0, rew0), (acc1, rew1) = first[1:3], last[1:3]
+    paid_right = last[3] if len(last) > 3 else None
     if acc1 - acc0 >= guard.heldout_gain:
         return OVERFITTING
+    if paid_right is not None and paid_right < 0.5:
+        return HACKING
     if evidence["train_reward_now"] <= rew0 + guard.sharpening_margin and abs(rew1 - rew0) < guard.train_rise / 2:
         return SHARPENING
     return HACKING

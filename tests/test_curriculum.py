@@ -217,3 +217,21 @@ def test_a_shrunken_run_shows_the_curriculum_in_its_manifest_and_resumes_with_it
     assert any("curriculum/set_aside" in h and "frac_reward_zero_std" in h for h in log)
     assert any("train_probe" in h and "train_probe_reward" in h for h in log)
     assert m["torch_cpu_capability"]
+
+
+def test_a_reward_that_pays_wrong_answers_is_hacking_even_when_greedy_already_collected_it():
+    """configs/hackable.yaml: greedy decoding already wrote digits (digits reward 1.0, every answer wrong);
+    the sampled reward climbs to it. Without the precision it would read as sharpening."""
+    from regimen.stages.training.probe import precision
+
+    evidence = guard_in_training(RISING, FLAT_PROBE, GUARD)
+    flat_greedy = [(0, 0.0, 1.0), (40, 0.0, 1.0)]
+    assert finding(evidence, flat_greedy, GUARD) == SHARPENING  # the old reading, without precision
+    paid = precision([0.0] * 8, [1.0] * 8)
+    assert paid == 0.0
+    assert finding(evidence, [(0, 0.0, 1.0, paid), (40, 0.0, 1.0, paid)], GUARD) == HACKING
+    # an honest reward pays right answers: sharpening stays sharpening
+    right = precision([1.0, 1.0, 0.0, None], [1.1, 1.1, 0.1, 0.0])
+    assert right == 1.0
+    assert finding(evidence, [(0, 0.6, 0.6, right), (40, 0.6, 0.61, right)], GUARD) == SHARPENING
+    assert precision([0.0, 1.0], [0.0, 0.0]) is None  # nothing paid: no opinion

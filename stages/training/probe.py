@@ -51,6 +51,15 @@ def weighted_rewards(recipe, completions: list[Any], rows: list[dict[str, Any]],
     return [sum(weights[name] * v[i] for name, v in values.items() if v[i] is not None) for i in range(len(completions))]
 
 
+def precision(flags: list[float | None], rewards: list[float]) -> float | None:
+    """Of the answers the reward pays in full (the batch's top weighted reward, above 0), the share that
+    are correct: near 1 when the reward pays for what the task measures, near 0 when it pays wrong answers
+    (the signature of hacking). None when nothing is paid or nothing is judged."""
+    top = max(rewards, default=0.0)
+    paid = [f for f, r in zip(flags, rewards) if r >= top - 1e-9 and f is not None] if top > 0 else []
+    return sum(paid) / len(paid) if paid else None
+
+
 def correct_flags(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None) -> list[float]:
     """1.0 per completion that the eval metric counts as correct, 0.0 otherwise, None where the metric (a
     reward) has no opinion (left out of the probe's accuracy, as of evaluation's)."""
@@ -95,9 +104,9 @@ class HeldoutProbe(TrainerCallback):
         return [(h["step"], h["reward"]) for h in log_history if "reward" in h and "step" in h]
 
     @staticmethod
-    def train_probe_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
-        """(step, greedy accuracy, greedy weighted reward) on the sample of training prompts."""
-        return [(h["step"], h["train_probe"], h["train_probe_reward"]) for h in log_history if "train_probe" in h]
+    def train_probe_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float, float, float | None]]:
+        """(step, greedy accuracy, greedy weighted reward, precision of the reward) on the sample of training prompts."""
+        return [(h["step"], h["train_probe"], h["train_probe_reward"], h.get("train_probe_precision")) for h in log_history if "train_probe" in h]
 
     def best(self) -> dict[str, Any] | None:
         try:
@@ -133,7 +142,7 @@ class HeldoutProbe(TrainerCallback):
         scored = [f for f in flags if f is not None]
         acc = sum(scored) / len(scored) if scored else 0.0
         if with_reward:
-            return acc, (sum(rewards) / len(rewards) if rewards else 0.0)
+            return acc, (sum(rewards) / len(rewards) if rewards else 0.0), precision(flags, rewards)
         return acc
 
     def _probe(self, state, model) -> None:
@@ -142,7 +151,7 @@ class HeldoutProbe(TrainerCallback):
             acc = self.measure(model)
             entry = {"step": step, "heldout_probe": acc}
             if self.train_rows:
-                entry["train_probe"], entry["train_probe_reward"] = self.measure(model, self.train_rows, with_reward=True)
+                entry["train_probe"], entry["train_probe_reward"], entry["train_probe_precision"] = self.measure(model, self.train_rows, with_reward=True)
             state.log_history.append({**entry, "probe_s": round(self.probe_s, 3), "wall_s": round(time.perf_counter() - self.t0, 3)})
             train = self.train_curve(state.log_history)
             log.info("held-out probe at step %d: %.3f%s", step, acc, f" (training reward {train[-1][1]:.3f})" if train else "")
