@@ -146,7 +146,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
                       f"{probe.fired['train_reward_rise']:+.3f} (from {probe.fired['train_reward_start']:.3f} to {probe.fired['train_reward_now']:.3f}) "
                       f"while held-out probe accuracy changed {probe.fired['heldout_gain']:+.3f} (from {probe.fired['heldout_accuracy_start']:.3f} "
                       f"to {probe.fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
-                      + (". Read the trajectories (high reward, wrong answer) and fix the reward" if kind == HACKING else ""))
+                      + (" (the high-reward wrong answers are in the failed attempt's trajectories)" if kind == HACKING else ""))
             return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
     barrier(trainer)  # every rank reads best/ only once rank 0 has finished writing it
     best = probe.best()
