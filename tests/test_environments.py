@@ -215,7 +215,7 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
 
     from regimen.stages.errors import RegimenError
 
-    overrides = {"sft.max_steps": 60, "teacher.max_prompts": 200, "data.train_size": 300, "data.heldout_size": 32, "grpo.max_steps": 6,
+    overrides = {"sft.max_steps": 250, "teacher.max_prompts": 1000, "data.train_size": 1200, "data.heldout_size": 32, "grpo.max_steps": 6,
                  "grpo.save_steps": 2, "grpo.per_device_train_batch_size": 16, "probe.steps": 2, "probe.prompts": 8, "probe.train_prompts": 8,
                  "dry_run.min_mean_reward": 0.0, "dry_run.max_mean_reward": 1.0, "dry_run.max_frac_zero_std": 1.0, "dry_run.num_prompts": 4}
     config = ROOT / "configs" / "tiny-env.yaml"
