@@ -198,7 +198,7 @@ def test_a_run_outlives_its_orchestrator(signal_after, tmp_path):
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not list(store.glob("tiny-test/grpo/work/*/checkpoint-50/regimen_complete")):
+        while not list((store / "tiny-test" / "grpo" / "work").glob("*/checkpoint-50/regimen_complete")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         stop(server, signal.SIGKILL)

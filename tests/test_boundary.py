@@ -37,14 +37,14 @@ def _last_line(err: str) -> str:
 
 # -- the operator's ceilings -------------------------------------------------------------------------
 
-def test_a_checkpoint_ceiling_caps_what_the_trainer_keeps():
+def test_a_checkpoint_ceiling_caps_what_the_trainer_keeps(tmp_path):
     from regimen.stages.recipe import load_recipe
     from regimen.stages.recipe.trl import for_stage
 
     capped = load_recipe(TINY, {"limits.max_checkpoints": 3})
-    assert for_stage(capped, "grpo", "/tmp/x").save_total_limit == 3  # unset in the recipe: the ceiling
-    assert for_stage(load_recipe(TINY, {"limits.max_checkpoints": 3, "grpo.save_total_limit": 2}), "grpo", "/tmp/x").save_total_limit == 2
-    assert for_stage(load_recipe(TINY, {}), "grpo", "/tmp/x").save_total_limit is None
+    assert for_stage(capped, "grpo", tmp_path).save_total_limit == 3  # unset in the recipe: the ceiling
+    assert for_stage(load_recipe(TINY, {"limits.max_checkpoints": 3, "grpo.save_total_limit": 2}), "grpo", tmp_path).save_total_limit == 2
+    assert for_stage(load_recipe(TINY, {}), "grpo", tmp_path).save_total_limit is None
     # the ceiling never enters a fingerprint: it refuses or stops a run, it never changes what it computes
     from regimen.stages.runner import stage_key
 

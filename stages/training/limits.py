@@ -67,7 +67,8 @@ class RunLimits(TrainerCallback):
 
 def callbacks(recipe, checkpoints: Path) -> list[TrainerCallback]:
     """The callbacks that hold a stage to `recipe.limits` ([] when it sets none). The disk counted is the
-    experiment's folder (three levels above a stage's work folder `<exp>/<stage>/work/<key>`)."""
+    experiment's folder (three levels above a stage's work folder: experiment, then stage, then `work`,
+    then the stage's key)."""
     limits = recipe.limits
     if limits.max_hours is None and limits.max_disk_gb is None:
         return []
