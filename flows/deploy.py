@@ -205,6 +205,7 @@ async def _serve(options: dict[str, dict[str, Any]]) -> None:
     import json
     import logging
     import os
+    import sys
 
     from prefect import get_client
     from prefect.client.schemas.actions import DeploymentUpdate
@@ -228,6 +229,9 @@ async def _serve(options: dict[str, dict[str, Any]]) -> None:
                     digests[str(deployment_id)] = record_digest(await client.read_deployment(deployment_id))
             os.environ["REGIMEN_DEPLOYMENTS"] = json.dumps({k: v[0] for k, v in digests.items()})
             os.environ["REGIMEN_DEPLOYMENT_FIELDS"] = json.dumps({k: v[1] for k, v in digests.items()})
+            # only now is the record what serve means: a change made through the API before this line is
+            # overwritten by the registration, one made after it refuses the runs (`check_deployment`)
+            print(f"serving {', '.join(f'{FLOW}/{name}' for name in ids)}: registered, runs start here", file=sys.stderr, flush=True)
             await runner.start()
             return
         except Exception as exc:  # noqa: BLE001 - the API went away (a refused connection, the runner's "Service exceeded error threshold"); else re-raised

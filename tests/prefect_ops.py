@@ -28,6 +28,7 @@ AUTH = "regimen:s3cret-for-tests"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # Passed to `regimen serve` so the test sees them arrive in the API (the defaults are 0 2 * * * and UTC).
 CRON, TIMEZONE = "30 3 * * *", "Europe/Paris"
+READY = "registered, runs start here"  # what `regimen serve` prints once its deployments are as it means them
 EXPERIMENT = "ops"
 
 
@@ -191,16 +192,22 @@ class Serve:
 def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
     """`regimen serve tests/tiny.yaml` (a path relative to the project, as a user types it) against `server`."""
     before = {name: d["updated"] for name, d in server.deployments().items()}
-    t0 = time.monotonic()
+    t0, visible = time.monotonic(), 0.0
+    log.touch()
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
             [bin_path("regimen"), "serve", "tests/tiny.yaml", "--configs", "tests", "--store", str(store), "--cron", CRON, "--timezone", TIMEZONE],
             cwd=ROOT, env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1", **env),
             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    start = log.stat().st_size
     while True:
         found = server.deployments()
+        # visible to the API first; registered (the guarded fields set, their digests taken) once serve says so:
+        # a change made through the API in between is overwritten by serve's own registration
         if all(name in found and found[name]["updated"] != before.get(name) for name in ("on-demand", "nightly")):
-            return Serve(proc, log, time.monotonic() - t0, found)
+            visible = visible or time.monotonic() - t0
+            if READY in log.read_bytes()[start:].decode(errors="replace"):
+                return Serve(proc, log, visible, server.deployments())
         if proc.poll() is not None or time.monotonic() - t0 > 90:
             stop(proc)
             raise AssertionError(f"`regimen serve` did not register its deployments (exit {proc.returncode}):\n{tail(log)}")
