@@ -159,7 +159,7 @@ class CurriculumSection(Section):
     readmit_after: int = Field(50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again")
     bands: BandsSection = BandsSection()
     weights: dict[Literal["easy", "normal", "hard"], float] = Field(
-        {"easy": 0.1, "normal": 0.7, "hard": 0.2}, description="how often each band is drawn (among those with an active prompt)")
+        {"easy": 0.1, "normal": 0.7, "hard": 0.2}, description="each active prompt's weight in a draw, by its band (a band is drawn in proportion to weight x its active prompts)")
 
     @field_validator("weights")
     @classmethod
