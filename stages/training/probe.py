@@ -40,13 +40,18 @@ def probe_rows(heldout: list[dict[str, Any]], n: int, seed: int) -> list[dict[st
     return rows[:n]
 
 
-def weighted_rewards(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None) -> list[float]:
-    """Each completion's weighted total reward, as GRPO computes it (a reward's None counts as nothing)."""
+def reward_values(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None) -> dict[str, list[Any]]:
+    """Each reward's value per completion (None where a reward has no opinion)."""
     from regimen.stages.rewards import from_specs, score
 
-    fns = from_specs(recipe.rewards)
     columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}, **(extra or {})}
-    values = score(fns, [r["prompt"] for r in rows], completions, columns)
+    return score(from_specs(recipe.rewards), [r["prompt"] for r in rows], completions, columns)
+
+
+def weighted_rewards(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None,
+                     values: dict[str, list[Any]] | None = None) -> list[float]:
+    """Each completion's weighted total reward, as GRPO computes it (a reward's None counts as nothing)."""
+    values = reward_values(recipe, completions, rows, extra) if values is None else values
     weights = recipe.reward_weights()
     return [sum(weights[name] * v[i] for name, v in values.items() if v[i] is not None) for i in range(len(completions))]
 
@@ -60,17 +65,22 @@ def precision(flags: list[float | None], rewards: list[float]) -> float | None:
     return sum(paid) / len(paid) if paid else None
 
 
-def correct_flags(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None) -> list[float]:
+def correct_flags(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None,
+                  values: dict[str, list[Any]] | None = None) -> list[float]:
     """1.0 per completion that the eval metric counts as correct, 0.0 otherwise, None where the metric (a
-    reward) has no opinion (left out of the probe's accuracy, as of evaluation's)."""
+    reward) has no opinion (left out of the probe's accuracy, as of evaluation's). `values`: the rewards
+    already scored (`reward_values`), so a metric that is a reward is not judged twice."""
     from regimen.stages.rewards import answer, from_specs, score
 
     if recipe.eval.metric == "exact_match":
         return [v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])]
-    columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}, **(extra or {})}
-    fn = {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}
-    values = score(fn, [r["prompt"] for r in rows], completions, columns)[recipe.eval.metric]
-    return [None if v is None else float(v >= 1.0) for v in values]
+    if values is not None and recipe.eval.metric in values:
+        metric = values[recipe.eval.metric]
+    else:
+        columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}, **(extra or {})}
+        fn = {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}
+        metric = score(fn, [r["prompt"] for r in rows], completions, columns)[recipe.eval.metric]
+    return [None if v is None else float(v >= 1.0) for v in metric]
 
 
 class HeldoutProbe(TrainerCallback):
@@ -131,8 +141,9 @@ class HeldoutProbe(TrainerCallback):
                               batch_size=self.recipe.eval.batch_size, desc="held-out probe", synced_gpus=self.sharded)
         completions = [c[0] for c in outs]
         extra = {"environments": [e[0] for e in envs][: len(mine)]} if envs is not None else None
-        flags = correct_flags(self.recipe, completions[: len(mine)], mine, extra) if mine else []
-        rewards = weighted_rewards(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else []
+        values = reward_values(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else None  # judged once
+        flags = correct_flags(self.recipe, completions[: len(mine)], mine, extra, values) if mine else []
+        rewards = weighted_rewards(self.recipe, completions[: len(mine)], mine, extra, values) if mine and with_reward else []
         if world > 1:
             from accelerate.utils import gather_object
 
