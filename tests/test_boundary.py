@@ -203,7 +203,7 @@ def test_a_store_made_read_only_mid_grpo_reports_grpos_error_and_records_the_att
     proc = subprocess.Popen([REGIMEN, "run", str(TINY), "--store", str(store), "--set", "grpo.max_steps=400", "--set", "grpo.save_steps=5"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
     try:
-        _wait_for(store, f"{EXP}/grpo/work/*/checkpoint-5/regimen_complete", proc)
+        _wait_for(store / EXP / "grpo" / "work", "*/checkpoint-5/regimen_complete", proc)
         # a read-only view of the same files on top (the tmpfs itself refuses `remount,ro` while files are
         # open for writing): every path the run opens from now on is read-only
         assert subprocess.run(["mount", "--bind", str(store), str(store)], capture_output=True).returncode == 0

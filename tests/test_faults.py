@@ -204,7 +204,7 @@ def test_an_interruption_exits_with_its_code_says_what_and_status_says_interrupt
     store = tmp_path / "store"
     proc = _start(store, "--set", "grpo.max_steps=400", "--set", "grpo.save_steps=5")
     try:
-        _wait_for(store, "tiny-test/grpo/work/*/checkpoint-5/regimen_complete", proc)
+        _wait_for(store / "tiny-test" / "grpo" / "work", "*/checkpoint-5/regimen_complete", proc)
         os.kill(proc.pid, sig)
         out, err = proc.communicate(timeout=120)
     finally:

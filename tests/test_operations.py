@@ -111,7 +111,7 @@ HOSTILE = {  # what a UI user may try; each is refused before anything runs, nam
     "model-path": ({"overrides": {"model.name_or_path": "/etc"}}, "'model.name_or_path'"),
     "data-file": ({"overrides": {"data.train_file": "/etc/shadow"}}, "'data.train_file'"),
     "store-override": ({"overrides": {"store": "{outside}"}}, "'store'"),
-    "teacher": ({"overrides": {"teacher.name_or_path": "/root"}}, "'teacher.name_or_path'"),
+    "teacher": ({"overrides": {"teacher.name_or_path": str(ROOT.parent)}}, "'teacher.name_or_path'"),
     "peft": ({"overrides": {"peft": {"r": 8}}}, "'peft'"),
     "hub-push": ({"overrides": {"grpo.push_to_hub": True}}, "'grpo.push_to_hub'"),
     "logger": ({"overrides": {"sft.report_to": "wandb"}}, "'sft.report_to'"),

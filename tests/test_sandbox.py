@@ -25,6 +25,7 @@ from regimen.stages import sandbox
 from regimen.stages.rewards.code import PROBLEMS_PATH
 from regimen.stages.sandbox import Job, SandboxConfig, SandboxResult, SandboxUnavailable, run_batch, run_tests
 from regimen.stages.sandbox.sample import verdict
+from regimen.stages.sandbox.slot import WORKDIR
 
 ISOLATED, WHY = sandbox.isolation_status()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason=f"isolated sandbox unavailable: {WHY}")
@@ -33,6 +34,8 @@ TOKEN = secrets.token_hex(6)
 SECRET = "s3cr3t-" + TOKEN
 REPO_TESTS = os.path.dirname(os.path.abspath(__file__))
 ANSWERS = os.path.join(REPO_TESTS, f".answers-{TOKEN}.json")  # a user's data file in the project folder
+# where an attacker would look for answer keys on the host: the folder holding the checkout, and the home folder
+HOST_FOLDERS = [os.path.dirname(os.path.dirname(REPO_TESTS)), os.path.expanduser("~")]
 HOST_FILES = {
     "repo": os.path.join(REPO_TESTS, f".pwned-{TOKEN}"),
     "tmp": os.path.join(tempfile.gettempdir(), f"regimen-pwned-{TOKEN}"),
@@ -56,11 +59,11 @@ def _code(src: str) -> str:
 
 
 # An honest control: right, and it checks that nothing of an earlier sample is visible to it.
-CONTROL = _code("""
+CONTROL = f"WORKDIR = {WORKDIR!r}\n" + _code("""
     import ctypes, os, socket
     def _leftovers():
-        found = [p for p in os.listdir('/tmp') if p != 'work']
-        found += os.listdir('/tmp/work') + os.listdir('/dev/shm')
+        found = [p for p in os.listdir('/tmp') if p != os.path.basename(WORKDIR)]
+        found += os.listdir(WORKDIR) + os.listdir('/dev/shm')
         if ctypes.CDLL(None, use_errno=True).shmget(0x5EED, 0, 0) != -1:
             found.append('sysv-shm')
         s = socket.socket(socket.AF_UNIX)
@@ -392,7 +395,7 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
     # --- reading the answer key ---------------------------------------------------------------------
     add("read_answer_key", LOOKUP + _code(f"""
         import glob, json, os
-        for path in [{str(PROBLEMS_PATH)!r}, {ANSWERS!r}] + glob.glob('/work/**/*.json*', recursive=True) + glob.glob('/root/**/*.json*', recursive=True) + glob.glob('/home/**/*', recursive=True) + glob.glob('/srv/**', recursive=True) + glob.glob('/opt/**/*.json*', recursive=True):
+        for path in [{str(PROBLEMS_PATH)!r}, {ANSWERS!r}] + [g for top in {HOST_FOLDERS!r} for g in glob.glob(top + '/**/*.json*', recursive=True)] + glob.glob('/home/**/*', recursive=True) + glob.glob('/srv/**', recursive=True) + glob.glob('/opt/**/*.json*', recursive=True):
             try:
                 with open(path) as f:
                     text = f.read()
@@ -619,9 +622,9 @@ def attacks(port: int, pytest_pid: int) -> dict[str, Job]:
     add("imported_later_by_the_test", WRONG + "def isclose(*args, **kwargs):\n    return True\n",
         ["assert add(1, 2) == 3\nfrom math import isclose", "assert isclose(add(2, 2), 4)", "assert isclose(add(-1, 5), 4)"])
     # --- starving the judge's trusted set-up, to turn a 0 into "infra" (no score) ----------------------------
-    add("starve_the_judges_setup", WRONG + _code("""
+    add("starve_the_judges_setup", WRONG + f"WORKDIR = {WORKDIR!r}\n" + _code("""
         import os, time
-        for path in ('/dev/shm/fill', '/tmp/work/fill'):
+        for path in ('/dev/shm/fill', WORKDIR + '/fill'):
             try:
                 with open(path, 'wb') as f:
                     while True:
@@ -695,12 +698,12 @@ def _lie(claims: dict) -> str:
 def specials() -> dict[str, Job]:
     """Items that must score exactly 1.0 (they do their part honestly) or that set up a later check."""
     return {
-        "persist_writer": Job(_code("""
+        "persist_writer": Job(f"WORKDIR = {WORKDIR!r}\n" + _code("""
             import ctypes, os, socket, time, errno
             libc = ctypes.CDLL(None, use_errno=True)
             def _write():
                 wrote = []
-                for path in ('/tmp/left-behind', '/tmp/work/left-behind', '/dev/shm/left-behind'):
+                for path in ('/tmp/left-behind', WORKDIR + '/left-behind', '/dev/shm/left-behind'):
                     with open(path, 'w') as f:
                         f.write('from an earlier sample')
                     wrote.append(path)
@@ -1177,10 +1180,10 @@ def _uid(pid: str) -> int:
         return -1
 
 
-LEAVE_BEHIND = _code("""
+LEAVE_BEHIND = f"WORKDIR = {WORKDIR!r}\n" + _code("""
     import ctypes, os, socket, time
     libc = ctypes.CDLL(None, use_errno=True)
-    for path in ('/tmp/left-behind', '/tmp/work/left-behind', '/dev/shm/left-behind'):
+    for path in ('/tmp/left-behind', WORKDIR + '/left-behind', '/dev/shm/left-behind'):
         with open(path, 'w') as f:
             f.write('from an earlier call')
     libc.shmget(0x5EED, 4096, 0o1666)
