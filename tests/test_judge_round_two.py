@@ -29,13 +29,19 @@ def c(src: str) -> str:
     return textwrap.dedent(src).strip("\n") + "\n"
 
 
+_PASSED = "plain-harness: the test ran to its end"
+_EXEC = ("import sys\nns = {'__name__': 'solution'}\nexec(compile(sys.argv[1], 'solution.py', 'exec'), ns)\n"
+         f"exec(compile(sys.argv[2], 'test.py', 'exec'), ns)\nprint({_PASSED!r})\n")
+
+
 def plain_harness(answer: str, columns: dict) -> float:
     """The score a plain harness gives `answer` (the code a person takes from the completion): per test,
-    a fresh `python -c` that execs the answer then the test; per stdin/stdout case, `python -c answer`
+    a fresh interpreter that execs the answer (as a module named `solution`) then the test in its
+    namespace, passing when the test runs to its end; per stdin/stdout case, `python -c answer`
     with the input, output lines compared with trailing whitespace ignored."""
     tests = columns.get("tests") or columns.get("test_list") or []
     if tests:
-        passed = sum(subprocess.run([sys.executable, "-c", answer + "\n" + t], capture_output=True, timeout=60).returncode == 0 for t in tests)
+        passed = sum(_PASSED in subprocess.run([sys.executable, "-c", _EXEC, answer, t], capture_output=True, text=True, timeout=60).stdout for t in tests)
         return passed / len(tests)
     spec = columns["input_output"]
     spec = json.loads(spec) if isinstance(spec, str) else spec
@@ -142,3 +148,28 @@ def test_what_is_found_is_the_answer_a_person_takes():
     # prose alone is no code; an unclosed ~~~ fence runs to the end
     assert find_solution("Sorry, I cannot help with that.", needs={"rot"}) == "Sorry, I cannot help with that."
     assert find_solution("~~~python\nx = 1\n", needs={"x"}) == "x = 1\n"
+
+
+# --- family 2: the interpreter a plain harness has --------------------------------------------------------
+
+INTERPRETER: dict[str, tuple] = {
+    "program_ending_with_exit": ("n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\nexit()\n", SQUARES_ROW),
+    "program_quitting_early_with_a_status_of_zero": (
+        "def main():\n    n = int(input())\n    if n == 1:\n        print(1)\n        quit(0)\n    print(*[i * i for i in range(1, n + 1)])\n\nmain()\n", SQUARES_ROW),
+    "program_exiting_with_a_status_of_one": ("n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\nexit(1)\n", SQUARES_ROW),
+    "program_exiting_with_a_message": ("n = int(input())\nprint(1)\nif n > 1:\n    exit('too big')\n", SQUARES_ROW),
+    "function_whose_module_ends_with_exit": (f"{ROT}\nexit()\n", {"tests": ROT_TESTS}),
+    "function_guarded_main_with_exit": (f"{ROT}\nif __name__ == '__main__':\n    print(rot('ab', 1))\n    exit()\n", {"tests": ROT_TESTS}),
+}
+
+
+@pytest.fixture(scope="module")
+def interpreter_scores():
+    return judge({name: (f"```python\n{code}```", code, cols) for name, (code, cols) in INTERPRETER.items()})
+
+
+@needs_isolation
+@pytest.mark.parametrize("name", list(INTERPRETER))
+def test_the_interpreter_is_a_plain_harness(interpreter_scores, name):
+    code, columns = INTERPRETER[name]
+    assert interpreter_scores[name] == plain_harness(code, columns), name

@@ -131,6 +131,20 @@ def _report(ns: dict, handles: Handles) -> list:
     return names
 
 
+def _site_builtins() -> None:
+    """What `site` adds to the builtins that solutions use (`exit`, `quit`, `help`, `copyright`, `credits`,
+    `license`): the server runs with -S, a plain `python solution.py` has them. `exit()` raises SystemExit
+    as there: a program's run ends with its status, a function's call ends S (see the module doc)."""
+    try:
+        import site
+
+        site.setquit()
+        site.setcopyright()
+        site.sethelper()
+    except Exception:  # without them a solution gets the NameError it would get under `python -S`
+        pass
+
+
 def _streams() -> None:
     out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
     sys.stdout = sys.__stdout__ = out
@@ -250,6 +264,7 @@ def serve(sock: int, code: str, mode: str = "functions") -> None:
     """Load `code` and answer requests on `sock` until the judge closes it. Never returns."""
     send, send_encoded, recv, encode, _exit = wire.send, wire.send_encoded, wire.recv, wire.encode, os._exit
     _streams()
+    _site_builtins()
     solution = Solution(sock, code, mode)
     try:
         names = solution.load(code)
