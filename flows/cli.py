@@ -345,13 +345,32 @@ def main() -> None:
             sys.exit(143)
         if isinstance(exc, (SystemExit, GeneratorExit)):
             raise
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(2)
+        if isinstance(exc, _click_exceptions()):
+            sys.exit(_say_usage_error(exc))
         raise
     sys.exit(0)
+
+
+def _click_exceptions() -> tuple[type, ...]:
+    """The exception classes a command-line misuse raises: typer's own vendored click's (reached through its
+    public `typer.BadParameter`, whose bases they are) and click's, for commands built on click itself."""
+    import click
+
+    vendored = [k for k in typer.BadParameter.__mro__ if k.__name__ == "ClickException"]
+    return (click.exceptions.ClickException, *vendored)
+
+
+def _say_usage_error(exc) -> int:
+    """A misuse (a missing argument, an unknown option, a bad value) as one line naming the command, and
+    exit 2; a bare command group (`regimen`, `regimen heldout`) shows its help."""
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "regimen"
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        console.print(ctx.get_help(), markup=False, highlight=False)
+        return 2
+    message = " ".join(exc.format_message().split())
+    err.print(f"error: {command}: {message} (see `{command} --help`)", markup=False, highlight=False)
+    return 2
 
 
 if __name__ == "__main__":
