@@ -7,7 +7,7 @@ TRL's configs whose values are numbers, booleans or fixed choices (never a path,
 remote code or a logger), and the Regimen sections `dry_run.*`, `smoke.*`, `eval.*`, `cycle.*`,
 `probe.*`, `curriculum.*`. Everything that chooses code or places (`launcher`, `accelerate.*`, `rewards`,
 `environment.*`, `model.*`, `data.*`, `teacher.*`, `peft`, `store`), and the operator's own policy
-(`promote.*`, `limits.*`) is refused with a message naming the key, unless the operator
+(`promote.*`, `limits.*`, the reward-hacking guard's `cycle.guard.*`) is refused with a message naming the key, unless the operator
 widened the list when starting `serve` (`regimen serve --allow model.name_or_path`), or, for
 `prefect deploy` deployments, in the `REGIMEN_UI_ALLOW` variable of `prefect.yaml`'s job variables.
 
@@ -29,6 +29,8 @@ from typing import Any
 from regimen.stages.errors import InputError
 
 SAFE_SECTIONS = ("dry_run", "smoke", "eval", "cycle", "probe", "curriculum")
+OPERATOR_POLICY_IN_SAFE_SECTIONS = ("cycle.guard.",)
+"""Keys inside a safe section that are the operator's policy all the same: the guard's action and thresholds."""
 TRL_SECTIONS = ("sft", "grpo")
 # TRL fields that are numbers or switches but still reach out of the run: the network, the hub, other
 # programs, or files.
@@ -85,6 +87,9 @@ def check_overrides(overrides: Any, extra: list[str] | None = None) -> dict[str,
         if any(fnmatch.fnmatchcase(key, pattern) or key == pattern for pattern in extra):
             continue
         section, _, field = key.partition(".")
+        if key == "cycle.guard" or key.startswith(OPERATOR_POLICY_IN_SAFE_SECTIONS):
+            raise InputError(f"overrides: {key!r} is not a UI parameter: the reward-hacking guard's action and thresholds are the operator's "
+                             f"policy (like promote.* and limits.*); the operator can allow it with `regimen serve --allow {key}`")
         if section in SAFE_SECTIONS and field:
             continue
         if section in TRL_SECTIONS and field and "." not in field and trl_hyperparameter(section, field):
@@ -148,9 +153,14 @@ def operator_limits() -> dict[str, Any]:
 
 
 GUARDED = ("entrypoint", "path", "pull_steps", "job_variables", "parameter_openapi_schema", "enforce_parameter_schema", "parameters",
-           "work_pool_name", "work_queue_name", "storage_document_id", "infrastructure_document_id")
-"""The fields of a deployment record that choose code, places or defaults: what serve registered is
-what its runs check the record against (`check_deployment`)."""
+           "work_pool_name", "work_queue_name", "storage_document_id", "infrastructure_document_id", "global_concurrency_limit", "concurrency_options")
+"""The fields of a deployment record that choose code, places, defaults or how many runs share the
+device (the concurrency limit and its collision strategy: 1, ENQUEUE): what serve registered is what its
+runs check the record against (`check_deployment`). Not the schedules' on/off state: pausing is a
+person's right in the UI. The concurrency limit lives in the deployment's global concurrency limit (the
+deprecated `concurrency_limit` field reads None): its limit, on/off state, decay and identity are
+digested, not the slots in use."""
+_LIMIT_FIELDS = ("id", "name", "limit", "active", "slot_decay_per_second")
 
 
 def record_digest(deployment: Any) -> tuple[str, dict[str, str]]:
@@ -158,15 +168,21 @@ def record_digest(deployment: Any) -> tuple[str, dict[str, str]]:
     import hashlib
     import json
 
-    data = deployment if isinstance(deployment, dict) else deployment.model_dump(mode="json")
+    data = dict(deployment if isinstance(deployment, dict) else deployment.model_dump(mode="json"))
+    if isinstance(data.get("global_concurrency_limit"), dict):
+        data["global_concurrency_limit"] = {k: data["global_concurrency_limit"].get(k) for k in _LIMIT_FIELDS}
     fields = {k: hashlib.sha256(json.dumps(data.get(k), sort_keys=True, default=str).encode()).hexdigest() for k in GUARDED}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest(), fields
 
 
-def check_deployment() -> str | None:
+NOT_GIVEN = object()
+
+
+def check_deployment(deployment_id: Any = NOT_GIVEN) -> str | None:
     """In a run of a served deployment: why the run is refused (its deployment's record differs from what
     `regimen serve` registered: the names of the changed fields), or None. Runs started otherwise (the
-    CLI, a work pool's worker) are not checked here."""
+    CLI, a work pool's worker) are not checked here. `deployment_id`: the run's (default: the current
+    flow run's)."""
     import json
     import os
 
@@ -176,8 +192,9 @@ def check_deployment() -> str | None:
     from prefect import get_client
     from prefect.context import FlowRunContext
 
-    ctx = FlowRunContext.get()
-    deployment_id = ctx.flow_run.deployment_id if ctx is not None and ctx.flow_run is not None else None
+    if deployment_id is NOT_GIVEN:
+        ctx = FlowRunContext.get()
+        deployment_id = ctx.flow_run.deployment_id if ctx is not None and ctx.flow_run is not None else None
     digests = json.loads(registered)
     if not deployment_id:  # serve's processes run only its deployments' runs: one it cannot place is refused
         return "this run names no deployment, in a process `regimen serve` started for its deployments"

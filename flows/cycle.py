@@ -123,7 +123,30 @@ def record_verdict(run: Run, recipe: Recipe, history: list[dict[str, Any]], eval
     return record
 
 
-@flow(name="regimen-cycle", persist_result=False)
+def _refuse_when_tampered(flow, flow_run, state) -> None:
+    """Prefect's on-failure and on-crashed hook: a run that failed or crashed before the flow's body ran (its
+    parameters did not fit the flow: a parameter schema opened through the API lets the server accept
+    them, and Prefect's engine then stops the run process before the flow's first line; serve's runner
+    calls this hook when it reports the crash) is refused like any run of a tampered deployment: the
+    reason as its state's message, the tampered event, a line in the log. A run the body already refused,
+    or one that failed or crashed for another reason, is left as it is."""
+    from regimen.flows import boundary
+
+    if str(state.message or "").startswith("refused:"):
+        return
+    refused = boundary.check_deployment(flow_run.deployment_id)
+    if not refused:
+        return
+    from prefect import get_client
+    from prefect.logging.loggers import flow_run_logger
+
+    flow_run_logger(flow_run, flow).error("refused: %s", refused)
+    _tampered_event(refused, flow_run)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run.id, Failed(message=f"refused: {refused}"), force=True)
+
+
+@flow(name="regimen-cycle", persist_result=False, on_failure=[_refuse_when_tampered], on_crashed=[_refuse_when_tampered])
 def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, overrides: dict[str, Any] | None = None):
     """Train a policy in cycles of SFT and GRPO from a recipe.
 
@@ -149,12 +172,12 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
     return run_cycles(recipe)
 
 
-def _tampered_event(reason: str) -> None:
+def _tampered_event(reason: str, run=None) -> None:
     """`regimen.deployment.tampered`, for an operator's automation (Prefect's event feed keeps it)."""
     from prefect.context import FlowRunContext
     from prefect.events import emit_event
 
-    run = FlowRunContext.get().flow_run
+    run = run or FlowRunContext.get().flow_run
     emit_event(event="regimen.deployment.tampered", resource={"prefect.resource.id": f"prefect.deployment.{run.deployment_id}"},
                related=[{"prefect.resource.id": f"prefect.flow-run.{run.id}", "prefect.resource.role": "flow-run"}], payload={"reason": reason})
 

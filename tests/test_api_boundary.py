@@ -89,6 +89,47 @@ def test_a_deployment_patched_through_the_api_runs_nothing_of_the_attackers(pref
     assert {k: server.deployments()["on-demand"][k] for k in original} == original
 
 
+def test_a_concurrency_limit_or_an_opened_schema_changed_through_the_api_refuses_the_runs(prefect_server, faulty_serve, ops_dirs):
+    """The deployment's concurrency (1, ENQUEUE: one training at a time) is a guarded field: raised through
+    the API, the next run is refused with the field named and the tampered event. A parameter schema
+    opened through the API lets the server accept a parameter the flow does not have (`store`): that run
+    fails as refused, with the reason and the event, not as a crash of parameter validation."""
+    server, (store, _) = prefect_server, ops_dirs
+    dep = server.deployments()["on-demand"]
+    original = {"parameter_openapi_schema": dep["parameter_openapi_schema"]}
+    assert dep["global_concurrency_limit"]["limit"] == 1
+    before = len(tampered_events(server))
+    try:
+        r = patch(server, dep["id"], {"concurrency_limit": 5})
+        assert r.status_code == 204, r.text
+        run = refused_run(server, "tamper-concurrency", [faulty_serve.log])
+        message = run["state"]["message"] or ""
+        assert run["state"]["type"] == "FAILED" and message.startswith("refused:") and "global_concurrency_limit" in message, run["state"]
+        assert server.task_runs(run["id"]) == [] and not (store / "tamper-concurrency").exists()
+        patch(server, dep["id"], {"concurrency_limit": 1})
+
+        opened = {**original["parameter_openapi_schema"], "additionalProperties": True}
+        opened["properties"] = {**opened["properties"], "store": {"type": "string", "title": "store"}}
+        r = patch(server, dep["id"], {"parameter_openapi_schema": opened})
+        assert r.status_code == 204, r.text
+        run = refused_run(server, "tamper-schema", [faulty_serve.log], store=str(store.parent / "elsewhere"))
+        deadline = time.monotonic() + 30  # Prefect's engine stops the run process before the flow's first line; serve's
+        while run["state"]["type"] == "CRASHED" and time.monotonic() < deadline:  # runner then calls the flow's crash hook
+            time.sleep(0.5)
+            run = server.run(run["id"])
+        message = run["state"]["message"] or ""
+        assert run["state"]["type"] == "FAILED" and message.startswith("refused:") and "parameter_openapi_schema" in message, run["state"]
+        assert not (store.parent / "elsewhere").exists() and not (store / "tamper-schema").exists()
+        deadline = time.monotonic() + 30
+        while len(tampered_events(server)) < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(tampered_events(server)) >= before + 2
+    finally:
+        patch(server, dep["id"], {**original, "concurrency_limit": 1})
+    assert server.deployments()["on-demand"]["parameter_openapi_schema"] == original["parameter_openapi_schema"]
+    assert server.deployments()["on-demand"]["global_concurrency_limit"]["limit"] == 1
+
+
 OVER = {  # the door's bounds and the operator's limits (serve's defaults: 100,000 steps, 5 checkpoints), through the UI
     "lr-huge": ({"grpo.learning_rate": 1e308}, "grpo.learning_rate"),
     "beta-huge": ({"grpo.beta": 1e300}, "grpo.beta"),
@@ -101,6 +142,8 @@ OVER = {  # the door's bounds and the operator's limits (serve's defaults: 100,0
     "steps-over-limit": ({"grpo.max_steps": 200_000}, "limits.max_steps"),
     "checkpoints-over-limit": ({"grpo.save_total_limit": 50, "grpo.save_steps": 1}, "limits.max_checkpoints"),
     "limits-themselves": ({"limits.max_steps": 10**9}, "'limits.max_steps' is not a UI parameter"),
+    "guard-off": ({"cycle.guard.action": "warn"}, "'cycle.guard.action' is not a UI parameter"),  # the operator's policy
+    "guard-blind": ({"cycle.guard.train_rise": 1000.0}, "'cycle.guard.train_rise' is not a UI parameter"),
 }
 
 
