@@ -18,14 +18,24 @@ from typing import Any
 from regimen.stages import champion as rule
 from regimen.stages import data_records, registry
 from regimen.stages.errors import InputError, StoreError
-from regimen.stages.store import Store, now_iso
+from regimen.stages.store import StaleRecord, Store, now_iso
 
 log = logging.getLogger("regimen.run")
 
 
 def record(store: Store, experiment: str) -> dict[str, Any]:
-    found = store.read_record(experiment, rule.RECORD)
-    return found if isinstance(found, dict) and "history" in found else rule.empty()
+    """The experiment's champion record (empty when it has none). An unreadable one stops whoever reads it:
+    treating it as empty would write a fresh history over the old one."""
+    return _parsed(store, experiment, store.read_record(experiment, rule.RECORD))
+
+
+def _parsed(store: Store, experiment: str, found: Any) -> dict[str, Any]:
+    if found is None and not store.has_record(experiment, rule.RECORD):
+        return rule.empty()
+    if not (isinstance(found, dict) and isinstance(found.get("history"), list)):
+        raise StoreError(f"{store.join(experiment, rule.RECORD)}: unreadable (not the record the store wrote); restore it from a backup "
+                         "or move it aside (the experiment's history is in it)")
+    return found
 
 
 def vetoed(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,11 +75,44 @@ def measured(policy: dict[str, Any], ev: dict[str, Any], heldout: dict[str, Any]
                          accuracy=float(ev["metrics"]["heldout_accuracy"]), correct=correct_of(ev["path"]))
 
 
+DECIDE_ATTEMPTS = 5
+
+
 def conclude(store: Store, recipe, *, challenger: rule.Measured | None, champion_eval, stopped: str | None,
              trained_from: dict[str, Any] | None, data_digest: str | None) -> dict[str, Any]:
     """Decide, record, and return the history entry. `champion_eval(policy)` evaluates the current champion
-    on the frozen set (a judge stage call: reused when nothing changed) and returns its summary."""
-    rec = record(store, recipe.experiment)
+    on the frozen set (a judge stage call: reused when nothing changed) and returns its summary.
+
+    The decision is made on the record as read, and written only if the record is still that one
+    (compare-and-swap on its revision, `Store.update_record`): when a person promoted or rolled back
+    meanwhile, the flow decides again on the new record (their line and their veto stand), and its own
+    line says how often it had to (`redone`)."""
+    for attempt in range(DECIDE_ATTEMPTS):
+        rec = record(store, recipe.experiment)
+        decision, event = _decision(store, recipe, rec, challenger=challenger, champion_eval=champion_eval, stopped=stopped)
+        line = rule.entry(event, challenger, by="flow", reason=decision.reason, at=now_iso(),
+                          extra={"figures": decision.figures, **({"redone": attempt} if attempt else {})})
+
+        def apply(current: Any, line=line, event=event) -> dict[str, Any]:
+            new = _parsed(store, recipe.experiment, current)
+            if event == "promoted":
+                new["champion"] = rule.champion_entry(new, challenger, trained_from=trained_from, data=data_digest)
+            new["history"].append(line)
+            return new
+
+        try:
+            store.update_record(recipe.experiment, rule.RECORD, apply, expect=rec.get("revision", 0))
+        except StaleRecord as exc:
+            log.warning("champion: %s (a person's move, most likely): deciding again on the record as it is now", exc)
+            continue
+        log.info("champion: %s — %s", "challenger promoted" if event == "promoted" else "champion kept", decision.reason)
+        return line
+    raise StoreError(f"{recipe.experiment}/{rule.RECORD} changed {DECIDE_ATTEMPTS} times while this run decided; nothing recorded by the run "
+                     "(the people's moves stand); the next run decides again")
+
+
+def _decision(store: Store, recipe, rec: dict[str, Any], *, challenger: rule.Measured | None, champion_eval, stopped: str | None) -> tuple[rule.Decision, str]:
+    """The decision on the record `rec` as read, and its event (promoted / kept)."""
     current = rec.get("champion")
     champ = None
     if current and challenger is not None and not rule.same_policy(challenger.policy, current["policy_ref"]):
@@ -82,23 +125,14 @@ def conclude(store: Store, recipe, *, challenger: rule.Measured | None, champion
     gameable = gameable_names(from_specs([s for s in recipe.rewards if s.weight > 0]))
     if challenger is None:
         also = f"; it trains gameable reward(s) {', '.join(gameable)}: the flow would not promote it anyway" if gameable else ""
-        decision = rule.Decision(False, f"the run stopped ({stopped}) before a challenger was measured{also}", {})
-    else:
-        decision = rule.decide(challenger, champ, min_gain=recipe.promote.min_gain, confidence=recipe.promote.confidence, stopped=stopped,
-                               gameable=gameable, vetoed=vetoed(rec))
-    at = now_iso()
+        return rule.Decision(False, f"the run stopped ({stopped}) before a challenger was measured{also}", {}), "kept"
+    decision = rule.decide(challenger, champ, min_gain=recipe.promote.min_gain, confidence=recipe.promote.confidence, stopped=stopped,
+                           gameable=gameable, vetoed=vetoed(rec))
     if decision.promote and recipe.promote.enabled:
-        rec["champion"] = rule.champion_entry(rec, challenger, trained_from=trained_from, data=data_digest)
-        event = "promoted"
-    else:
-        event = "kept"
-        if decision.promote:  # promotion switched off: the decision is recorded, the champion stays
-            decision = rule.Decision(False, f"{decision.reason}; not promoted: promote.enabled is false", decision.figures)
-    line = rule.entry(event, challenger, by="flow", reason=decision.reason, at=at, extra={"figures": decision.figures})
-    rec["history"].append(line)
-    store.write_record(recipe.experiment, rule.RECORD, rec)
-    log.info("champion: %s — %s", "challenger promoted" if event == "promoted" else "champion kept", decision.reason)
-    return line
+        return decision, "promoted"
+    if decision.promote:  # promotion switched off: the decision is recorded, the champion stays
+        decision = rule.Decision(False, f"{decision.reason}; not promoted: promote.enabled is false", decision.figures)
+    return decision, "kept"
 
 
 def policy_version(store: Store, experiment: str, spec: str) -> dict[str, Any]:
@@ -141,51 +175,78 @@ def person_promotes(store: Store, experiment: str, spec: str, reason: str) -> di
         raise InputError(f"{spec}: no evaluation of {policy['stage']} v{policy['version']} on held-out set v{heldout['version']}; "
                          "a run evaluates the policies it trains")
     m = measured(policy, ev, heldout)
-    rec = record(store, experiment)
-    rec["champion"] = rule.champion_entry(rec, m, trained_from=None, data=None)
-    rec["history"].append(rule.entry("promoted", m, by="person", reason=reason or "promoted by a person", at=now_iso()))
-    store.write_record(experiment, rule.RECORD, rec)
-    return rec["history"][-1]
+
+    def apply(current: Any) -> dict[str, Any]:
+        rec = _parsed(store, experiment, current)
+        rec["champion"] = rule.champion_entry(rec, m, trained_from=None, data=None)
+        rec["history"].append(rule.entry("promoted", m, by="person", reason=reason or "promoted by a person", at=now_iso()))
+        return rec
+
+    return store.update_record(experiment, rule.RECORD, apply)["history"][-1]
 
 
 def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, Any]:
-    """`regimen rollback EXP`: the champion before the current one is the champion again (a person's move)."""
-    rec = record(store, experiment)
-    current = rec.get("champion")
-    if not current:
-        raise InputError(f"experiment {experiment!r} has no champion to roll back")
-    earlier = [h for h in rec["history"] if h["event"] in ("promoted", "rolled-back") and h.get("policy_ref")
-               and not rule.same_policy(h["policy_ref"], current["policy_ref"])]
-    if not earlier:
-        raise InputError(f"experiment {experiment!r}: the champion ({current['policy']}) is the first one; there is nothing to roll back to")
-    target = earlier[-1]
-    heldout = data_records.current(store, experiment)
-    policy = policy_version(store, experiment, f"{target['policy_ref']['stage']}/v{target['policy_ref']['version']}")
-    ev = evaluation_of(store, experiment, policy, heldout) if heldout else None
-    if ev is None:
-        raise InputError(f"{target['policy']}: no evaluation on the current held-out set; promote another version with `regimen promote`")
-    m = measured(policy, ev, heldout)
-    rec["champion"] = rule.champion_entry(rec, m, trained_from=None, data=None)
-    rec["history"].append(rule.entry("rolled-back", m, by="person", reason=reason or f"rolled back from {current['policy']}", at=now_iso(),
-                                     extra={"from": current["policy"], "from_ref": {k: current["policy_ref"].get(k) for k in ("stage", "version", "fingerprint", "content")}}))
-    store.write_record(experiment, rule.RECORD, rec)
-    return rec["history"][-1]
+    """`regimen rollback EXP`: the champion before the current one is the champion again (a person's move),
+    decided and written as one step under the record lock (the champion it rolls back from is the one
+    recorded at that moment, not at an earlier read)."""
+    def apply(current: Any) -> dict[str, Any]:
+        rec = _parsed(store, experiment, current)
+        champ = rec.get("champion")
+        if not champ:
+            raise InputError(f"experiment {experiment!r} has no champion to roll back")
+        earlier = [h for h in rec["history"] if h["event"] in ("promoted", "rolled-back") and h.get("policy_ref")
+                   and not rule.same_policy(h["policy_ref"], champ["policy_ref"])]
+        if not earlier:
+            raise InputError(f"experiment {experiment!r}: the champion ({champ['policy']}) is the first one; there is nothing to roll back to")
+        target = earlier[-1]
+        heldout = data_records.current(store, experiment)
+        policy = policy_version(store, experiment, f"{target['policy_ref']['stage']}/v{target['policy_ref']['version']}")
+        ev = evaluation_of(store, experiment, policy, heldout) if heldout else None
+        if ev is None:
+            raise InputError(f"{target['policy']}: no evaluation on the current held-out set; promote another version with `regimen promote`")
+        m = measured(policy, ev, heldout)
+        rec["champion"] = rule.champion_entry(rec, m, trained_from=None, data=None)
+        rec["history"].append(rule.entry("rolled-back", m, by="person", reason=reason or f"rolled back from {champ['policy']}", at=now_iso(),
+                                         extra={"from": champ["policy"], "from_ref": {k: champ["policy_ref"].get(k) for k in ("stage", "version", "fingerprint", "content")}}))
+        return rec
+
+    return store.update_record(experiment, rule.RECORD, apply)["history"][-1]
 
 
 def export(store: Store, experiment: str, out: str) -> Path:
-    """`regimen export EXP DIR`: the champion as a plain model folder (`from_pretrained` loads it)."""
+    """`regimen export EXP DIR`: the champion as a plain model folder (`from_pretrained` loads it).
+
+    Written into a fresh folder atomically: the copy is made in a private temporary folder beside the
+    target and renamed into place only when complete, so a failure (a full disk, a damaged version, Ctrl-C)
+    leaves nothing behind. The target must be new (or an empty folder); a link or a file there is refused."""
+    import tempfile
+
+    target = Path(out)
+    if target.is_symlink():
+        raise InputError(f"{out}: is a symbolic link; export into a new folder (the link is not followed)")
+    if target.exists() and not target.is_dir():
+        raise InputError(f"{out}: is a file, not a folder; export into a new folder")
+    if target.is_dir() and any(target.iterdir()):
+        raise InputError(f"{out}: exists and is not empty; export into a new folder")
+    parent = target.absolute().parent
+    if not parent.is_dir():
+        raise InputError(f"{out}: its parent folder {parent} does not exist")
     current = record(store, experiment).get("champion")
     if not current:
         raise InputError(f"experiment {experiment!r} has no champion yet")
     policy = policy_version(store, experiment, f"{current['policy_ref']['stage']}/v{current['policy_ref']['version']}")
-    target = Path(out)
-    if target.exists() and any(target.iterdir()):
-        raise InputError(f"{out}: exists and is not empty; export into a new folder")
-    tmp = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(policy["model"], tmp, symlinks=False)
-    (tmp / "regimen_champion.json").write_text(json.dumps({"experiment": experiment, **{k: v for k, v in current.items() if k != "correct"}}, indent=1, default=str))
-    if target.exists():
-        target.rmdir()
-    tmp.rename(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=parent))
+    try:
+        shutil.copytree(policy["model"], tmp, symlinks=True, dirs_exist_ok=True)
+        if any(p.is_symlink() for p in tmp.rglob("*")):
+            raise StoreError(f"{policy['model']}: the champion's model folder holds a symbolic link; a store version holds plain files only")
+        (tmp / "regimen_champion.json").write_text(json.dumps({"experiment": experiment, **{k: v for k, v in current.items() if k != "correct"}},
+                                                              indent=1, default=str))
+        tmp.chmod(0o755)
+        if target.is_dir() and not target.is_symlink():
+            target.rmdir()  # empty (checked above): replaced by the finished copy
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return target

@@ -18,8 +18,14 @@ ReasonOpt = Annotated[str, typer.Option("--reason", help="why (recorded in the c
 
 
 def _announce(experiment: str, event: str, line: dict) -> None:
-    """The person's move as a Prefect event, when a server is configured (best effort: the record is the truth)."""
-    if not os.environ.get("PREFECT_API_URL"):
+    """The person's move as a Prefect event, when a server is configured. The record is the truth and is
+    already written: a server that does not answer gets one line saying the move was not announced."""
+    url = os.environ.get("PREFECT_API_URL")
+    if not url:
+        return
+    if not _api_answers(url):
+        console.print(f"recorded; not announced to Prefect: its API at {url} does not answer (automations on regimen.model.{event} "
+                      "will not see this move)", markup=False, highlight=False)
         return
     try:
         from prefect.events import emit_event
@@ -28,7 +34,19 @@ def _announce(experiment: str, event: str, line: dict) -> None:
                    payload={"experiment": experiment, "by": "person", "policy": line.get("policy"), "heldout_accuracy": line.get("heldout_accuracy"),
                             "reason": line.get("reason")})
     except Exception as exc:  # noqa: BLE001 - an unreachable server does not undo the recorded move
-        console.print(f"(not announced to Prefect: {str(exc)[:120]})", markup=False, highlight=False)
+        console.print(f"recorded; not announced to Prefect: {' '.join(str(exc).split())[:120]}", markup=False, highlight=False)
+
+
+def _api_answers(url: str) -> bool:
+    """Whether Prefect's API answers its health check within a few seconds (with the auth string, if set)."""
+    import httpx
+
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/health", timeout=5, auth=tuple(auth.split(":", 1)) if auth and ":" in auth else None)
+        return r.status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def champion(experiment: Annotated[str, typer.Argument(help="experiment name")], store: StoreOpt = "artifacts") -> None:
@@ -111,8 +129,9 @@ def heldout_refresh(config: Annotated[str, typer.Argument(help="the experiment's
     recipe = load_recipe(config, overrides)
     st = Store(recipe.store)
     with st.lock(recipe.experiment):
-        ref = data_records.freeze(st, recipe.experiment, load_task(recipe.data).heldout, by="person", reason=reason)
-    console.print(f"{recipe.experiment}: held-out set v{ref['version']} ({ref['rows']} prompts) from now on; the champion is compared "
+        ref = data_records.refresh(st, recipe.experiment, load_task(recipe.data).heldout, reason=reason)
+    left_out = f", {ref['excluded_trained']} prompts left out because the experiment trained on them" if ref["excluded_trained"] else ""
+    console.print(f"{recipe.experiment}: held-out set v{ref['version']} ({ref['rows']} prompts{left_out}) from now on; the champion is compared "
                   "with challengers on it at the next run", markup=False, highlight=False)
 
 

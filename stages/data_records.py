@@ -4,8 +4,14 @@ Frozen held-out set (`heldout/v<N>`, a version like a stage's: `rows.jsonl` and 
 digest as its fingerprint). The first run of an experiment writes the held-out prompts its data gives;
 every later run evaluates on exactly that set, whatever the data has become, so accuracies of two nights
 are comparable; training rows equal to a frozen prompt are dropped and counted (`tasks.with_frozen_heldout`).
-`refresh` starts a new set (a person's decision, recorded with who and why); accuracies are only compared
-within one set. Stages receive the set as an input reference (`inputs["heldout"]`), so it enters every
+Frozen means frozen: at every run the set's files are checked against the digests its manifest recorded;
+a set that was edited, deleted or whose manifest is damaged stops the run (`HeldoutDamaged`, exit 1, naming
+the file and the one way out) instead of being rebuilt, and restoring an older version does not switch
+back silently either (the newest version is the set). Only a person's `regimen heldout refresh ... --reason`
+starts a new set (recorded with who and why); it leaves out every prompt the experiment has trained on
+(the data versions' prompts: the champion's lineage trained on no others), counted in its manifest
+(`excluded_trained`). Accuracies are only compared within one set. Every write here happens under the
+experiment's lock (the run's, or refresh's), and a version is only ever added, never rewritten. Stages receive the set as an input reference (`inputs["heldout"]`), so it enters every
 fingerprint by its content.
 
 Training data versions (`data/v<N>`): written when the training rows differ from the last version's,
@@ -21,7 +27,13 @@ import json
 import shutil
 from typing import Any
 
+from regimen.stages.errors import InputError, StoreError
 from regimen.stages.store import Store, now_iso
+from regimen.stages.tasks import normalized_prompt
+
+class HeldoutDamaged(StoreError):
+    """The experiment's frozen held-out set no longer matches its recorded digests (or is gone)."""
+
 
 HELDOUT = "heldout"
 DATA = "data"
@@ -40,24 +52,83 @@ def _ref(store: Store, manifest: dict[str, Any]) -> dict[str, Any]:
             "path": str(store.local_path(manifest)), "rows": manifest.get("rows")}
 
 
-def current(store: Store, experiment: str) -> dict[str, Any] | None:
-    """A reference to the experiment's frozen held-out set (the newest intact version), or None."""
-    for manifest in reversed(store.versions(experiment, HELDOUT)):
-        if not store.check(manifest):
-            return _ref(store, manifest)
+WAY_OUT = ("restore it byte for byte, or start a new set (a person's decision; accuracies on the old and new sets are not compared): "
+           "`regimen heldout refresh CONFIG --reason '...'`")
+
+
+def problem(store: Store, experiment: str) -> str | None:
+    """Why the experiment's frozen held-out set cannot be used (damaged, edited, missing), or None."""
+    versions, malformed = store.scan(experiment, HELDOUT)
+    if malformed:
+        return f"its manifest is damaged: {', '.join(malformed)}"
+    if versions:
+        newest = versions[-1]
+        bad = store.check(newest)
+        if bad:
+            where = store.version_path(experiment, HELDOUT, newest["version"])
+            return f"set v{newest['version']} at {where} no longer matches its recorded digests ({'; '.join(bad)})"
+        return None
+    if store.versions(experiment, DATA) or store.has_record(experiment, "champion.json"):
+        return f"the experiment has run before, but its set is gone from {store.stage_path(experiment, HELDOUT)}"
     return None
 
 
-def freeze(store: Store, experiment: str, rows: list[dict[str, Any]], *, by: str, reason: str) -> dict[str, Any]:
+def current(store: Store, experiment: str) -> dict[str, Any] | None:
+    """A reference to the experiment's frozen held-out set (its newest version), or None before its first
+    run. Raises HeldoutDamaged when the set was edited, deleted or its manifest damaged (see the module doc)."""
+    if (why := problem(store, experiment)) is not None:
+        raise HeldoutDamaged(f"the frozen held-out set of {experiment!r} cannot be used: {why}. Runs stop until it is fixed: {WAY_OUT}")
+    versions = store.versions(experiment, HELDOUT)
+    return _ref(store, versions[-1]) if versions else None
+
+
+def freeze(store: Store, experiment: str, rows: list[dict[str, Any]], *, by: str, reason: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write `rows` as the experiment's new frozen held-out set; returns its reference."""
     staging = store.staging_dir(experiment, HELDOUT)
     try:
         (staging / ROWS).write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
         manifest = store.commit(staging, {"experiment": experiment, "stage": HELDOUT, "fingerprint": _rows_digest(rows), "rows": len(rows),
-                                          "by": by, "reason": reason, "inputs": {}, "metrics": {}, "finished_at": now_iso()})
+                                          "by": by, "reason": reason, "inputs": {}, "metrics": {}, "finished_at": now_iso(), **(extra or {})})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return _ref(store, manifest)
+
+
+def refresh(store: Store, experiment: str, rows: list[dict[str, Any]], *, reason: str) -> dict[str, Any]:
+    """A person's new frozen set from `rows`, leaving out every prompt the experiment has trained on (every
+    recorded data version's: the champion, whoever promoted it, descends from those nights); how many
+    were left out is in the reference and the manifest (`excluded_trained`). The caller holds the lock."""
+    if not str(reason).strip():
+        raise InputError("--reason: say why a new held-out set is started (it is recorded)")
+    prompts, row_keys = trained(store, experiment)
+    kept = [r for r in rows if prompt_key(r.get("prompt")) not in prompts and row_key(r) not in row_keys]
+    if not kept:
+        raise InputError(f"heldout refresh: all {len(rows)} held-out prompts of the recipe's data were trained on by {experiment!r}; "
+                         "add new rows to the data first")
+    ref = freeze(store, experiment, kept, by="person", reason=reason, extra={"excluded_trained": len(rows) - len(kept)})
+    return {**ref, "excluded_trained": len(rows) - len(kept)}
+
+
+def prompt_key(prompt: Any) -> str:
+    """A prompt's short identity after normalisation (the one the train/held-out split compares)."""
+    return hashlib.sha256(normalized_prompt(prompt).encode()).hexdigest()[:16]
+
+
+def trained(store: Store, experiment: str) -> tuple[set[str], set[str]]:
+    """The prompt keys and row keys of every training row any recorded data version held (older versions
+    kept only row keys: prompt and answer)."""
+    prompts: set[str] = set()
+    rows: set[str] = set()
+    for manifest in store.versions(experiment, DATA):
+        folder = store.local_path(manifest)
+        for name, into in (("prompts.json", prompts), ("rows.json", rows)):
+            try:
+                into.update(json.loads((folder / name).read_text()))
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"{folder / name}: unreadable ({str(exc)[:80]}); the trained prompts cannot be told") from None
+    return prompts, rows
 
 
 def resolve(store: Store, experiment: str, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
@@ -93,6 +164,7 @@ def record_training_data(store: Store, experiment: str, train: list[dict[str, An
     staging = store.staging_dir(experiment, DATA)
     try:
         (staging / "rows.json").write_text(json.dumps(sorted(now)))
+        (staging / "prompts.json").write_text(json.dumps(sorted({prompt_key(r.get("prompt")) for r in train})))
         manifest = store.commit(staging, {"experiment": experiment, "stage": DATA, "fingerprint": digest, "inputs": {},
                                           "metrics": {k: float(v) for k, v in summary.items()}, **summary, "finished_at": now_iso()})
     finally:

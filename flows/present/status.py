@@ -17,7 +17,7 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
     if not store.has_experiment(experiment):
         raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
     verdicts = store.verdicts_by_eval(experiment)
-    rows = []
+    rows = [heldout_row(store, experiment)]
     for stage in registry.NAMES:
         versions, malformed = store.scan(experiment, stage)
         failures = store.failures(experiment, stage)
@@ -62,6 +62,26 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             "libraries": (latest or {}).get("libraries"),
         })
     return rows
+
+
+def heldout_row(store: Store, experiment: str) -> dict[str, Any]:
+    """The frozen held-out set's line: its version, or why it cannot be used (runs stop until it is fixed)."""
+    from regimen.stages import data_records
+
+    versions = store.versions(experiment, data_records.HELDOUT)
+    latest = versions[-1] if versions else None
+    why = data_records.problem(store, experiment)
+    if why:
+        state, detail = "DAMAGED", f"{why}; runs stop until it is fixed: {data_records.WAY_OUT}"
+    elif latest:
+        state = "frozen"
+        detail = f"{latest.get('rows')} prompts, by {latest.get('by')}: {latest.get('reason')}"
+        if latest.get("excluded_trained"):
+            detail += f" ({latest['excluded_trained']} trained prompts left out)"
+    else:
+        state, detail = "not run", ""
+    return {"stage": data_records.HELDOUT, "state": state, "latest": f"v{latest['version']}" if latest else "-", "cycle": "-",
+            "finished": str((latest or {}).get("finished_at", "-"))[:19], "detail": detail, "damaged": [why] if why else [], "libraries": None}
 
 
 def libraries_line(rows: list[dict[str, Any]]) -> str | None:

@@ -32,13 +32,17 @@ from fsspec.implementations.local import LocalFileSystem
 
 from regimen.stages.errors import InputError, StoreError
 from regimen.stages.store import files, schemas
-from regimen.stages.store.lock import ExperimentBusy, file_lock, lease
+from regimen.stages.store.lock import ExperimentBusy, file_lock, lease, record_lock
 
-__all__ = ["Store", "ExperimentBusy", "MANIFEST", "now_iso", "sha256_file", "check_name"]
+__all__ = ["Store", "ExperimentBusy", "StaleRecord", "MANIFEST", "now_iso", "sha256_file", "check_name"]
 
 MANIFEST = "manifest.json"
 _VERSION = re.compile(r"^v(\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class StaleRecord(StoreError):
+    """A record changed since the caller read it (a person's move landed meanwhile): decide again."""
 
 
 _LOST: dict[tuple[str, str], threading.Event] = {}
@@ -406,6 +410,30 @@ class Store:
     def read_record(self, experiment: str, name: str) -> Any:
         """The experiment-level record `name`, or None when there is none (or it is unreadable)."""
         return self._read_json(self.join(check_name(experiment), name))
+
+    def has_record(self, experiment: str, name: str) -> bool:
+        """Whether the record's file exists (readable or not)."""
+        path = self.join(check_name(experiment), name)
+        return os.path.lexists(path) if self.local else bool(self.fs.exists(path))
+
+    def update_record(self, experiment: str, name: str, change, *, expect: int | None = None) -> dict[str, Any]:
+        """Read, decide and write the record `name` as one step, under the experiment's record lock:
+        `change(current)` gets the record as it is now (None when there is none) and returns the new one,
+        whose `revision` is set here (one more than the current). With `expect`, the write happens only
+        if the record's revision is still the one the caller read; else StaleRecord (compare-and-swap:
+        the caller decides again on what is there now). Returns the record written."""
+        with record_lock(self.fs, self.join(check_name(experiment), ".records.lock"), local_root=Path(self.root) if self.local else None):
+            current = self.read_record(experiment, name)
+            if current is None and self.has_record(experiment, name):
+                raise StoreError(f"{self.join(experiment, name)}: unreadable (not the JSON the store wrote); restore it from a backup "
+                                 "or move it aside (the experiment's history is in it)")
+            revision = current.get("revision", 0) if isinstance(current, dict) else 0
+            if expect is not None and revision != expect:
+                raise StaleRecord(f"{experiment}/{name} changed (revision {expect} -> {revision}) since it was read")
+            new = change(current)
+            new["revision"] = revision + 1
+            self.write_record(experiment, name, new)
+            return new
 
     def decisions(self, experiment: str) -> list[dict[str, Any]]:
         """Every recorded verdict, oldest first."""

@@ -10,6 +10,13 @@ Experiment lock.
   the next run removes it and creates its own. The local cache also takes the file lock, so two runs on
   one machine are refused the same way.
 
+Record lock (`record_lock`): the experiment's records (champion.json) are changed by a run's decision and
+by a person's `promote`/`rollback`, which must not wait for a night's training to end. Each change is a
+short read-decide-write under this lock (a file lock locally; in a remote store a small lock object made
+by exclusive create, with an expiry so a crashed holder cannot block it for long); the run's decision,
+which evaluates the champion first, compares the record's `revision` with the one it read and decides
+again when a person's move landed in between (`Store.update_record`).
+
 Machine slot (`machine_slot`): a file lock in the user's cache (`$REGIMEN_CACHE`, default
 `~/.cache/regimen`) held while a stage computes (never while it is reused), so two `regimen run` on one
 machine take turns instead of oversubscribing its cores: the second one waits and says for whom.
@@ -151,6 +158,65 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
             if json.loads(fs.cat_file(path)).get("token") == token:
                 fs.rm_file(path)
         except Exception:  # noqa: BLE001 - an expired lease is harmless
+            pass
+
+
+RECORD_LOCK_TTL_S = 30.0
+RECORD_LOCK_WAIT_S = 60.0
+
+
+@contextmanager
+def record_lock(fs, path: str, *, local_root: Path | None, wait_s: float = RECORD_LOCK_WAIT_S, ttl_s: float = RECORD_LOCK_TTL_S) -> Iterator[None]:
+    """Hold the lock on an experiment's records for one read-decide-write (seconds, never a training).
+    Waits up to `wait_s` for another holder; then StoreError naming it. `local_root`: the store's root when
+    it is a local folder (filelock), else None (a lock object in the fsspec store)."""
+    if local_root is not None:
+        lock_path = Path(path)
+        files.ensure_dir(local_root, lock_path.parent)
+        files.check_no_links(local_root, lock_path)
+        lock = FileLock(str(lock_path), timeout=wait_s)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise StoreError(f"{lock_path}: the experiment's records stayed locked for {wait_s:.0f} s by another process; try again") from None
+        try:
+            yield
+        finally:
+            lock.release()
+        return
+    token = uuid.uuid4().hex
+    deadline = _now() + wait_s
+    while True:
+        try:
+            with fs.open(path, "xb") as fh:
+                fh.write(json.dumps({"owner": _owner(), "token": token, "expires": _now() + ttl_s}).encode())
+            break
+        except FileExistsError:
+            pass
+        try:
+            current = json.loads(fs.cat_file(path))
+        except FileNotFoundError:
+            continue
+        except Exception:  # noqa: BLE001 - unreadable: written by nobody we know; wait for it to expire by age
+            current = {"expires": _now() + 1, "owner": "an unreadable lock"}
+        if float(current.get("expires", 0)) < _now():
+            log.warning("taking over an expired record lock of %s (%s)", path, current.get("owner"))
+            try:
+                if json.loads(fs.cat_file(path)).get("token") == current.get("token"):
+                    fs.rm_file(path)
+            except (FileNotFoundError, ValueError):
+                pass
+            continue
+        if _now() > deadline:
+            raise StoreError(f"{path}: the experiment's records stayed locked for {wait_s:.0f} s by {current.get('owner')}; try again")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        try:
+            if json.loads(fs.cat_file(path)).get("token") == token:
+                fs.rm_file(path)
+        except Exception:  # noqa: BLE001 - gone already, or expired and taken over
             pass
 
 
