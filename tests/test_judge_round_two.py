@@ -173,3 +173,172 @@ def interpreter_scores():
 def test_the_interpreter_is_a_plain_harness(interpreter_scores, name):
     code, columns = INTERPRETER[name]
     assert interpreter_scores[name] == plain_harness(code, columns), name
+
+
+# --- family 3: datasets as published ----------------------------------------------------------------------
+
+def plain_pytest(answer: str, test_file: str, tmp_path) -> float:
+    """KodCode's own harness: solution.py beside test_solution.py, run by pytest; the share of tests passed."""
+    (tmp_path / "solution.py").write_text(answer)
+    (tmp_path / "test_solution.py").write_text(test_file)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=no", "-o", "addopts=", "test_solution.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    counts = {word: int(n) for n, word in __import__("re").findall(r"(\d+) (passed|failed|error)", run.stdout)}
+    total = sum(counts.values())
+    return counts.get("passed", 0) / total if total else 0.0
+
+
+def plain_cases(answer: str, cases: list[dict], fn_name: str = "") -> float:
+    """LiveCodeBench's and DeepCoder's own way: stdin cases as `python solution.py < input`; functional
+    ones call `fn_name` (or `Solution().fn_name`) with each input line as a JSON argument (or the input
+    list as the arguments) and compare with the output as JSON (or its first item)."""
+    passed = 0
+    for case in cases:
+        kind = case.get("testtype", case.get("type"))
+        if kind in ("functional", "function_call"):
+            args = case["input"] if isinstance(case["input"], list) else [json.loads(x) for x in case["input"].split("\n") if x.strip()]
+            expected = json.loads(case["output"]) if isinstance(case["output"], str) else case["output"]
+            probe = (f"import json, sys\n{answer}\n_f = globals().get({fn_name!r}) or getattr(Solution(), {fn_name!r})\n"
+                     f"out = _f(*{args!r})\nout = list(out) if isinstance(out, tuple) else out\nexp = {expected!r}\n"
+                     "sys.exit(0 if out == exp or (isinstance(exp, list) and exp and out == exp[0]) else 1)\n")
+            passed += subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+        else:
+            run = subprocess.run([sys.executable, "-c", answer], input=case["input"], capture_output=True, text=True, timeout=60)
+            lines = lambda s: [x.rstrip() for x in s.rstrip().split("\n")]  # noqa: E731
+            passed += run.returncode == 0 and lines(run.stdout) == lines(case["output"])
+    return passed / len(cases)
+
+
+def lcb_compressed(cases: list[dict]) -> str:
+    """LiveCodeBench's published form of `private_test_cases`."""
+    import base64
+    import pickle
+    import zlib
+
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
+
+
+KODCODE_TEST = c('''
+    from solution import merge_intervals
+
+
+    def _norm(xs):
+        return [list(x) for x in xs]
+
+
+    def test_overlapping():
+        assert _norm(merge_intervals([[1, 3], [2, 6], [8, 10]])) == [[1, 6], [8, 10]]
+
+
+    def test_touching():
+        assert _norm(merge_intervals([[1, 4], [4, 5]])) == [[1, 5]]
+
+
+    def test_empty():
+        assert merge_intervals([]) == []
+
+
+    class TestUnsorted:
+        def test_unsorted_input(self):
+            assert _norm(merge_intervals([[8, 9], [1, 2], [2, 3]])) == [[1, 3], [8, 9]]
+''')
+MERGE = c('''
+    def merge_intervals(intervals):
+        out = []
+        for lo, hi in sorted(intervals):
+            if out and lo <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], hi)
+            else:
+                out.append([lo, hi])
+        return out
+''')
+MERGE_UNSORTED_BUG = MERGE.replace("sorted(intervals)", "intervals")
+KODCODE_ROW = {"question": "Merge overlapping intervals.", "solution": MERGE, "test": KODCODE_TEST, "style": "instruct", "subset": "Leetcode",
+               "test_info": [{"function_name": "merge_intervals", "parameter_list": "(intervals)", "docstring": None,
+                              "function_declaration": "def merge_intervals(intervals):"}], "gpt_difficulty": "medium"}
+
+LCB_STDIN_PUBLIC = [{"input": "3\n1 2 3\n", "output": "6\n", "testtype": "stdin"}]
+LCB_STDIN_PRIVATE = [{"input": "2\n-5 5\n", "output": "0\n", "testtype": "stdin"}, {"input": "1\n7\n", "output": "7\n", "testtype": "stdin"}]
+LCB_STDIN_ROW = {"question_title": "Sum", "question_content": "Print the sum.", "platform": "atcoder", "question_id": "abc000_a", "contest_id": "abc000",
+                 "contest_date": "2024-01-01T00:00:00", "starter_code": "", "difficulty": "easy",
+                 "public_test_cases": json.dumps(LCB_STDIN_PUBLIC), "private_test_cases": lcb_compressed(LCB_STDIN_PRIVATE), "metadata": "{}"}
+SUM_PROGRAM = "input()\nprint(sum(map(int, input().split())))\n"
+LCB_FUNCTIONAL = [{"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"},
+                  {"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"},
+                  {"input": "[3, 3]\n6", "output": "[0, 1]", "testtype": "functional"}]
+LCB_FUNCTIONAL_ROW = {"question_title": "Two Sum", "question_content": "...", "platform": "leetcode", "question_id": "1", "contest_id": "weekly-0",
+                      "contest_date": "2024-01-01T00:00:00", "difficulty": "easy",
+                      "starter_code": "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n        ",
+                      "public_test_cases": json.dumps(LCB_FUNCTIONAL[:1]), "private_test_cases": lcb_compressed(LCB_FUNCTIONAL[1:]),
+                      "metadata": json.dumps({"func_name": "twoSum"})}
+TWO_SUM = c('''
+    from typing import List
+
+    class Solution:
+        def twoSum(self, nums: List[int], target: int) -> List[int]:
+            seen = {}
+            for i, x in enumerate(nums):
+                if target - x in seen:
+                    return [seen[target - x], i]
+                seen[x] = i
+''')
+DEEPCODER_LCB_ROW = {"problem": "Two sum.", "starter_code": LCB_FUNCTIONAL_ROW["starter_code"], "tests": json.dumps(LCB_FUNCTIONAL),
+                     "metadata": {"func_name": "twoSum"}}
+DEEPCODER_PRIME_STDIO = [{"type": "stdin_stdout", "input": "3\n1 2 3\n", "output": "6\n"}, {"type": "stdin_stdout", "input": "1\n-4\n", "output": "-4\n"}]
+DEEPCODER_PRIME_ROW = {"problem": "Sum.", "solutions": [SUM_PROGRAM], "tests": json.dumps(DEEPCODER_PRIME_STDIO)}
+DEEPCODER_PRIME_CALLS = [{"type": "function_call", "fn_name": "area", "input": [2, 3], "output": [6]},
+                         {"type": "function_call", "fn_name": "area", "input": [0, 5], "output": [0]}]
+DEEPCODER_PRIME_CALL_ROW = {"problem": "Area.", "tests": json.dumps(DEEPCODER_PRIME_CALLS)}
+DEEPCODER_TACO_ROW = {"problem": "Sum.", "tests": json.dumps({"inputs": ["3\n1 2 3\n", "2\n5 5\n"], "outputs": ["6\n", "10\n"]})}
+
+# name: (the answer, the row as the dataset publishes it, the plain harness's way)
+FORMATS: dict[str, tuple] = {
+    "kodcode_right": (MERGE, KODCODE_ROW, "pytest"),
+    "kodcode_partly_wrong": (MERGE_UNSORTED_BUG, KODCODE_ROW, "pytest"),
+    "livecodebench_stdin_right": (SUM_PROGRAM, LCB_STDIN_ROW, (LCB_STDIN_PUBLIC + LCB_STDIN_PRIVATE, "")),
+    "livecodebench_stdin_wrong": ("input()\nprint(max(map(int, input().split())))\n", LCB_STDIN_ROW, (LCB_STDIN_PUBLIC + LCB_STDIN_PRIVATE, "")),
+    "livecodebench_functional_right": (TWO_SUM, LCB_FUNCTIONAL_ROW, (LCB_FUNCTIONAL, "twoSum")),
+    "livecodebench_functional_tuple": (TWO_SUM.replace("return [seen[target - x], i]", "return seen[target - x], i"), LCB_FUNCTIONAL_ROW, (LCB_FUNCTIONAL, "twoSum")),
+    "livecodebench_functional_wrong": (TWO_SUM.replace("[seen[target - x], i]", "[i, seen[target - x]]"), LCB_FUNCTIONAL_ROW, (LCB_FUNCTIONAL, "twoSum")),
+    "deepcoder_lcbv5_functional": (TWO_SUM, DEEPCODER_LCB_ROW, (LCB_FUNCTIONAL, "twoSum")),
+    "deepcoder_primeintellect_stdio": (SUM_PROGRAM, DEEPCODER_PRIME_ROW, (DEEPCODER_PRIME_STDIO, "")),
+    "deepcoder_primeintellect_function_call": ("def area(w, h):\n    return w * h\n", DEEPCODER_PRIME_CALL_ROW, (DEEPCODER_PRIME_CALLS, "area")),
+    "deepcoder_primeintellect_function_call_wrong": ("def area(w, h):\n    return w + h if w else 0\n", DEEPCODER_PRIME_CALL_ROW, (DEEPCODER_PRIME_CALLS, "area")),
+    "deepcoder_taco": (SUM_PROGRAM, DEEPCODER_TACO_ROW, ([{"input": "3\n1 2 3\n", "output": "6\n"}, {"input": "2\n5 5\n", "output": "10\n"}], "")),
+}
+
+
+@pytest.fixture(scope="module")
+def format_scores():
+    return judge({name: (f"Here it is:\n```python\n{answer}```\n", answer, row) for name, (answer, row, _) in FORMATS.items()})
+
+
+@needs_isolation
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_datasets_as_published_agree_with_their_own_harness(format_scores, name, tmp_path):
+    answer, row, way = FORMATS[name]
+    expected = plain_pytest(answer, row["test"], tmp_path) if way == "pytest" else plain_cases(answer, *way)
+    assert expected == 1.0 or "wrong" in name, (name, expected)
+    assert format_scores[name] == expected, (name, expected)
+
+
+def test_a_compressed_test_column_is_never_unpickled_unless_it_is_one_plain_string():
+    import base64
+    import pickle
+    import zlib
+
+    from regimen.stages.errors import InputError
+    from regimen.stages.rewards.code_rows import row_job
+
+    class Boom:
+        def __reduce__(self):
+            return (print, ("this ran",))
+
+    for payload, why in ((pickle.dumps(Boom()), "holds"), (pickle.dumps(["[]", "[]"]), "holds"), (pickle.dumps(("a", "b")), "holds"),
+                         (b"not a pickle", "malformed|holds")):
+        hostile = dict(LCB_STDIN_ROW, private_test_cases=base64.b64encode(zlib.compress(payload)).decode())
+        with pytest.raises(InputError, match=rf"row 0: `private_test_cases`.*({why})"):
+            row_job(0, {k: [v] for k, v in hostile.items()})
+    job = row_job(0, {k: [v] for k, v in LCB_STDIN_ROW.items()})
+    assert job.mode == "programs" and [case[1] for case in job.cases] == ["6\n", "0\n", "7\n"]
+    assert len(row_job(0, {k: [v] for k, v in KODCODE_ROW.items()}).tests) == 4  # one per test function or class

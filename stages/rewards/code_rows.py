@@ -5,7 +5,13 @@ Each row is read in its own format, so one dataset may mix them (a column that i
 row does not hide that row's own format):
 
 - `tests`: Python snippets (a single string is one snippet; a string holding a JSON list is that list),
-  with the row's `entry_point`, if any, as the function under test;
+  with the row's `entry_point`, if any, as the function under test; or, as DeepCoder publishes it, a JSON
+  list of cases (`{input, output, testtype: stdin | functional}` with the row's `metadata.func_name`, or
+  `{input, output, type: stdin_stdout | function_call, fn_name}`) or a JSON mapping `{inputs, outputs,
+  fn_name}` (its TACO part), read as the formats below;
+- `test` without an `entry_point` (KodCode): a pytest file (`from solution import f`, `def test_*`),
+  one test per test function or `Test*` class, each after the file's other statements (its imports and
+  helpers);
 - `test_list` (MBPP): its asserts; `test_imports` and `test_setup_code` run once before them, as trusted
   set-up code;
 - `test` + `entry_point` (HumanEval): one snippet that defines `check` and calls it on the entry point;
@@ -17,7 +23,14 @@ row does not hide that row's own format):
     value, or the first item of an expected list, tuples as lists; a `Solution` class's method counts),
   - `verification_info` (open-r1, DeepCoder): `{language, test_cases: [{input, output, type}]}` with type
     `stdin_stdout` (or `function_call` with `fn_name`, inputs as JSON lists of arguments),
-  - CodeContests: `public_tests`, `private_tests`, `generated_tests`, each `{input: [...], output: [...]}`.
+  - CodeContests: `public_tests`, `private_tests`, `generated_tests`, each `{input: [...], output: [...]}`,
+  - LiveCodeBench: `public_test_cases` and `private_test_cases` (JSON lists of `{input, output, testtype}`;
+    the private ones also as published compressed: base64 of zlib of a pickled JSON string), with
+    `metadata.func_name` for functional cases (called as LiveCodeBench calls them: each input line a
+    JSON argument, the output JSON, a `Solution` class's method counting). The compressed form is read
+    without unpickling: its opcodes are walked (`pickletools.genops`, which runs nothing) and only a
+    pickle holding one plain string is accepted; anything else (a global, a reduce) is refused with
+    the row named.
 
 A row with none of them has no opinion from `unit_tests` (None).
 
@@ -31,7 +44,11 @@ solution at all (an empty program) are reported: they pay anything. The reward l
 from __future__ import annotations
 
 import ast
+import base64
+import binascii
 import json
+import pickletools
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,6 +122,113 @@ def _text(value: Any) -> str:
     return json.dumps(value)
 
 
+def pytest_file_snippets(test: str) -> list[str]:
+    """A pytest file (KodCode's `test`) as snippets: one per test function or `Test*` class, each after the
+    file's other top-level statements (imports, helpers); the whole file when it has one test or none."""
+    try:
+        tree = ast.parse(test)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return [test]
+    lines = test.split("\n")
+
+    def source(node: ast.stmt) -> str:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        return "\n".join(lines[first - 1 : node.end_lineno])
+
+    def is_test(node: ast.stmt) -> bool:
+        return (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
+                or isinstance(node, ast.ClassDef) and node.name.startswith("Test"))
+
+    tests = [node for node in tree.body if is_test(node)]
+    if len(tests) <= 1:
+        return [test]
+    prelude = "\n".join(source(node) for node in tree.body if not is_test(node))
+    return [f"{prelude}\n\n\n{source(node)}\n" for node in tests]
+
+
+_PLAIN_STRING_OPS = {"PROTO", "FRAME", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "STOP"}
+_MAX_DECOMPRESSED = 1 << 30
+
+
+def _compressed_cases(value: str, row: int, column: str) -> Any:
+    """LiveCodeBench's compressed test cases: base64(zlib(pickle(a JSON string))). The pickle is never
+    loaded: its opcodes are walked, and only one plain string, with nothing else, is accepted."""
+    where = f"unit_tests: row {row}: `{column}`"
+    try:
+        data = zlib.decompressobj().decompress(base64.b64decode(value.strip(), validate=True), _MAX_DECOMPRESSED)
+    except (binascii.Error, ValueError, zlib.error):
+        raise InputError(f"{where} is neither JSON nor LiveCodeBench's compressed form (base64 of zlib)") from None
+    strings = []
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name not in _PLAIN_STRING_OPS:
+                raise InputError(f"{where}: its pickle holds {opcode.name}, not just a string; refused (never unpickled)")
+            if "UNICODE" in opcode.name:
+                strings.append(arg)
+    except ValueError as exc:
+        raise InputError(f"{where}: its pickle is malformed ({exc})") from None
+    if len(strings) != 1:
+        raise InputError(f"{where}: its pickle holds {len(strings)} strings, not one; refused")
+    try:
+        return json.loads(strings[0])
+    except ValueError as exc:
+        raise InputError(f"{where}: the string in its pickle is not JSON ({exc.msg})") from None
+
+
+def _case_list(value: Any, row: int, column: str, compressed: bool = False) -> list | dict | None:
+    """A column of test cases (a JSON list of `{input, output, ...}` or a `{inputs, outputs}` mapping), or
+    None when the column holds something else (Python snippets)."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        stripped = value.strip()
+        try:
+            value = json.loads(stripped)
+        except ValueError:
+            if not compressed:
+                return None
+            value = _compressed_cases(stripped, row, column)
+    if isinstance(value, dict) and "inputs" in value:
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(c, dict) and "input" in c for c in value):
+        return list(value)
+    if compressed:
+        raise InputError(f"unit_tests: row {row}: `{column}` must be a list of {{input, output, testtype}} cases")
+    return None
+
+
+def _func_name(metadata: Any) -> str:
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata) if metadata.strip() else {}
+        except ValueError:
+            metadata = {}
+    return str(metadata.get("func_name") or "") if isinstance(metadata, dict) else ""
+
+
+def _cases_job(cases: list | dict, fn_name: str, row: int, options: dict) -> sandbox.Job | None:
+    """A job from a list of cases (DeepCoder, LiveCodeBench) or a `{inputs, outputs, fn_name}` mapping."""
+    if isinstance(cases, dict):
+        inputs, outputs = cases.get("inputs") or [], cases.get("outputs") or []
+        if len(inputs) != len(outputs):
+            raise InputError(f"unit_tests: row {row}: the tests have {len(inputs)} inputs and {len(outputs)} outputs")
+        fn_name = str(cases.get("fn_name") or fn_name or "")
+        cases = [{"input": i, "output": o, "type": "functional" if fn_name else "stdin"} for i, o in zip(inputs, outputs)]
+    functional = [c for c in cases if str(c.get("testtype", c.get("type", "stdin"))) in ("functional", "function_call")]
+    max_cases = options.get("max_cases")
+    if not functional:
+        pairs = [(_text(c.get("input", "")), _text(c.get("output", ""))) for c in cases]
+        pairs = pairs[:max_cases] if max_cases else pairs
+        return sandbox.Job("", [], None, None, "programs", pairs, options.get("case_timeout_s", 2.0), options.get("float_tolerance")) if pairs else None
+    fn_name = fn_name or next((str(c["fn_name"]) for c in functional if c.get("fn_name")), "") or _func_name(functional[0].get("metadata"))
+    if not fn_name:
+        raise InputError(f"unit_tests: row {row}: functional test cases without a function name (metadata.func_name or fn_name)")
+    outputs = [json.loads(o) if isinstance(o, str) and _json(o) else o for o in (c.get("output") for c in functional)]
+    snippets = _call_snippets(fn_name, [c.get("input") for c in functional], outputs, row)
+    snippets = snippets[:max_cases] if max_cases else snippets
+    return sandbox.Job("", snippets, None) if snippets else None
+
+
 def _call_snippets(fn_name: str, inputs: list, outputs: list, row: int) -> list[str]:
     """Call-based cases (APPS/TACO `fn_name`) as test snippets, compared as APPS's grader compares."""
     if not fn_name.isidentifier():
@@ -168,9 +292,16 @@ def row_job(row: int, columns: dict[str, Any], prompt: Any = None, *, case_timeo
         values = columns.get(name)
         return None if values is None else values[row]
 
+    options = dict(case_timeout_s=case_timeout_s, float_tolerance=float_tolerance, max_cases=max_cases)
+    cases = _case_list(col("tests"), row, "tests")
+    if cases is not None:  # DeepCoder
+        return _cases_job(cases, _func_name(col("metadata")), row, options)
     tests = _snippets(col("tests"), row, "tests")
     if tests:
         return sandbox.Job("", tests, _entry_point(col("entry_point"), row))
+    lcb = [c for name in ("public_test_cases", "private_test_cases") for c in _case_list(col(name), row, name, compressed=True) or []]
+    if lcb:  # LiveCodeBench
+        return _cases_job(lcb, _func_name(col("metadata")), row, options)
     test_list = _snippets(col("test_list"), row, "test_list")
     if test_list:
         imports = col("test_imports") or []
@@ -181,6 +312,8 @@ def row_job(row: int, columns: dict[str, Any], prompt: Any = None, *, case_timeo
     test, entry = col("test"), col("entry_point")
     if test and entry:
         return sandbox.Job("", [humaneval_snippet(test, entry)], entry, prompt_code(prompt))
+    if isinstance(test, str) and test.strip():  # KodCode: a pytest file
+        return sandbox.Job("", pytest_file_snippets(test), None)
     cases, fn_name = program_cases(columns, row)
     if cases:
         cases = cases[:max_cases] if max_cases else cases

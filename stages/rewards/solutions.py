@@ -161,7 +161,20 @@ def needed_names(tests: list[str], entry_point: str | None, setup: str | None) -
             used |= names[1]
     if setup and (names := _names(setup)) is not None:
         own |= names[0]
-    return used - own
+    return (used - own) | set().union(*(_imported_from_solution(t) for t in tests), set())
+
+
+@functools.lru_cache(maxsize=4096)
+def _imported_from_solution(code: str) -> frozenset[str]:
+    """The names a test file takes from the solution as a module (`from solution import f`, `solution.f`)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "solution" and not n.level
+             for a in n.names if a.name != "*"}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "solution"}
+    return frozenset(names)
 
 
 def find_solution(text: str, *, needs: set[str] | None = None, prompt_code: str | None = None, programs: bool = False) -> str:

@@ -23,7 +23,8 @@ that are compared by identity only. The namespace the tests run in is J's:
   the pure computation modules in `TEST_MODULES`. J never calls a function, nor imports a module, that
   S chose. When the row declares an entry point, that is the only function of the solution's the tests
   get (besides the standard-library modules J imports itself). If the function under test is not the
-  solution's, calling it raises NameError.
+  solution's, calling it raises NameError. The same names, by the same rules, are also the module
+  `solution` that a test file may import (`from solution import f`, as KodCode's do).
 
 Each test snippet then runs in that namespace, in order (`harness.py`: also the unittest TestCases and
 pytest-style functions it defines); it passes when it runs to its end without raising. A program
@@ -211,6 +212,25 @@ def bind_solution(ns: dict, reported: object, channel: Channel, entry_point: str
         ns[name] = missing(name)
 
 
+def solution_module(reported: object, channel: Channel, entry_point: str | None) -> object:
+    """The solution as the module a test file imports (`from solution import f`, `import solution`:
+    KodCode's tests): its functions as proxies, its data decoded, its modules as J's own imports, as
+    `bind_solution` gives them (with an entry point, that function alone). Nothing of the tests' is
+    shadowed by it: a test gets from it only the names it asks for."""
+    module = type(sys)("solution")
+    for item in reported if type(reported) is list else []:
+        if type(item) is not tuple or len(item) != 3 or type(item[0]) is not str:
+            continue
+        name, kind, value = item
+        if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("__") or (entry_point and name != entry_point):
+            continue
+        if kind == "module" and (imported := _test_module(name, value)) is not None:
+            setattr(module, name, imported)
+        elif kind in ("call", "data") and (bound := _solution_value(name, kind, value, channel)) is not _NOTHING:
+            setattr(module, name, bound)
+    return module
+
+
 _NOTHING = object()
 
 
@@ -266,6 +286,7 @@ def run(job: dict, sock: int, results: int) -> None:
         if not programs:
             own = test_names(tests)
             bind_solution(ns, hello[1], channel, entry_point, own, under_test(tests, own | set(ns)) if not entry_point else frozenset())
+            sys.modules["solution"] = solution_module(hello[1], channel, entry_point)
         emit("loaded")
     else:
         if type(hello) is tuple and len(hello) == 3 and hello[0] == "loadfail" and type(hello[1]) is list and type(hello[2]) is str:
