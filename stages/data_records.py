@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from typing import Any
 
@@ -59,8 +60,10 @@ WAY_OUT = ("restore it byte for byte, or start a new set (a person's decision; a
 def problem(store: Store, experiment: str) -> str | None:
     """Why the experiment's frozen held-out set cannot be used (damaged, edited, missing), or None."""
     versions, malformed = store.scan(experiment, HELDOUT)
-    if malformed:
-        return f"its manifest is damaged: {', '.join(malformed)}"
+    newest = versions[-1]["version"] if versions else 0
+    later = [m for m in malformed if int(re.search(r"/v(\d+)(?:/|$| )", m).group(1) if re.search(r"/v(\d+)(?:/|$| )", m) else 0) > newest]
+    if later:  # a damaged manifest newer than the newest good set (an older one was replaced by a person's refresh)
+        return f"its manifest is damaged: {', '.join(later)}"
     if versions:
         newest = versions[-1]
         bad = store.check(newest)
@@ -88,7 +91,8 @@ def freeze(store: Store, experiment: str, rows: list[dict[str, Any]], *, by: str
     try:
         (staging / ROWS).write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
         manifest = store.commit(staging, {"experiment": experiment, "stage": HELDOUT, "fingerprint": _rows_digest(rows), "rows": len(rows),
-                                          "by": by, "reason": reason, "inputs": {}, "metrics": {}, "finished_at": now_iso(), **(extra or {})})
+                                          "by": by, "reason": reason, "inputs": {}, "metrics": {}, "finished_at": now_iso(), **(extra or {})},
+                                min_version=_named_sets(store, experiment) + 1)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return _ref(store, manifest)
@@ -129,6 +133,14 @@ def trained(store: Store, experiment: str) -> tuple[set[str], set[str]]:
             except (OSError, ValueError) as exc:
                 raise StoreError(f"{folder / name}: unreadable ({str(exc)[:80]}); the trained prompts cannot be told") from None
     return prompts, rows
+
+
+def _named_sets(store: Store, experiment: str) -> int:
+    """The highest set number the champion's record names (a set deleted from the store keeps its number:
+    a new set never takes it, so two sets are never compared as one)."""
+    rec = store.read_record(experiment, "champion.json")
+    lines = [*(rec.get("history") or []), rec.get("champion") or {}] if isinstance(rec, dict) else []
+    return max((int(h["heldout_set"]) for h in lines if isinstance(h, dict) and isinstance(h.get("heldout_set"), int)), default=0)
 
 
 def resolve(store: Store, experiment: str, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:

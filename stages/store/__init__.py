@@ -320,8 +320,9 @@ class Store:
         used = [int(m.group(1)) for n in names if (m := _VERSION.match(n))]
         return max(used, default=0) + 1
 
-    def commit(self, staging: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Digest the staged files, write the manifest last, and move the folder into place as v<N>."""
+    def commit(self, staging: Path, manifest: dict[str, Any], *, min_version: int = 1) -> dict[str, Any]:
+        """Digest the staged files, write the manifest last, and move the folder into place as v<N>
+        (N at least `min_version`: a number records elsewhere still name is never given to new content)."""
         experiment, stage = manifest["experiment"], manifest["stage"]
         if lost_lease(self.url, experiment).is_set():
             raise StoreError(f"{experiment}/{stage}: this run lost the experiment's lease in {self.url} (another run may hold it); nothing committed")
@@ -329,7 +330,7 @@ class Store:
         manifest = {**manifest, "status": "completed", "files": digests, "file_stats": stats}
         try:
             for _ in range(100):
-                version = self.next_version(experiment, stage)
+                version = max(self.next_version(experiment, stage), min_version)
                 manifest["version"] = version
                 (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False, default=str))
                 target = self.version_path(experiment, stage, version)
