@@ -342,3 +342,41 @@ def test_a_compressed_test_column_is_never_unpickled_unless_it_is_one_plain_stri
     job = row_job(0, {k: [v] for k, v in LCB_STDIN_ROW.items()})
     assert job.mode == "programs" and [case[1] for case in job.cases] == ["6\n", "0\n", "7\n"]
     assert len(row_job(0, {k: [v] for k, v in KODCODE_ROW.items()}).tests) == 4  # one per test function or class
+
+
+# --- family 5: pay once -------------------------------------------------------------------------------------
+
+@needs_isolation
+def test_the_no_solution_baseline_is_judged_once_per_row_content_across_processes(tmp_path, monkeypatch):
+    from regimen.stages.rewards import code as code_rewards
+
+    rows = {"tests": [ROT_TESTS, ["assert True", "assert rot('ab', 1) == 'ba'"]]}
+    completions = [f"```python\n{ROT}```"] * 2
+    first = code_rewards.unit_tests_reward(baseline_cache=str(tmp_path))
+    assert first(["", ""], completions, **rows) == [plain_harness(ROT, {"tests": ROT_TESTS}), 1.0]
+    lines = (tmp_path / f"{code_rewards.judge_version()}.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["share"] for line in lines) == [0.0, 0.5]  # the empty program passes `assert True`
+
+    batches = []
+    real = sandbox.run_batch
+    monkeypatch.setattr(sandbox, "run_batch", lambda items, **kw: batches.append(len(items)) or real(items, **kw))
+    code_rewards.BaselineCache._loaded.clear()  # as a new process finds it: only the file
+    again = code_rewards.unit_tests_reward(baseline_cache=str(tmp_path))
+    assert again(["", ""], completions, **rows) == [1.0, 1.0]
+    assert batches == [2]  # the solutions only: no baseline batch
+    assert again.door([{"tests": ["assert True"]}], ["row Z"]) == {"pays_anything": ["row Z"], "pays_some": []}
+    assert batches == [2, 1]  # a new row's baseline is judged, once
+    # another limit, or memory only, judges the baseline again
+    code_rewards.unit_tests_reward(baseline_cache=str(tmp_path), timeout_s=7)(["", ""], completions, **rows)
+    code_rewards.unit_tests_reward(baseline_cache=False)(["", ""], completions, **rows)
+    assert batches == [2, 1, 2, 2, 2, 2]
+
+
+def test_a_torn_or_foreign_line_in_the_baseline_cache_is_skipped(tmp_path):
+    from regimen.stages.rewards import code as code_rewards
+
+    cache = code_rewards.BaselineCache(str(tmp_path), "salt/")
+    cache.path.parent.mkdir(parents=True, exist_ok=True)
+    cache.path.write_text('{"key": "a", "share": 1.0}\nnot json\n{"key": "b"}\n{"key": "c", "sha')
+    code_rewards.BaselineCache._loaded.pop(cache.path, None)
+    assert cache.known() == {"a": 1.0}

@@ -9,16 +9,30 @@ judges it in the sandbox (`regimen.stages.sandbox`): the tests run in a judge pr
 solution's. A row with no tests has no opinion (None), and so has a row whose tests pass with no
 solution at all (it pays anything: reported at the door, `door`).
 
+Pay once: that no-solution baseline is judged once per row content, not once per process. It is kept
+in a file per judge version (`$REGIMEN_CACHE/judge-baselines/<version>.jsonl`, `~/.cache/regimen` by
+default, or the reward's `baseline_cache` folder), keyed by the digest of the row's job (its tests,
+set-up, cases, limits), and the version is the digest of the sandbox's own code and the Python that runs
+it: an edit to the judge, a new Python, a changed row or limit each judge the baseline again. Only
+baselines the sandbox judged (`status == "ok"`) are kept; a failure of the sandbox is judged again
+next time. A line is appended with one write (O_APPEND), so processes sharing the folder never mix
+lines; a torn last line is skipped. Hand-written rather than a store entry: the reward is called deep in
+TRL's loop, with no store at hand, and the file is a cache (removing it costs one baseline per row).
+
 Importing this module registers both rewards in `regimen.stages.rewards` (which imports it lazily).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
+import os
 import re
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +86,62 @@ def _key(job: sandbox.Job) -> str:
     return hashlib.sha256(json.dumps(dataclasses.asdict(job), sort_keys=True, default=str).encode()).hexdigest()
 
 
+@functools.cache
+def judge_version() -> str:
+    """A digest of what can change a baseline's verdict: the sandbox's code and the Python running it."""
+    h = hashlib.sha256(sys.version.encode())
+    for path in sorted(Path(sandbox.__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+class BaselineCache:
+    """The no-solution baselines of rows, on disk (see the module doc), shared by the rewards of a process."""
+
+    _lock = threading.Lock()
+    _loaded: dict[Path, dict[str, float]] = {}
+
+    def __init__(self, folder: str | os.PathLike | None, salt: str) -> None:
+        base = Path(folder) if folder else Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "judge-baselines"
+        self.path = base / f"{judge_version()}.jsonl"
+        self.salt = salt
+
+    def key(self, job: sandbox.Job) -> str:
+        return hashlib.sha256((self.salt + _key(job)).encode()).hexdigest()
+
+    def known(self) -> dict[str, float]:
+        with self._lock:
+            if self.path not in self._loaded:
+                table: dict[str, float] = {}
+                try:
+                    with open(self.path, encoding="utf-8") as f:
+                        for line in f:
+                            try:
+                                entry = json.loads(line)
+                                table[str(entry["key"])] = float(entry["share"])
+                            except (ValueError, KeyError, TypeError):
+                                continue  # a torn or foreign line
+                except OSError:
+                    pass
+                self._loaded[self.path] = table
+            return self._loaded[self.path]
+
+    def add(self, shares: dict[str, float]) -> None:
+        if not shares:
+            return
+        self.known().update(shares)
+        data = "".join(json.dumps({"key": k, "share": v}) + "\n" for k, v in shares.items()).encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:  # a read-only home: the baselines are judged again next process
+            log.warning("unit_tests: the baseline cache %s could not be written (%s)", self.path, exc)
+
+
 def unit_tests_reward(
     *,
     timeout_s: float = sandbox.SandboxConfig.timeout_s,
@@ -83,6 +153,7 @@ def unit_tests_reward(
     float_tolerance: float | None = None,
     max_cases: int | None = None,
     allow_eval: bool = False,
+    baseline_cache: str | bool = True,
     name: str = "unit_tests",
 ) -> RewardFn:
     """A `unit_tests` reward with its own options (the registered one uses the defaults).
@@ -94,7 +165,12 @@ def unit_tests_reward(
     or (logged) where the sandbox itself or the row's set-up code failed; 0 for code that fails to load,
     times out or is killed. Raises InputError when isolation is unavailable and `allow_unisolated` is
     False, and for rows whose tests evaluate strings unless `allow_eval` (those strings then run in the
-    solution's process) or need pytest fixtures.
+    solution's process) or need pytest fixtures. `baseline_cache`: where the rows' no-solution baselines
+    are kept between processes (True: `$REGIMEN_CACHE/judge-baselines`; a folder; False: this reward's
+    memory only).
+
+    A solution right on some tests only earns that fraction, by design (GRPO ranks answers within a
+    group); `all_or_nothing: true` gives MBPP's and HumanEval's pass@1 rule instead.
 
     Not gameable because the judge runs the tests in its own process and sees only data decoded into
     its own objects from the solution's (tests/test_sandbox.py and tests/test_judge_*.py attack it in
@@ -103,6 +179,7 @@ def unit_tests_reward(
     config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated)
     options = dict(case_timeout_s=case_timeout_s, float_tolerance=float_tolerance, max_cases=max_cases)
     pays_anything: dict[str, float] = {}  # job key -> share of its tests an empty program passes
+    disk = BaselineCache(baseline_cache if isinstance(baseline_cache, str) else None, f"{timeout_s}/{memory_mb}/") if baseline_cache else None
 
     def jobs_of(prompts: list[Any] | None, n: int, columns: dict[str, Any]) -> list[sandbox.Job | None]:
         jobs = []
@@ -123,10 +200,18 @@ def unit_tests_reward(
     def baseline(jobs: list[sandbox.Job]) -> None:
         """How much of each new row's tests an empty program passes (`pays_anything`)."""
         new = {_key(j): j for j in jobs if _key(j) not in pays_anything}
+        if disk is not None and new:
+            known = disk.known()
+            for key, job in list(new.items()):
+                if (share := known.get(disk.key(job))) is not None:
+                    pays_anything[key] = share
+                    del new[key]
         if new:
             results = sandbox.run_batch(list(new.values()), workers=workers, config=config)
             for key, r in zip(new, results):
                 pays_anything[key] = r.fraction if r.status == "ok" else 0.0
+            if disk is not None:
+                disk.add({disk.key(j): r.fraction for j, r in zip(new.values(), results) if r.status == "ok"})
 
     def unit_tests(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         scores: list[float | None] = [None] * len(completions)
