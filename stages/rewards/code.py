@@ -154,6 +154,7 @@ def unit_tests_reward(
     max_cases: int | None = None,
     allow_eval: bool = False,
     baseline_cache: str | bool = True,
+    packages: list[str] | tuple[str, ...] = (),
     name: str = "unit_tests",
 ) -> RewardFn:
     """A `unit_tests` reward with its own options (the registered one uses the defaults).
@@ -167,7 +168,9 @@ def unit_tests_reward(
     False, and for rows whose tests evaluate strings unless `allow_eval` (those strings then run in the
     solution's process) or need pytest fixtures. `baseline_cache`: where the rows' no-solution baselines
     are kept between processes (True: `$REGIMEN_CACHE/judge-baselines`; a folder; False: this reward's
-    memory only).
+    memory only). `packages`: installed packages the solution may import (top-level names, such as
+    `numpy`: an operator's allow-list, each bound read-only into the sandbox; list their dependencies
+    too); a row's tests may always import pytest where it is installed.
 
     A solution right on some tests only earns that fraction, by design (GRPO ranks answers within a
     group); `all_or_nothing: true` gives MBPP's and HumanEval's pass@1 rule instead.
@@ -176,10 +179,12 @@ def unit_tests_reward(
     its own objects from the solution's (tests/test_sandbox.py and tests/test_judge_*.py attack it in
     every way we know).
     """
-    config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated)
+    if isinstance(packages, str) or not all(isinstance(p, str) and p.isidentifier() for p in packages):
+        raise InputError(f"{name}: packages must be a list of top-level import names (such as numpy), got {packages!r}")
+    config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated, packages=tuple(packages))
     options = dict(case_timeout_s=case_timeout_s, float_tolerance=float_tolerance, max_cases=max_cases)
     pays_anything: dict[str, float] = {}  # job key -> share of its tests an empty program passes
-    disk = BaselineCache(baseline_cache if isinstance(baseline_cache, str) else None, f"{timeout_s}/{memory_mb}/") if baseline_cache else None
+    disk = BaselineCache(baseline_cache if isinstance(baseline_cache, str) else None, f"{timeout_s}/{memory_mb}/{sorted(packages)}/") if baseline_cache else None
 
     def jobs_of(prompts: list[Any] | None, n: int, columns: dict[str, Any]) -> list[sandbox.Job | None]:
         jobs = []

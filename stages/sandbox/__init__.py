@@ -14,6 +14,9 @@ that judges it, and sees nothing of the host it does not need. Per sample, two p
   nothing the solution patches (builtins, `math.isclose`, its own `abs`) changes what the tests call.
   Only J and the trusted set-up code write results; S never holds the result pipe.
 
+The solution may import the standard library and the installed packages an operator allows
+(`SandboxConfig.packages`, such as numpy, bound read-only); the tests also pytest, where installed.
+
 Both run in the per-sample namespaces built by `tree.py` (the process tree of a sample), `slot.py` (a
 minimal allow-listed root, fresh /tmp, /dev/shm, /proc, IPC and network), as different unprivileged
 uids, under rlimits, cgroups (a CPU share per slot, CPU-time accounting, memory and pids limits) and a

@@ -27,7 +27,8 @@ harness:
    without an answer: the judge sees the channel close, and that call and every later one fail.
 
 The recursion limit in S is raised by the depth of S's own frames under the call, so a solution gets
-the same usable depth as under a plain `exec` harness.
+the same usable depth as under a plain `exec` harness; and what `site` adds to the builtins (`exit`,
+`quit`, `help`, ...) is there, as under `python solution.py` (the server itself runs with -S).
 
 Stdlib only: the server imports it by path (`python -I -S`).
 """

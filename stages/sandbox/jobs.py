@@ -4,9 +4,14 @@ checks on what callers hand in (`as_job`). Stdlib only."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+JUDGE_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
+"""What a row's tests may import besides the standard library, in the judge: pytest (`pytest.raises`,
+`pytest.approx`) and what it imports, where installed; bound read-only into every sample's root."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -47,6 +52,11 @@ class SandboxConfig:
     uid_base: int | None = None
     """First unprivileged uid; slot k uses uid_base + 2k (solution) and uid_base + 2k + 1 (judge).
     Default: derived from the parent's pid so that two processes scoring at once do not share uids."""
+    packages: tuple[str, ...] = ()
+    """Installed packages (top-level import names, such as "numpy") the solution may import: an operator's
+    allow-list. Each is found where this interpreter would import it from and bound read-only into the
+    sample's root (`slot.PACKAGES_DIR`), with its `<name>.libs` folder of shared libraries if it has one;
+    nothing else of its site-packages. List a package's own dependencies too. Isolated samples only."""
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "memory_mb", "nproc", "file_size_mb", "open_files", "tmpfs_mb", "output_limit"):
@@ -56,8 +66,30 @@ class SandboxConfig:
             raise ValueError("SandboxConfig.open_files must be at least 8")
         if self.wall_timeout_s is not None and not self.wall_timeout_s > 0:
             raise ValueError(f"SandboxConfig.wall_timeout_s must be positive, got {self.wall_timeout_s!r}")
+        if not isinstance(self.packages, tuple) or not all(isinstance(n, str) and n.isidentifier() for n in self.packages):
+            raise ValueError(f"SandboxConfig.packages must be a tuple of top-level import names, got {self.packages!r}")
         if not self.cpus_per_slot >= 0:
             raise ValueError(f"SandboxConfig.cpus_per_slot must be >= 0 (0: no quota), got {self.cpus_per_slot!r}")
+
+    @property
+    def package_paths(self) -> list[str]:
+        """Where the allowed packages (and the judge's, `JUDGE_PACKAGES`) are installed: a folder or a
+        single-file module each, plus `<name>.libs` folders; names not installed are left out."""
+        paths = []
+        for name in (*JUDGE_PACKAGES, *self.packages):
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                continue
+            if spec is None or spec.origin in (None, "built-in", "frozen"):
+                continue
+            path = os.path.realpath(list(spec.submodule_search_locations)[0] if spec.submodule_search_locations else spec.origin)
+            if path not in paths:
+                paths.append(path)
+            libs = os.path.join(os.path.dirname(path), f"{name}.libs")
+            if os.path.isdir(libs) and libs not in paths:
+                paths.append(os.path.realpath(libs))
+        return paths
 
     @property
     def wall_s(self) -> float:

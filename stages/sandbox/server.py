@@ -6,7 +6,9 @@ verdict) in a process tree forked from the zygote (`tree.py`: Z, B, S the soluti
 
 The sample's filesystem (`slot.py`, like the cgroups and the confinement): a fresh tmpfs root holding only, read-only, the interpreter's standard
 library (its site-packages masked by an empty tmpfs) and the multiarch shared-library folders its
-extension modules load from (with the /lib, /lib64 symlinks recreated) plus /etc/ld.so.cache; a minimal
+extension modules load from (with the /lib, /lib64 symlinks recreated) plus /etc/ld.so.cache; the
+installed packages the operator allows the solution (`SandboxConfig.packages`) and pytest for the tests,
+one folder each under `slot.PACKAGES_DIR` (nothing else of their site-packages); a minimal
 /dev (null, zero, full, random, urandom, a fresh /dev/shm); a new /proc (`hidepid=invisible,subset=pid`
 where the kernel has it); a fresh size-limited tmpfs as the sandbox's own temp folder, holding S's
 work folder and J's (`slot.WORKDIR_S`, `slot.WORKDIR_J`; paths inside the new root, never the host's). The old root is detached after pivot_root, so the host's files, its pathname unix

@@ -47,6 +47,10 @@ _PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "riscv64
 WORKDIR = "/tmp/work"
 WORKDIR_S = WORKDIR_J = WORKDIR  # the names the server's job specs use
 ZONEINFO = "/usr/share/zoneinfo"  # the system's time zone data, read-only (zoneinfo.ZoneInfo reads it)
+# Where the installed packages a sample may import (`SandboxConfig.packages`, and pytest for the tests) are
+# bound, read-only, one folder or file each: a path inside the sample's root that names nothing of the
+# host's (not the virtualenv's site-packages, whose other packages and files stay out of reach).
+PACKAGES_DIR = "/usr/lib/regimen-packages"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _JUDGE_MEMORY_MB = 256  # the slot's memory cgroup holds the solution's memory_mb plus this for the judge
 _JUDGE_AS_BYTES = 1 << 30  # the judge's address-space limit, whatever the solution's (it is trusted)
@@ -143,6 +147,8 @@ class Slot:
         self.procs: list[str] = []  # cgroup.procs of the slot's group in each hierarchy
         self.cpu_file: tuple[str, str] | None = None  # (path, "cpuacct" | "cpu.stat")
         self.plan = self._plan()
+        self.plan["packages"] = [(src, f"{PACKAGES_DIR}/{os.path.basename(src)}") for src in settings.get("package_paths") or []
+                                 if type(src) is str and os.path.isabs(src) and os.path.exists(src)]
         self.template: str | None = None  # the slot's read-only root, made once by Z (build_template)
         self.devices = [(n, os.stat(f"/dev/{n}").st_rdev) for n in _DEV_NODES if os.path.exists(f"/dev/{n}")]
 
@@ -373,6 +379,7 @@ class Slot:
         plan = self.plan
         sources = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC), True) for p in plan["dirs"]]
         sources += [(p, os.open(p, os.O_PATH | os.O_CLOEXEC), False) for p in plan["files"]]
+        sources += [(target, os.open(src, os.O_PATH | os.O_CLOEXEC), os.path.isdir(src)) for src, target in plan.get("packages", [])]
         # The root tmpfs allows device nodes (the five below, made here; it is read-only before any
         # untrusted code runs, and nobody in the sandbox may mknod); /tmp and /dev/shm are nodev.
         _mount("tmpfs", r, "tmpfs", MS_NOSUID, "size=1m,nr_inodes=4096,mode=755")

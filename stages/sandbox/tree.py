@@ -37,16 +37,19 @@ import os
 import select
 import signal
 import socket
+import sys
 import time
 
 try:
     from . import callee, judge
-    from .slot import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl
+    from .slot import (
+        CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PACKAGES_DIR, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl,
+    )
 except ImportError:  # imported by the server script as a top-level module
     import callee  # type: ignore[no-redef]
     import judge  # type: ignore[no-redef]
     from slot import (  # type: ignore[no-redef]
-        CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl,
+        CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PACKAGES_DIR, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl,
     )
 
 _EXIT_INFRA = 121
@@ -258,6 +261,17 @@ def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, re
     _role_j(slot, job_fd, j_sock, out_w, res_w)
 
 
+def _packages(slot: Slot, solution: bool) -> None:
+    """The installed packages bound into the sample's root (`SandboxConfig.packages`, pytest for the
+    tests) become importable; with packages allowed, numerical libraries use one thread in S (a thread
+    pool per core would not fit its address-space limit), as `OPENBLAS_NUM_THREADS=1` asks."""
+    if not slot.plan.get("packages") or not os.path.isdir(PACKAGES_DIR):
+        return
+    sys.path.append(PACKAGES_DIR)
+    if solution and slot.s.get("packages"):
+        os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
 def _role_s(slot: Slot, code_fd: int, sock: int, out_w: int, st_w: int) -> None:
     """S: never returns. Trusted set-up, then the untrusted code (callee.serve)."""
     try:
@@ -269,6 +283,7 @@ def _role_s(slot: Slot, code_fd: int, sock: int, out_w: int, st_w: int) -> None:
         os.chdir(spec["workdir"])
         os.environ.clear()
         os.environ.update(_ENV, HOME=spec["workdir"], TMPDIR=spec["workdir"])
+        _packages(slot, solution=True)
     except BaseException as exc:
         try:
             os.write(st_w, b"!" + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"))
@@ -293,6 +308,7 @@ def _role_j(slot: Slot, job_fd: int, sock: int, out_w: int, res_w: int) -> None:
         os.chdir(job["workdir"])
         os.environ.clear()
         os.environ.update(_ENV, HOME=job["workdir"], TMPDIR=job["workdir"])
+        _packages(slot, solution=False)
     except BaseException as exc:
         _line(res_w, f"infra the judge's process could not be set up: {type(exc).__name__}: {exc}")
         os._exit(_EXIT_INFRA)
