@@ -449,3 +449,96 @@ def test_a_torn_or_foreign_line_in_the_baseline_cache_is_skipped(tmp_path):
     cache.path.write_text('{"key": "a", "share": 1.0}\nnot json\n{"key": "b"}\n{"key": "c", "sha')
     code_rewards.BaselineCache._loaded.pop(cache.path, None)
     assert cache.known() == {"a": 1.0}
+
+
+# --- family 4: what crosses between the solution and the tests ---------------------------------------------
+
+ERRORS = c('''
+    class AppError(Exception):
+        pass
+
+    class NotFound(AppError, KeyError):
+        pass
+
+    class BadInput(ValueError):
+        pass
+
+    def find(d, k):
+        if k not in d:
+            raise NotFound(k)
+        return d[k]
+
+    def check(x):
+        if x < 0:
+            raise BadInput("negative")
+        return x
+''')
+ERRORS_ROW = {"tests": [
+    "try:\n    find({}, 'a')\nexcept AppError as e:\n    assert isinstance(e, NotFound) and isinstance(e, KeyError)\nelse:\n    raise AssertionError",
+    "import pytest\nwith pytest.raises(BadInput, match='neg'):\n    check(-1)",
+    "import pytest\nwith pytest.raises(ValueError):\n    check(-2)",
+    "try:\n    check(-1)\nexcept NotFound:\n    raise AssertionError('the wrong class caught it')\nexcept BadInput:\n    pass",
+    "import pytest\nwith pytest.raises(NotFound):\n    find({'a': 1}, 'a')",  # a wrong expectation: fails in both harnesses
+    "assert find({'a': 1}, 'a') == 1 and check(3) == 3",
+]}
+
+CROSSING: dict[str, tuple] = {
+    "the_solutions_exception_classes": (ERRORS, ERRORS_ROW),
+}
+
+
+@pytest.fixture(scope="module")
+def crossing_scores():
+    return judge({name: (f"```python\n{code}```", code, cols) for name, (code, cols) in CROSSING.items()})
+
+
+@needs_isolation
+@pytest.mark.parametrize("name", list(CROSSING))
+def test_what_crosses_agrees_with_a_plain_harness(crossing_scores, name):
+    code, columns = CROSSING[name]
+    assert crossing_scores[name] == plain_harness(code, columns), name
+
+
+def _claiming(claims: dict) -> str:
+    """Code that makes the solution's process report its exception classes as `claims` says
+    ({name: [names of the class and its bases]}), whatever they are."""
+    return c(f"""
+        import sys
+        _callee = [m for m in sys.modules.values() if hasattr(m, '_report') and hasattr(m, 'serve')][0]
+        _report = _callee._report
+        _callee._report = lambda *a: [r for r in _report(*a) if r[0] not in {claims!r}] + [(n, 'exception', v) for n, v in {claims!r}.items()]
+    """)
+
+
+@needs_isolation
+def test_an_exception_class_that_lies_about_its_bases_gains_nothing():
+    """Hostile: the solution's exception classes claim bases that would end a test's loop early
+    (StopIteration), end the judge (SystemExit, KeyboardInterrupt), a cycle, or the judge's own classes;
+    the judge's classes for them derive from none of those, so the wrong answer stays wrong."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    wrong = c("""
+        class Done(Exception):
+            pass
+
+        class Loop(Exception):
+            pass
+
+        class Ring(Exception):
+            pass
+
+        def add(a, b):
+            raise Done('stop')
+
+        def sub(a, b):
+            raise Ring('x')
+    """)
+    claims = {"Done": ["Done", "StopIteration", "Exception"], "Loop": ["Loop", "SystemExit", "KeyboardInterrupt", "GeneratorExit"],
+              "Ring": ["Ring", "Loop2", "SolutionEnded", "Exception"], "Loop2": ["Loop2", "Ring"]}
+    tests = ["assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (2, 2)]))",
+             "assert list(map(lambda p: add(*p), [(1, 2)])) == [3]",
+             "try:\n    add(1, 2)\nexcept Exception as e:\n    assert not isinstance(e, (StopIteration, SystemExit, KeyboardInterrupt, GeneratorExit))\n    raise",
+             "assert issubclass(Done, Exception) and not issubclass(Done, StopIteration) and not issubclass(Loop, (SystemExit, KeyboardInterrupt))",
+             "try:\n    sub(1, 2)\nexcept Ring:\n    pass\nassert type(Ring).__name__ == 'type' and not Ring.__subclasses__()"]
+    result = run_batch([Job(_claiming(claims) + wrong, tests)], workers=1)[0]
+    assert result.status == "ok" and result.tests == [False, False, False, True, True], result

@@ -11,8 +11,10 @@ harness:
    functions works: a `multiprocessing.Pool` in a solution); on an exception (SystemExit too) send
    `("loadfail", exception class names, message)` and exit. Then `("ready", names)`: for every
    top-level name (dunder names skipped) `(name, "call", None)` for a function, `(name, "module",
-   module_name)`, or `(name, "data", encoded value)`: plain data, a standard-library value type, or a
-   handle (a class, an instance, an iterator: the judge makes a proxy of it);
+   module_name)`, `(name, "exception", [its class's name and its bases' names])` for an exception class
+   (the judge makes a class of its own from the names), or `(name, "data", encoded value)`: plain data, a
+   standard-library value type, or a handle (a class, an instance, an iterator: the judge makes a proxy
+   of it);
    programs mode (stdin/stdout problems): compile the code (a syntax error is a load failure) and send
    `("ready", [])`; the program runs only when the judge asks, once per case.
 2. answer each request (see `serve`): a call of a top-level function, of a handle (a class, a bound
@@ -82,6 +84,14 @@ def _class_names(exc: BaseException) -> list[str]:
     return names or ["Exception"]
 
 
+def _mro_names(cls: type) -> list:
+    """The names of an exception class and of the classes it derives from, up to BaseException."""
+    names = []
+    for klass in type.__dict__["__mro__"].__get__(cls)[:8]:
+        names.append(str.__str__(type.__dict__["__name__"].__get__(klass)))
+    return names
+
+
 class Handles:
     """The objects the judge holds handles to, by number."""
 
@@ -121,6 +131,8 @@ def _report(ns: dict, handles: Handles) -> list:
                 module = getattr(value, "__name__", None)
                 if type(module) is str:
                     names.append((name, "module", module))
+            elif isinstance(value, type) and issubclass(value, BaseException):  # the judge makes a class of its own
+                names.append((name, "exception", _mro_names(value)))
             elif callable(value) and not isinstance(value, type):
                 names.append((name, "call", None))
             else:  # data, or a class or an object of the solution's: a handle the judge makes a proxy of

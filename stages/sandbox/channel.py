@@ -57,6 +57,7 @@ class Channel:
         self.fd = fd
         self.gone: str | None = None
         self.proxies: dict[int, object] = {}
+        self.exceptions: dict[str, type] = {}  # J's classes for the solution's exception classes (solution_exceptions)
 
     def fail(self, why: str) -> None:
         if self.gone is None:
@@ -116,7 +117,7 @@ class Channel:
         if type(reply) is tuple and len(reply) == 5 and reply[0] == "raise" and type(reply[1]) is list and type(reply[2]) is str:
             if type(reply[3]) is str and type(reply[4]) is int:
                 _after(reply[3], reply[4], stdin)
-            raise _exception(reply[1], reply[2])
+            raise _exception(reply[1], reply[2], self.exceptions)
         if type(reply) is tuple and len(reply) == 2 and reply[0] == "bad" and type(reply[1]) is str:
             raise TypeError(f"{what} returned something the judge cannot take: {reply[1]}")
         if iterating and type(reply) is tuple and len(reply) == 1 and reply[0] == "stop":
@@ -170,7 +171,57 @@ def _handle_of(x: object) -> tuple[str, int, str]:
     raise wire.NotPlainData(f"a {type(x).__name__} is not plain data")
 
 
-def _exception(names: list, message: str) -> Exception:
+def solution_exceptions(reported: dict) -> dict:
+    """J's own classes for the solution's top-level exception classes, from the names S reported
+    ({name: [its name, its bases' names...]}), so that tests can catch them (`except MyError`,
+    `pytest.raises(MyError)`) and as their builtin bases. Each derives from J's class for the first base
+    that is also reported, else from the first builtin base that is an Exception (never StopIteration,
+    nor anything that is not an Exception: a claim of SystemExit is ignored), else from SolutionError (and
+    is then named SolutionError, as the exception always arrived). Only names are taken from S: the
+    classes, their methods and their hierarchy are J's, so a lie about the bases can make the class no
+    more than an exception S could have raised anyway."""
+    made: dict = {}
+    reported = {k: v for k, v in list(reported.items())[:1000] if type(k) is str and k.isidentifier() and type(v) is list}
+
+    def make(name: str):
+        if name in made:
+            return made[name]  # None while being made: a cycle in the claims
+        made[name] = None
+        parent_cls = builtin_cls = None
+        for parent in reported[name][1:8]:
+            if type(parent) is not str or parent == name:
+                continue
+            if parent in reported:
+                parent_cls = parent_cls or make(parent)
+                continue
+            cls = getattr(builtins, parent, None)
+            if builtin_cls is None and isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
+                builtin_cls = cls
+        bases = tuple(b for b in (parent_cls, builtin_cls) if b is not None)
+        if parent_cls is not None and builtin_cls is not None and issubclass(parent_cls, builtin_cls):
+            bases = (parent_cls,)
+        attrs = {"__module__": "solution", "solution_name": name}
+        if not bases:
+            made[name] = type("SolutionError", (SolutionError,), attrs)
+        else:
+            try:
+                made[name] = type(name, bases, attrs)
+            except TypeError:  # bases whose layouts do not mix (OSError and KeyError): the first one
+                made[name] = type(name, bases[:1], attrs)
+        return made[name]
+
+    for name in reported:
+        make(name)
+    return {k: v for k, v in made.items() if v is not None}
+
+
+def _exception(names: list, message: str, classes: dict | None = None) -> Exception:
+    own = classes.get(names[0]) if classes and names and type(names[0]) is str else None
+    if own is not None:
+        try:
+            return own(f"{names[0][:100]}: {message}" if issubclass(own, SolutionError) and own.__name__ == "SolutionError" else message)
+        except Exception:
+            pass
     for name in names[:8]:
         cls = getattr(builtins, name, None) if type(name) is str else None
         if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):

@@ -17,8 +17,9 @@ that are compared by identity only. The namespace the tests run in is J's:
   solution's: the row's declared `entry_point`, or, without one, a builtin name the tests test as a
   function of their own (`assert max([1, 2]) == 2`, with no other function of the solution's called
   anywhere in the tests: `under_test`), so a wrong `def max` fails and a solution without it fails too.
-  A function becomes a proxy that calls it in S; data, a class or an object of the solution's becomes
-  J's decoded copy or proxy; a module becomes J's own import of the standard-library module of that name,
+  A function becomes a proxy that calls it in S; an exception class becomes a class J makes of its own
+  from the names S reports (`channel.solution_exceptions`: tests catch it, and what S raises of it
+  arrives as it); data, a class or an object of the solution's becomes J's decoded copy or proxy; a module becomes J's own import of the standard-library module of that name,
   and only under that name (`import math` binds `math`; `import math as m` binds nothing), and only for
   the pure computation modules in `TEST_MODULES`. J never calls a function, nor imports a module, that
   S chose. When the row declares an entry point, that is the only function of the solution's the tests
@@ -49,11 +50,11 @@ import sys
 
 try:
     from . import harness, wire
-    from .channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams
+    from .channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions
 except ImportError:  # imported by the server as a top-level module
     import harness  # type: ignore[no-redef]
     import wire  # type: ignore[no-redef]
-    from channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams  # type: ignore[no-redef]
+    from channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions  # type: ignore[no-redef]
 
 INFO_LIMIT = 300
 """Characters of an error description sent to the server per line."""
@@ -204,6 +205,8 @@ def bind_solution(ns: dict, reported: object, channel: Channel, entry_point: str
                 ns[name] = module
         elif entry_point:  # with a declared entry point, nothing else of the solution's
             continue
+        elif kind == "exception" and name in channel.exceptions:
+            ns[name] = channel.exceptions[name]
         elif kind in ("call", "data"):
             solution_value = _solution_value(name, kind, value, channel)
             if solution_value is not _NOTHING:
@@ -226,6 +229,8 @@ def solution_module(reported: object, channel: Channel, entry_point: str | None)
             continue
         if kind == "module" and (imported := _test_module(name, value)) is not None:
             setattr(module, name, imported)
+        elif kind == "exception" and name in channel.exceptions:
+            setattr(module, name, channel.exceptions[name])
         elif kind in ("call", "data") and (bound := _solution_value(name, kind, value, channel)) is not _NOTHING:
             setattr(module, name, bound)
     return module
@@ -284,6 +289,8 @@ def run(job: dict, sock: int, results: int) -> None:
         hello = ("loadfail", ["SolutionEnded"], f"{exc} before it finished loading")
     if type(hello) is tuple and len(hello) == 2 and hello[0] == "ready":
         if not programs:
+            channel.exceptions = solution_exceptions({item[0]: item[2] for item in hello[1] if type(item) is tuple and len(item) == 3
+                                                      and type(item[0]) is str and item[1] == "exception"} if type(hello[1]) is list else {})
             own = test_names(tests)
             bind_solution(ns, hello[1], channel, entry_point, own, under_test(tests, own | set(ns)) if not entry_point else frozenset())
             sys.modules["solution"] = solution_module(hello[1], channel, entry_point)
