@@ -17,6 +17,14 @@ by exclusive create, with an expiry so a crashed holder cannot block it for long
 which evaluates the champion first, compares the record's `revision` with the one it read and decides
 again when a person's move landed in between (`Store.update_record`).
 
+Exclusive create (`exclusive_create`): fsspec's `"xb"` mode, with one addition. s3fs turns a refused
+conditional PUT into FileExistsError only when the server names the condition in its error (AWS does);
+S3-compatible servers that honour `If-None-Match: *` but answer a bare 412 PreconditionFailed (SeaweedFS,
+measured with 4.48) surface as a generic OSError whose cause is botocore's ClientError. Both mean "it
+exists"; a 409 ConditionalRequestConflict (two conditional writes racing) means "someone else got it".
+`probe_conditional_create` checks once per store that a second create of the same key is refused, so a
+bucket that ignores the condition is named before anything relies on it.
+
 Machine slot (`machine_slot`): a file lock in the user's cache (`$REGIMEN_CACHE`, default
 `~/.cache/regimen`) held while a stage computes (never while it is reused), so two `regimen run` on one
 machine take turns instead of oversubscribing its cores: the second one waits and says for whom.
@@ -86,6 +94,46 @@ def file_lock(root: Path, path: Path, *, experiment: str, url: str) -> Iterator[
         lock.release()
 
 
+def _refused_by_condition(exc: BaseException) -> bool:
+    """Whether `exc` is a server's answer that the key exists (412 PreconditionFailed, 409 ConditionalRequestConflict)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    response = getattr(cause, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = str((response.get("Error") or {}).get("Code", ""))
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+def exclusive_create(fs, path: str, data: bytes) -> bool:
+    """Create `path` holding `data` only if nothing is there: True when this call created it, False when
+    it exists (or another writer's create won). Other errors propagate."""
+    try:
+        with fs.open(path, "xb") as fh:
+            fh.write(data)
+        return True
+    except OSError as exc:
+        if _refused_by_condition(exc):
+            return False
+        raise
+
+
+def probe_conditional_create(fs, path: str) -> bool:
+    """Whether the store refuses a second exclusive create of one key (the lease and the version claims rely
+    on it). Leaves nothing behind."""
+    first = exclusive_create(fs, path, b"probe 1")
+    try:
+        second = exclusive_create(fs, path, b"probe 2")
+    finally:
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+    return first and not second
+
+
 ATOMIC_CREATE = {"file", "local", "memory", "s3", "s3a", "gcs", "gs"}
 """fsspec protocols whose `"xb"` is a real conditional create (O_EXCL; S3's and GCS's if-none-match)."""
 
@@ -103,12 +151,7 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
 
     def create() -> bool:
         record = {"owner": _owner(), "token": token, "expires": _now() + ttl_s}
-        try:
-            with fs.open(path, "xb") as fh:
-                fh.write(json.dumps(record).encode())
-            return True
-        except FileExistsError:
-            return False
+        return exclusive_create(fs, path, json.dumps(record).encode())
 
     if not create():
         try:
@@ -187,12 +230,8 @@ def record_lock(fs, path: str, *, local_root: Path | None, wait_s: float = RECOR
     token = uuid.uuid4().hex
     deadline = _now() + wait_s
     while True:
-        try:
-            with fs.open(path, "xb") as fh:
-                fh.write(json.dumps({"owner": _owner(), "token": token, "expires": _now() + ttl_s}).encode())
+        if exclusive_create(fs, path, json.dumps({"owner": _owner(), "token": token, "expires": _now() + ttl_s}).encode()):
             break
-        except FileExistsError:
-            pass
         try:
             current = json.loads(fs.cat_file(path))
         except FileNotFoundError:
