@@ -6,6 +6,9 @@
 - Every reward is called on a few training rows (with the task's reference completions where it has
   them): it must return one real number or None per completion; NaN, strings, wrong lengths and
   exceptions are refused, naming the reward, the row and the value.
+- A store in a bucket answers as it must, first of all: the bucket exists, the credentials are taken, the
+  endpoint answers, and a second conditional create of one key is refused (the experiment's lease and
+  the version claims rely on it); each failure is one line naming the bucket and the endpoint.
 - A reward with checks of its own on every row (`door`: `unit_tests` refuses tests that evaluate strings
   or need pytest fixtures, and reports rows whose tests pass with no solution at all) runs them on the
   training and held-out rows.
@@ -30,6 +33,7 @@ def _shown(row: dict[str, Any]) -> str:
 
 def check(recipe) -> dict[str, Any]:
     """Raise InputError for the first problem found; returns a short summary of what was checked."""
+    check_store(recipe.store)
     from regimen.stages.rewards import from_specs, preflight
     from regimen.stages.tasks.registry import load_task
 
@@ -63,6 +67,18 @@ def check(recipe) -> dict[str, Any]:
                 log.warning("%s: %d row(s) pass some of their tests with no solution at all (those tests pay anything): %s",
                             name, len(report["pays_some"]), _few(report["pays_some"]))
     return summary
+
+
+def check_store(url: str) -> None:
+    """A remote store (`s3://...`) is reachable and honours conditional writes (`Store.probe`); StoreError
+    or InputError naming the bucket otherwise. A local folder is not touched here."""
+    from fsspec.core import split_protocol
+
+    if split_protocol(str(url))[0] in (None, "file", "local"):
+        return
+    from regimen.stages.store import Store
+
+    Store(url).probe()
 
 
 def _few(labels: list[str], n: int = 5) -> str:

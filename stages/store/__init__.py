@@ -8,21 +8,40 @@ never as one. The cycle's verdicts are kept beside the evaluations (`<experiment
 Reuse checks integrity: `find_intact` returns a version only when its files match the manifest (size and
 mtime first; the full sha256 when either differs), and reports damaged ones. The store never follows a
 link it did not make (`files.py`). The root is a local folder or any fsspec URL (`s3://bucket/regimen`,
-`memory://x`); for remote roots, stages work in a local cache and the finished folder is uploaded, then
-moved into place; the experiment lock is then a lease in the store (`lock.py`).
+`memory://x`); the experiment lock is then a lease in the store (`lock.py`).
+
+A remote store (a bucket through s3fs; endpoint and credentials from the standard AWS_* environment):
+- Commit cannot rename a folder (S3 has no rename: `mv` is copy+delete per object, so a reader could see
+  half a version). Instead a writer claims `v<N>` by an exclusive create of `v<N>/.claim` (a conditional
+  PUT: two writers never get one N; the claim is never removed, so a writer with an old listing cannot
+  take the number later), uploads the files, and writes `manifest.json` last, with an exclusive create too. Readers count a version only when its manifest is there and well-formed (`scan`),
+  so a version is visible whole or not at all. A claimed folder that never got its manifest (a killed
+  writer) is removed when the next run takes the experiment's lease.
+- Reads of a version come through the local cache (`$REGIMEN_CACHE/store-<hash>/...`): each file is
+  checked against the manifest's sha256 as it arrives, and a cached copy whose size or mtime moved since
+  it was checked is hashed again; a mismatch in the bucket makes the version damaged (not reused). The
+  bucket itself is only compared by size (`check`): hashing there would mean downloading.
+- Listings and small reads bypass s3fs's listing cache (`invalidate_cache`, `cat_file`): another host
+  writes the same bucket, and a stale cached size would tear a read of champion.json.
+- Before anything is written, `reachable` (on opening) and `probe` (before training: a conditional create
+  twice on a probe key, the second must be refused) turn a missing bucket, refused credentials, an
+  unreachable endpoint or a bucket that ignores conditional writes into one line naming the bucket and
+  the endpoint. Hand-written mapping: s3fs passes botocore's errors through as OSError or BotoCoreError
+  with the server's wording, which names neither.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,13 +49,18 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from regimen.stages.errors import InputError, StoreError
+from regimen.stages.errors import InputError, RegimenError, StoreError
 from regimen.stages.store import files, schemas
-from regimen.stages.store.lock import ExperimentBusy, file_lock, lease, record_lock
+from regimen.stages.store.lock import ExperimentBusy, exclusive_create, file_lock, lease, probe_conditional_create, record_lock
+
+log = logging.getLogger("regimen.store")
 
 __all__ = ["Store", "ExperimentBusy", "StaleRecord", "MANIFEST", "now_iso", "sha256_file", "check_name"]
 
 MANIFEST = "manifest.json"
+CLAIM = ".claim"  # made first in a remote v<N>/ (exclusive create) and kept: the number is taken for good
+_PROBED: set[str] = set()  # remote stores whose conditional create was checked in this process
+_REACHED: set[str] = set()  # remote stores answered once in this process
 _VERSION = re.compile(r"^v(\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -123,6 +147,76 @@ class Store:
             self.cache.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"store {self.url}: cannot create {self.cache}: {files.describe_os_error(exc, self.cache)}") from None
+        if not self.local:
+            self.reachable()
+
+    # -- a remote store answers as it must ---------------------------------------------------
+    def _bucket(self) -> str:
+        return self.root.split("/", 1)[0]
+
+    def _endpoint(self) -> str:
+        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the default AWS endpoint"
+
+    @contextmanager
+    def _answers(self, doing: str) -> Iterator[None]:
+        """Turn s3fs/botocore errors while `doing` into one line naming the bucket and the endpoint."""
+        try:
+            yield
+        except RegimenError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a one-line error below, or re-raised
+            raise self._remote_error(exc, doing) from None
+
+    def _remote_error(self, exc: BaseException, doing: str) -> BaseException:
+        where = f"store {self.url} (bucket {self._bucket()!r} at {self._endpoint()})"
+        names = {c.__name__ for c in type(exc).__mro__}
+        cause = exc.__cause__ or exc.__context__
+        response = getattr(cause, "response", None) or getattr(exc, "response", None)
+        code = str(((response or {}).get("Error") or {}).get("Code", "")) if isinstance(response, dict) else ""
+        text = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        if code in ("NoSuchBucket",) or (isinstance(exc, FileNotFoundError) and "bucket" in text.lower()):
+            return InputError(f"{where}: the bucket does not exist (create it, or correct `store:`); nothing was written")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken") or isinstance(exc, PermissionError) \
+                or "NoCredentialsError" in names:
+            return InputError(f"{where}: the credentials were refused while {doing} ({text}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+                              "nothing was written")
+        if names & {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError", "ClientConnectorError"} \
+                or isinstance(exc, (ConnectionError, TimeoutError)):
+            return StoreError(f"{where}: the endpoint cannot be reached while {doing} ({text}); check AWS_ENDPOINT_URL and the network; "
+                              "nothing was written")
+        return StoreError(f"{where}: {doing} failed: {type(exc).__name__}: {text}")
+
+    def _asked(self) -> str:
+        """What a check's answer holds for: this store, at this endpoint, with these credentials."""
+        return f"{self.url} {self._endpoint()} {os.environ.get('AWS_ACCESS_KEY_ID', '')}"
+
+    def reachable(self) -> None:
+        """A remote store's bucket exists and takes our credentials (once per process): else a one-line
+        InputError (missing bucket, refused credentials) or StoreError (endpoint unreachable). Reads only."""
+        if self.local or self._asked() in _REACHED:
+            return
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        if protocols & {"s3", "s3a"}:
+            with self._answers("listing the bucket"):
+                self.fs.invalidate_cache(self._bucket())
+                self.fs.ls(self._bucket(), detail=False)
+        _REACHED.add(self._asked())
+
+    def probe(self) -> None:
+        """Before a run writes anything: the store refuses a second exclusive create of one key (the
+        experiment's lease, the version claims and the record lock rely on it), once per process. A store
+        that does not is named (StoreError); nothing is left behind."""
+        if self.local or self._asked() in _PROBED:
+            return
+        self.reachable()
+        key = self.join(".regimen-probe", f"{uuid.uuid4().hex}.json")
+        with self._answers("probing conditional writes"):
+            honoured = probe_conditional_create(self.fs, key)
+        if not honoured:
+            raise StoreError(f"store {self.url} (bucket {self._bucket()!r} at {self._endpoint()}) does not honour conditional writes "
+                             "(a second create with If-None-Match: * was not refused): two runs could take one experiment's lease or one "
+                             "version number there; use a server that supports them (AWS S3, SeaweedFS, MinIO)")
+        _PROBED.add(self._asked())
 
     # -- paths -------------------------------------------------------------------------------
     def join(self, *parts: str) -> str:
@@ -176,8 +270,7 @@ class Store:
         try:
             if self.local:
                 return json.loads(files.read_text(Path(self.root), Path(path)))
-            with self.fs.open(path, "r") as fh:
-                return json.load(fh)
+            return json.loads(self.fs.cat_file(path))  # one GET of the whole object: no cached size to tear it
         except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError, StoreError):
             return None
         except OSError:
@@ -185,6 +278,8 @@ class Store:
 
     def _entries(self, path: str) -> list[str]:
         try:
+            if not self.local:
+                self.fs.invalidate_cache(path)  # another host may have written since this process listed it
             return [e.rstrip("/") for e in self.fs.ls(path, detail=False)]
         except (FileNotFoundError, NotADirectoryError):
             return []
@@ -230,6 +325,8 @@ class Store:
             if manifest.get("fingerprint") != key:
                 continue
             problems = self.check(manifest)
+            if not problems and not self.local:
+                problems = self._fetch(manifest)[1]  # the files as they arrive, by sha256: reuse reads them next anyway
             if not problems:
                 return manifest, damaged
             damaged.append({"version": manifest["version"], "problems": problems})
@@ -240,7 +337,18 @@ class Store:
 
     def check(self, manifest: dict[str, Any]) -> list[str]:
         """Problems with a version's files (empty: intact). Fast path: size and mtime as recorded at
-        commit; a file whose size differs is damaged; one whose mtime differs is hashed."""
+        commit; a file whose size differs is damaged; one whose mtime differs is hashed. In a remote
+        store: sizes in the bucket, and the local cache's copy (when there is one) by its own fast path;
+        the sha256 of what the bucket holds is checked as it comes into the cache (`local_path`)."""
+        if not self.local:
+            problems = self._check_sizes(manifest)
+            cached = self._cached(manifest)
+            if not problems and (cached / MANIFEST).is_file() and self._cache_problems(manifest, cached):
+                try:
+                    self._fetch(manifest, again=True)  # the cache was damaged, not necessarily the bucket
+                except StoreError as exc:
+                    problems.append(str(exc))
+            return problems
         base = self.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
         stats = manifest.get("file_stats") or {}
         problems = []
@@ -290,20 +398,100 @@ class Store:
         return bad
 
     def local_path(self, manifest: dict[str, Any]) -> Path:
-        """A local folder holding this version's files (downloaded once for remote stores)."""
+        """A local folder holding this version's files: the version itself in a local store; in a remote
+        one, the local cache's copy, downloaded once and checked file by file against the manifest's
+        sha256 (StoreError naming the files when the bucket's copy does not match: a damaged version)."""
         remote = self.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
         if self.local:
             return Path(remote)
-        target = self.cache / manifest["experiment"] / manifest["stage"] / "versions" / f"v{manifest['version']}-{manifest['fingerprint'][:12]}"
-        if not (target / MANIFEST).exists():
-            files.ensure_dir(self.cache, target.parent)
-            tmp = target.with_name(target.name + f".{uuid.uuid4().hex[:6]}")
-            self.fs.get(remote.rstrip("/") + "/", str(tmp), recursive=True)
+        target, problems = self._fetch(manifest)
+        if problems:
+            raise StoreError(f"{remote} is damaged ({'; '.join(problems[:3])}); it is not used")
+        return target
+
+    def _cached(self, manifest: dict[str, Any]) -> Path:
+        return self.cache / manifest["experiment"] / manifest["stage"] / "versions" / f"v{manifest['version']}-{manifest['fingerprint'][:12]}"
+
+    def _check_sizes(self, manifest: dict[str, Any]) -> list[str]:
+        base = self.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        stats = manifest.get("file_stats") or {}
+        problems = []
+        self.fs.invalidate_cache(base)
+        try:
+            found = {p.rstrip("/"): info.get("size") for p, info in self.fs.find(base, detail=True).items()}
+        except FileNotFoundError:
+            found = {}
+        except OSError as exc:
+            raise self._remote_error(exc, f"listing {base}") from None
+        prefix = base.rstrip("/") + "/"
+        found = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in found.items()}
+        for rel in manifest["files"]:
+            if rel not in found:
+                problems.append(f"{rel}: missing")
+            elif rel in stats and found[rel] != stats[rel][0]:
+                problems.append(f"{rel}: size {found[rel]} != {stats[rel][0]} recorded")
+        return problems
+
+    @staticmethod
+    def _stamp(target: Path) -> Path:
+        return target.with_name(target.name + ".checked.json")
+
+    def _cache_problems(self, manifest: dict[str, Any], target: Path) -> list[str]:
+        """Files of the cached copy that differ from the manifest: size and mtime as when they were checked,
+        hashed again when either moved."""
+        try:
+            seen = json.loads(self._stamp(target).read_text())
+        except (OSError, ValueError):
+            seen = {}
+        problems = []
+        for rel, digest in manifest["files"].items():
+            p = target / rel
+            if p.is_symlink() or not p.is_file():
+                problems.append(f"{rel}: missing from the cache")
+                continue
+            st = p.stat()
+            if seen.get(rel) == [st.st_size, st.st_mtime_ns]:
+                continue
+            if sha256_file(p) != digest:
+                problems.append(f"{rel}: sha256 differs from the manifest")
+        return problems
+
+    def _fetch(self, manifest: dict[str, Any], *, again: bool = False) -> tuple[Path, list[str]]:
+        """The cached copy of a remote version, downloaded when absent (or `again`, or found damaged), each
+        file checked by sha256 as it lands. Returns (folder, problems of the bucket's copy)."""
+        target = self._cached(manifest)
+        if not again and (target / MANIFEST).is_file() and not self._cache_problems(manifest, target):
+            return target, []
+        remote = self.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        files.ensure_dir(self.cache, target.parent)
+        tmp = target.with_name(target.name + f".partial-{uuid.uuid4().hex[:6]}")
+        rels = [*manifest["files"], MANIFEST]
+        try:
+            for rel in rels:
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.fs.get([f"{remote}/{rel}" for rel in rels], [str(tmp / rel) for rel in rels])
+            except FileNotFoundError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one line naming the bucket and the endpoint
+                raise self._remote_error(exc, f"downloading {remote}") from None
+            problems = [f"{rel}: sha256 differs from the manifest" for rel, digest in manifest["files"].items()
+                        if not (tmp / rel).is_file() or sha256_file(tmp / rel) != digest]
+            if problems:
+                return target, problems
+            stamp = {rel: [(tmp / rel).stat().st_size, (tmp / rel).stat().st_mtime_ns] for rel in manifest["files"]}
+            if target.exists():
+                shutil.rmtree(target, ignore_errors=True)
             try:
                 os.rename(tmp, target)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
-        return target
+            except OSError:  # another process of this machine put it there first
+                pass
+            files.write_text(self.cache, self._stamp(target), json.dumps(stamp))
+            return target, []
+        except FileNotFoundError as exc:
+            return target, [f"missing in the bucket ({str(exc)[:120]})"]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     # -- writing -----------------------------------------------------------------------------
     def staging_dir(self, experiment: str, stage: str) -> Path:
@@ -343,17 +531,42 @@ class Store:
                         if not os.path.lexists(target):
                             raise
                         continue
-                remote_staging = self.join(experiment, stage, f".staging-{uuid.uuid4().hex[:12]}")
-                self.fs.put(str(staging).rstrip("/") + "/", remote_staging, recursive=True)
-                if self.fs.exists(target):
-                    self.fs.rm(remote_staging, recursive=True)
-                    continue
-                self.fs.mv(remote_staging, target, recursive=True)
+                if not self._claim(target):
+                    continue  # another writer has this number: take the next
+                self._upload(staging, target, [*digests, MANIFEST])
                 shutil.rmtree(staging, ignore_errors=True)
                 return manifest
+        except RegimenError:
+            raise
         except OSError as exc:
             raise StoreError(f"cannot commit {experiment}/{stage}: {files.describe_os_error(exc, staging)}") from None
         raise StoreError(f"could not allocate a version for {experiment}/{stage}")
+
+    def _claim(self, target: str) -> bool:
+        """Claim a remote version folder (exclusive create of `v<N>/.claim`): False when another writer has it."""
+        with self._answers(f"claiming {target}"):
+            return exclusive_create(self.fs, f"{target}/{CLAIM}", json.dumps({"by": f"pid {os.getpid()}", "at": now_iso()}).encode())
+
+    def _upload(self, staging: Path, target: str, rels: list[str]) -> None:
+        """Upload a folder's files, the last of `rels` last (exclusive create: the file that makes the folder
+        count, e.g. the manifest). A version's claim stays: removed, it would hand the number to a writer
+        whose listing predates the version (measured: two writers in one v<N>)."""
+        *body, last = rels
+        with self._answers(f"uploading {target}"):
+            if body:
+                self.fs.put([str(staging / rel) for rel in body], [f"{target}/{rel}" for rel in body])
+            if not exclusive_create(self.fs, f"{target}/{last}", (staging / last).read_bytes()):
+                raise StoreError(f"{target}/{last} appeared while this run uploaded it: two writers in one claimed folder; nothing more written")
+
+    def _sweep_remote(self, experiment: str) -> None:
+        """Claimed version folders that never got their manifest (a writer killed mid-upload), removed
+        under the experiment's lease (no other writer of this experiment is running)."""
+        with self._answers(f"sweeping {self.join(experiment)}"):
+            for stage_dir in self._entries(self.join(experiment)):
+                for entry in self._entries(stage_dir):
+                    if _VERSION.match(entry.rsplit("/", 1)[-1]) and not self.fs.exists(f"{entry}/{MANIFEST}"):
+                        log.warning("removing %s: a version claimed by a run that never finished uploading it", entry)
+                        self.fs.rm(entry, recursive=True)
 
     def record_failure(self, staging: Path | None, manifest: dict[str, Any], error: str) -> str:
         """Keep a failed attempt beside the versions (with whatever it wrote, e.g. trajectories)."""
@@ -367,16 +580,18 @@ class Store:
                 target = files.ensure_dir(self.cache, Path(self.stage_path(experiment, stage)) / "failed") / name
                 os.rename(staging, target)
                 return str(target)
-            self.fs.put(str(staging).rstrip("/") + "/", self.join(experiment, stage, "failed", name), recursive=True)
+            remote = self.join(experiment, stage, "failed", name)
+            rels = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file() and not p.is_symlink() and p.name != "error.json")
+            self._upload(staging, remote, [*rels, "error.json"])  # error.json last: `failures` counts an attempt by it
             shutil.rmtree(staging, ignore_errors=True)
-            return self.join(experiment, stage, "failed", name)
+            return remote
         path = self.join(experiment, stage, "failed", name, "error.json")
         if self.local:
             files.write_text(Path(self.root), Path(path), text)
             return path
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with self.fs.open(path, "w") as fh:
-            fh.write(text)
+        with self._answers(f"writing {path}"):
+            with self.fs.open(path, "wb") as fh:
+                fh.write(text.encode())
         return path
 
     def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
@@ -392,9 +607,9 @@ class Store:
         if self.local:
             files.write_text(Path(self.root), Path(path), text)
         else:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            with self.fs.open(path, "w") as fh:
-                fh.write(text)
+            with self._answers(f"writing {path}"):
+                with self.fs.open(path, "wb") as fh:  # one PUT when closed: the object appears whole
+                    fh.write(text.encode())
         return path
 
     def write_record(self, experiment: str, name: str, data: dict[str, Any]) -> str:
@@ -404,8 +619,9 @@ class Store:
         if self.local:
             files.write_text(Path(self.root), Path(path), text)
         else:
-            with self.fs.open(path, "w") as fh:
-                fh.write(text)
+            with self._answers(f"writing {path}"):
+                with self.fs.open(path, "wb") as fh:  # one PUT when closed: readers see the old record or the new one
+                    fh.write(text.encode())
         return path
 
     def read_record(self, experiment: str, name: str) -> Any:
@@ -495,6 +711,11 @@ class Store:
                 self._sweep_staging(experiment)
                 yield
                 return
-            with lease(self.fs, self.join(experiment, ".lease.json"), experiment=experiment, url=self.url, lost=lost_lease(self.url, experiment)):
+            self.probe()
+            with ExitStack() as held:
+                with self._answers(f"taking the lease of {experiment}"):
+                    held.enter_context(lease(self.fs, self.join(experiment, ".lease.json"), experiment=experiment, url=self.url,
+                                             lost=lost_lease(self.url, experiment)))
                 self._sweep_staging(experiment)
+                self._sweep_remote(experiment)
                 yield
