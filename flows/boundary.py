@@ -2,7 +2,7 @@
 
 A deployment run accepts three parameters: `config` (a recipe under the project's `configs/` folder, by
 name or relative path, never an arbitrary path), `experiment` (a name in the store) and `overrides`
-(dotted recipe keys). Overrides are limited to training hyperparameters: `sft.*` and `grpo.*` fields of
+(dotted recipe keys). Overrides are limited to training hyperparameters: `sft.*`, `grpo.*` and `distill.*` fields of
 TRL's configs whose values are numbers, booleans or fixed choices (never a path, a URL, a hub push, vLLM,
 remote code or a logger), and the Regimen sections `dry_run.*`, `smoke.*`, `eval.*`, `cycle.*`,
 `probe.*`, `curriculum.*`. Everything that chooses code or places (`launcher`, `accelerate.*`, `rewards`,
@@ -31,7 +31,7 @@ from regimen.stages.errors import InputError
 SAFE_SECTIONS = ("dry_run", "smoke", "eval", "cycle", "probe", "curriculum")
 OPERATOR_POLICY_IN_SAFE_SECTIONS = ("cycle.guard.",)
 """Keys inside a safe section that are the operator's policy all the same: the guard's action and thresholds."""
-TRL_SECTIONS = ("sft", "grpo")
+TRL_SECTIONS = ("sft", "grpo", "distill")
 # TRL fields that are numbers or switches but still reach out of the run: the network, the hub, other
 # programs, or files.
 _PLACE_OR_CODE = re.compile(r"(hub|push|vllm|remote|report|logging_dir|path|_dir$|file|url|deepspeed|fsdp|accelerator|compile|"
@@ -95,7 +95,7 @@ def check_overrides(overrides: Any, extra: list[str] | None = None) -> dict[str,
         if section in TRL_SECTIONS and field and "." not in field and trl_hyperparameter(section, field):
             continue
         raise InputError(f"overrides: {key!r} is not a UI parameter: it chooses code or places (allowed: training hyperparameters "
-                         f"sft.*, grpo.*, {', '.join(s + '.*' for s in SAFE_SECTIONS)}); the operator can allow it with "
+                         f"sft.*, grpo.*, distill.*, {', '.join(s + '.*' for s in SAFE_SECTIONS)}); the operator can allow it with "
                          f"`regimen serve --allow {key}`")
     return overrides
 

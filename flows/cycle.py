@@ -193,7 +193,9 @@ def preflight(recipe: Recipe) -> dict[str, Any]:
     """Data and rewards checked before anything trains or anything is written (`stages/preflight.py`)."""
     from regimen.stages import preflight as checks
 
-    return checks.check(recipe)
+    summary = checks.check(recipe)
+    summary["doors"] = registry.doors(recipe)  # the stages' own (distill: the teacher resolves, same tokenizer)
+    return summary
 
 
 def run_cycles(recipe: Recipe):
@@ -251,10 +253,12 @@ def _publish_stopped(recipe: Recipe, st: Store, exc: StageStopped) -> None:
 
 
 def teach(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> tuple[dict[str, Any], float]:
-    """The cycle's starting policy and its held-out accuracy (the cycle's baseline): the teach stages
-    where the recipe has a teacher, else the judge on the policy as it is."""
-    if recipe.trains_sft() and registry.in_role("teach"):
-        for name in registry.in_role("teach"):
+    """The cycle's starting policy and its held-out accuracy (the cycle's baseline): the teach stages that
+    apply (SFT where the recipe has a teacher, distillation where it has `distill:`), each from the one
+    before, else the judge on the policy as it is."""
+    teaching = [name for name in registry.in_role("teach") if registry.applies(name, recipe)]
+    if teaching:
+        for name in teaching:
             out = stage(name, recipe, {"policy": policy, "cycle": cycle}, run, cycle)
             policy = out["ref"]
         return policy, out["metrics"]["heldout_accuracy"]

@@ -31,8 +31,8 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
     rows, logs = [], {}
     with st.lock(recipe.experiment), closing(run.presenter):
         policy = base_policy(recipe, st)
-        if recipe.trains_sft():
-            for name in registry.in_role("teach"):
+        for name in registry.in_role("teach"):
+            if registry.applies(name, recipe):
                 policy = stage(name, recipe, {"policy": policy, "cycle": 1}, run)["ref"]
         gates(recipe, policy, run, 1)
         for value, r in zip(values, variants):

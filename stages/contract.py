@@ -67,3 +67,7 @@ class Stage(Protocol):
 
     def run(self, recipe: Any, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:
         """Do the work; write files into `dirs.out`."""
+
+    # Optional: `applies(recipe) -> bool` (the stage runs only for recipes that configure it: sft needs a
+    # teacher, distill a `distill:` section) and `door(recipe)` (its own checks at the run's preflight,
+    # before anything is written; raises InputError naming the field).

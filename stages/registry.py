@@ -7,10 +7,10 @@ Stage modules import only light things at module level, so importing this regist
 
 from __future__ import annotations
 
-from regimen.stages import dry_run, evaluate, grpo, sft, smoke
+from regimen.stages import distill, dry_run, evaluate, grpo, sft, smoke
 from regimen.stages.contract import ROLES, Stage
 
-ORDER: tuple[Stage, ...] = (sft, dry_run, smoke, grpo, evaluate)  # type: ignore[assignment]
+ORDER: tuple[Stage, ...] = (sft, distill, dry_run, smoke, grpo, evaluate)  # type: ignore[assignment]
 STAGES: dict[str, Stage] = {s.NAME: s for s in ORDER}
 NAMES: tuple[str, ...] = tuple(STAGES)
 
@@ -51,3 +51,20 @@ def get(name: str) -> Stage:
 
 def trains(name: str) -> bool:
     return get(name).TRAINS
+
+
+def applies(name: str, recipe) -> bool:
+    """Whether the stage runs for this recipe (a stage without `applies` always does)."""
+    check = getattr(get(name), "applies", None)
+    return bool(check(recipe)) if callable(check) else True
+
+
+def names_for(recipe) -> tuple[str, ...]:
+    """The stages that run for this recipe, in pipeline order (those that apply)."""
+    return tuple(n for n in NAMES if applies(n, recipe))
+
+
+def doors(recipe) -> dict[str, object]:
+    """The stages' own checks at the run's door (`door(recipe)`, for the stages that apply): what each
+    returned. A stage's door raises InputError naming the field."""
+    return {s.NAME: s.door(recipe) for s in ORDER if callable(getattr(s, "door", None)) and applies(s.NAME, recipe)}

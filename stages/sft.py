@@ -16,6 +16,11 @@ TRAINS = True
 KEY_METRICS = ("heldout_accuracy", "traces_kept", "train_loss_last")
 
 
+def applies(recipe) -> bool:
+    """SFT runs when the recipe has a teacher that writes traces (`teacher.kind` not none)."""
+    return recipe.trains_sft()
+
+
 def config_section(recipe) -> dict[str, Any]:
     from regimen.stages.rewards import identity as rewards_identity
     from regimen.stages.tasks.registry import identity

@@ -155,7 +155,7 @@ def test_the_sandbox_reads_in_small_pieces():
 
 def test_stages_never_import_each_other_the_runner_flows_or_prefect():
     stage_modules = {s.__name__ for s in registry.ORDER}
-    assert len(stage_modules) == 5
+    assert len(stage_modules) == 6  # sft, distill, the dry run, the smoke test, grpo, eval
     for name in stage_modules:
         deps = GRAPH[name]
         assert not deps & (stage_modules | {"regimen.stages.runner", "regimen.stages.registry"}), (name, deps)
@@ -169,8 +169,8 @@ def test_stages_never_import_each_other_the_runner_flows_or_prefect():
 def test_one_registry_names_every_stage_and_every_task():
     from regimen.stages.tasks.registry import TASKS
 
-    assert registry.NAMES[:5] == ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
-    assert [registry.in_role(r)[:2] for r in ("teach", "gate", "train")] == [("sft",), ("reward-dry-run", "grpo-smoke"), ("grpo",)]
+    assert registry.NAMES[:6] == ("sft", "distill", "reward-dry-run", "grpo-smoke", "grpo", "eval")
+    assert [registry.in_role(r)[:2] for r in ("teach", "gate", "train")] == [("sft", "distill"), ("reward-dry-run", "grpo-smoke"), ("grpo",)]
     assert registry.judge() == "eval"
     for stage in registry.ORDER:
         assert isinstance(stage.TRAINS, bool) and stage.KEY_METRICS and callable(stage.run) and callable(stage.config_section)
@@ -296,7 +296,7 @@ def test_a_stage_added_to_the_registry_alone_runs_where_its_role_says(tmp_path, 
 
     from regimen.stages.store import Store
 
-    order = (*registry.ORDER[:3], extra_gate_stage, *registry.ORDER[3:])
+    order = (*registry.ORDER[:4], extra_gate_stage, *registry.ORDER[4:])  # after sft, distill and the two built-in gates
     registry.check(order)
     monkeypatch.setattr(registry, "ORDER", order)
     monkeypatch.setattr(registry, "STAGES", {s.NAME: s for s in order})

@@ -72,7 +72,7 @@ def test_an_oracle_teacher_runs_sft_on_conversations(real_model, parquet, tmp_pa
 
     recipe = load_recipe(REAL, overrides(real_model, parquet, store=str(tmp_path / "store"), **{"teacher.kind": "oracle"}))
     results = regimen_cycle_recipe(recipe).results
-    assert [r["stage"] for r in results] == list(registry.NAMES)
+    assert [r["stage"] for r in results] == list(registry.names_for(recipe))
     st = Store(tmp_path / "store")
     sft = st.latest("real-test", "sft")
     assert sft["metrics"]["traces_kept"] > 0 and sft["metrics"]["steps"] == 4

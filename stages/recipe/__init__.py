@@ -206,7 +206,7 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
 
     for section, value in dumped.items():
         given = raw.get(section, _MISSING)
-        if section in ("sft", "grpo"):
+        if section in ("sft", "grpo") or (section == "distill" and value is not None):
             _explain_trl(recipe, section, given, all_fields, emit, lines)
         elif section == "eval" and isinstance(value, dict):
             lines.append("eval:")
@@ -245,6 +245,9 @@ def _explain_trl(recipe: Recipe, section: str, given: Any, all_fields: bool, emi
         if key in shown or key in defaults.RESERVED - {"reward_weights"} or not hasattr(built, key):
             continue
         shown.append(key)
+        if key in given and key in trl.BUILT_BY_REGIMEN and key not in extra:  # kept by Regimen, not handed to TRL's config
+            emit(1, key, getattr(recipe, section)[key], f"recipe; {trl.BUILT_BY_REGIMEN[key]}")
+            continue
         if key in given:
             origin = "recipe"
         elif key in defaults.REGIMEN_DEFAULTS[section]:

@@ -1,5 +1,5 @@
 """Where a recipe's TRL values come from: the recipe, Regimen (a short list, each with its reason), or
-TRL's own `SFTConfig` / `GRPOConfig` defaults (everything else).
+TRL's own `SFTConfig` / `GRPOConfig` / `DistillationConfig` defaults (everything else).
 
 Regimen's defaults are deliberately few. The values tuned for the embedded tiny model (learning rates,
 step counts, 6-token completions) live in `configs/default.yaml` and the other tiny recipes, where a
@@ -22,6 +22,9 @@ REGIMEN_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "beta": (0.04, "Regimen always trains GRPO with a KL penalty that limits drift (TRL's default 0.0 has none)"),
         "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step"),
     },
+    "distill": {
+        "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step"),
+    },
 }
 
 # Fields Regimen sets itself: a recipe value would be ignored, break the stage's file layout, or bypass
@@ -37,6 +40,9 @@ KEY_FIELDS = {
              "generation_batch_size", "steps_per_generation",
              "num_generations", "max_completion_length", "temperature", "top_p", "beta", "loss_type", "scale_rewards", "use_vllm",
              "gradient_checkpointing", "bf16", "logging_steps", "save_steps", "seed", "report_to"),
+    "distill": ("teacher_model_name_or_path", "max_steps", "num_train_epochs", "learning_rate", "lr_scheduler_type", "per_device_train_batch_size",
+                "gradient_accumulation_steps", "max_completion_length", "temperature", "beta", "gradient_checkpointing", "bf16", "logging_steps",
+                "save_steps", "seed", "report_to"),
 }
 
 
@@ -46,6 +52,10 @@ def trl_class(section: str) -> type:
         from trl.trainer.sft_config import SFTConfig
 
         return SFTConfig
+    if section == "distill":
+        from trl import DistillationConfig
+
+        return DistillationConfig
     from trl.trainer.grpo_config import GRPOConfig
 
     return GRPOConfig
@@ -88,6 +98,12 @@ WHY = {"beta": ": Regimen's GRPO stage always trains with a KL penalty that limi
        "temperature": ": sampling at temperature 0 or below is not sampling (GRPO needs varied attempts)"}
 
 
+SECTION_BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
+    ("distill", "beta"): (0, 1, True),  # the divergence itself: 0 forward KL, 1 reverse KL, 0.5 JSD (not GRPO's KL coefficient)
+}
+SECTION_WHY = {("distill", "beta"): ": distill.beta chooses the divergence (0 forward KL, 0.5 JSD, 1 reverse KL)"}
+
+
 def check_number(section: str, key: str, value: Any) -> None:
     """A TRL number the door accepts (see BOUNDS); raises ValueError naming the field."""
     import math
@@ -103,11 +119,12 @@ def check_number(section: str, key: str, value: Any) -> None:
         cpus = os.cpu_count() or 1
         if not 0 <= value <= cpus:
             raise ValueError(f"{section}.{key}: at most {cpus} (this machine's CPUs: a run stays inside its compute slot; got {value})")
-    if key in BOUNDS:
-        low, high, inclusive = BOUNDS[key]
+    bounds = SECTION_BOUNDS.get((section, key)) or BOUNDS.get(key)
+    if bounds:
+        low, high, inclusive = bounds
         if not (low <= value if inclusive else low < value) or value > high:
             lower = f">= {low:g}" if inclusive else f"> {low:g}"
-            why = WHY.get(key, "")
+            why = SECTION_WHY.get((section, key), WHY.get(key, ""))
             raise ValueError(f"{section}.{key}: must be {lower} and <= {high:g} (got {value!r}){why}")
 
 

@@ -1,5 +1,5 @@
 """The recipe's sections: pydantic models with `extra="forbid"` (a typo is an error that names the field),
-frozen once validated. `sft:` and `grpo:` take TRL's own field names and are checked against TRL's
+frozen once validated. `sft:`, `grpo:` and `distill:` take TRL's own field names and are checked against TRL's
 dataclasses; `data:` is validated by the chosen task's own options (`tasks/registry.py`)."""
 
 from __future__ import annotations
@@ -279,6 +279,9 @@ class Recipe(Section):
     dry_run: DryRunSection = DryRunSection()
     smoke: SmokeSection = SmokeSection()
     grpo: dict[str, Any] = Field({}, validate_default=True, description="TRL GRPOConfig fields, resolved: the recipe's over Regimen's defaults")
+    distill: dict[str, Any] | None = Field(None, description="TRL DistillationConfig fields for the on-policy distillation stage (after SFT; "
+                                           "skipped when absent); the teacher is distill.teacher_model_name_or_path: a folder, a hub id, "
+                                           "or champion:<experiment> (that experiment's champion in this store)")
     probe: ProbeSection = ProbeSection()
     eval: EvalSection = EvalSection()
     cycle: CycleSection = CycleSection()
@@ -300,6 +303,24 @@ class Recipe(Section):
     @classmethod
     def _grpo_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
         return defaults.resolve_trl("grpo", defaults.coerce("grpo", v, defaults.trl_fields("grpo"), "TRL's GRPOConfig"))
+
+    @field_validator("distill")
+    @classmethod
+    def _distill_fields(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return None
+        resolved = defaults.resolve_trl("distill", defaults.coerce("distill", v, defaults.trl_fields("distill"), "TRL's DistillationConfig"))
+        teacher = resolved.get("teacher_model_name_or_path")
+        if not isinstance(teacher, str) or not teacher.strip():
+            raise ValueError("distill.teacher_model_name_or_path: name the teacher to distil from: a model folder, a hub id, "
+                             "or champion:<experiment> (the champion of another experiment in this store)")
+        if teacher.startswith("champion:"):
+            import re
+
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", teacher.removeprefix("champion:")):
+                raise ValueError(f"distill.teacher_model_name_or_path {teacher!r}: champion:<experiment> takes an experiment name "
+                                 "(letters, digits, '_', '.' or '-')")
+        return resolved
 
     @field_validator("peft")
     @classmethod
@@ -334,6 +355,9 @@ class Recipe(Section):
             if self.teacher.kind in ("model", "self"):
                 raise ValueError(f"teacher.kind {self.teacher.kind!r}: with an environment only the task's oracle or weak teacher writes traces "
                                  "(a model teacher's episodes are not run yet); use oracle, weak or none")
+            if self.distill is not None:
+                raise ValueError("distill: not with an environment yet: TRL's DistillationTrainer runs tool calls from a list of functions, "
+                                 "not Regimen's environments' episodes (their state, turn limit and episode reward); remove distill: or environment:")
         if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
             raise ValueError(f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none")
         return self
@@ -341,7 +365,7 @@ class Recipe(Section):
     def _within_limits(self) -> None:
         """A recipe asking for more than `limits` allows is refused, naming the field and the limit."""
         lim = self.limits
-        sections = {"sft": self.sft, "grpo": self.grpo, "smoke": {"max_steps": self.smoke.max_steps}}
+        sections = {"sft": self.sft, "grpo": self.grpo, "smoke": {"max_steps": self.smoke.max_steps}, **({"distill": self.distill} if self.distill else {})}
         for section, values in sections.items():
             if section == "sft" and not self.trains_sft():
                 continue
@@ -378,3 +402,7 @@ class Recipe(Section):
 
     def trains_sft(self) -> bool:
         return self.teacher.kind != "none"
+
+    def distills(self) -> bool:
+        """The on-policy distillation stage runs (a `distill:` section is set)."""
+        return self.distill is not None

@@ -30,6 +30,7 @@ BUILT_BY_REGIMEN = {
     "bf16": "training on the CPU",
     "reward_weights": "from rewards[].weight",
     "model_init_kwargs": "from model.dtype",
+    "teacher_model_name_or_path": "Regimen loads the teacher itself (a folder, a hub id, or champion:<experiment> resolved in the store)",
 }
 """Fields this module sets beyond the recipe's section, and why (`regimen check` prints the reasons)."""
 
@@ -65,6 +66,8 @@ def settings(recipe, section: str) -> dict[str, Any]:
         values["use_cpu"] = True
     if values.get("use_cpu"):
         values["bf16"] = False
+    if section == "distill":
+        values.pop("teacher_model_name_or_path", None)  # the stage hands TRL the loaded teacher (see BUILT_BY_REGIMEN)
     if section == "grpo":
         values["reward_weights"] = [spec.weight for spec in recipe.rewards]
         if recipe.model.dtype != "float32":
@@ -73,7 +76,7 @@ def settings(recipe, section: str) -> dict[str, Any]:
 
 
 def config(recipe, section: str):
-    """The recipe's `SFTConfig` (section "sft") or `GRPOConfig` ("grpo"): built once, shared, not to be
+    """The recipe's `SFTConfig` (section "sft"), `GRPOConfig` ("grpo") or `DistillationConfig` ("distill"): built once, shared, not to be
     changed (use `for_stage`). Raises TRL's own ValueError/TypeError for settings TRL rejects."""
     values = settings(recipe, section)
     key = (section, _world(recipe, section), json.dumps(values, sort_keys=True, default=repr))
@@ -110,8 +113,8 @@ class Rejected(ValueError):
 
 
 def check(recipe) -> None:
-    """Build both configs (TRL's validation runs); raise `Rejected` naming the fields TRL refused."""
-    for section in ("sft", "grpo"):
+    """Build the recipe's configs (TRL's validation runs); raise `Rejected` naming the fields TRL refused."""
+    for section in ("sft", "grpo", *(("distill",) if getattr(recipe, "distill", None) is not None else ())):
         try:
             config(recipe, section)
         except (ValueError, TypeError) as exc:
