@@ -482,8 +482,38 @@ ERRORS_ROW = {"tests": [
     "assert find({'a': 1}, 'a') == 1 and check(3) == 3",
 ]}
 
+IN_PLACE = c('''
+    from typing import List
+
+    class Solution:
+        def rotate(self, nums: List[int], k: int) -> None:
+            k %= len(nums)
+            nums[:] = nums[-k:] + nums[:-k]
+
+        def setZeroes(self, matrix: List[List[int]]) -> None:
+            rows = {i for i, r in enumerate(matrix) if 0 in r}
+            cols = {j for r in matrix for j, v in enumerate(r) if v == 0}
+            for i, r in enumerate(matrix):
+                for j in range(len(r)):
+                    if i in rows or j in cols:
+                        r[j] = 0
+
+    def tally(counts, words):
+        for w in words:
+            counts[w] = counts.get(w, 0) + 1
+
+    def dedupe(xs):
+        seen = set()
+        xs[:] = [x for x in xs if not (x in seen or seen.add(x))]
+''')
+IN_PLACE_ROW = {"tests": ["nums = [1, 2, 3, 4, 5, 6, 7]\nSolution().rotate(nums, 3)\nassert nums == [5, 6, 7, 1, 2, 3, 4]",
+                          "m = [[1, 1, 1], [1, 0, 1], [1, 1, 1]]\nSolution().setZeroes(m)\nassert m == [[1, 0, 1], [0, 0, 0], [1, 0, 1]]",
+                          "c = {'a': 1}\ntally(c, ['a', 'b'])\nassert c == {'a': 2, 'b': 1}",
+                          "xs = [3, 1, 3, 2, 1]\nassert dedupe(xs) is None and xs == [3, 1, 2]"]}
+
 CROSSING: dict[str, tuple] = {
     "the_solutions_exception_classes": (ERRORS, ERRORS_ROW),
+    "in_place_changes_of_a_call_that_returns_none": (IN_PLACE, IN_PLACE_ROW),
 }
 
 
@@ -542,3 +572,36 @@ def test_an_exception_class_that_lies_about_its_bases_gains_nothing():
              "try:\n    sub(1, 2)\nexcept Ring:\n    pass\nassert type(Ring).__name__ == 'type' and not Ring.__subclasses__()"]
     result = run_batch([Job(_claiming(claims) + wrong, tests)], workers=1)[0]
     assert result.status == "ok" and result.tests == [False, False, False, True, True], result
+
+
+@needs_isolation
+def test_a_mutation_that_escapes_the_argument_is_not_taken():
+    """Hostile: the solution fills the test's list with objects that equal anything (a plain harness pays
+    for that), or its process answers with states for what the judge did not ask (another argument, a
+    changed type, a value returned beside them): only the test's own mutable arguments are written, with
+    J's decoded data, and a returned value is never mixed with a write-back."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    always_equal = c("""
+        class Eq:
+            def __eq__(self, other):
+                return True
+            __hash__ = object.__hash__
+
+        def rotate(nums, k):
+            nums[:] = [Eq() for _ in nums]
+    """)
+    spoof = c("""
+        import sys
+        _callee = [m for m in sys.modules.values() if hasattr(m, '_call') and hasattr(m, 'serve')][0]
+        def _call(fn, args, kwargs, io_spec):
+            return (None, [(0, {'a': 1}), (1, [9]), ('k', [9]), (True, [9]), (5, [9])]), None, '', 0
+        _callee._call = _call
+        def rotate(nums, k, other=None):
+            pass
+    """)
+    tests = ["nums = [1, 2, 3]\nrotate(nums, 1)\nassert nums == [3, 1, 2]",
+             "nums, other = [1, 2, 3], [0]\nrotate(nums, [7], other=other)\nassert nums == [1, 2, 3] and other == [0]"]
+    eq, spoofed = run_batch([Job(always_equal, tests[:1]), Job(spoof, tests[1:])], workers=1)
+    assert plain_harness(always_equal, {"tests": tests[:1]}) == 1.0  # the plain harness is fooled
+    assert (eq.passed, spoofed.passed) == (0, 1), (eq, spoofed)

@@ -21,7 +21,9 @@ harness:
    method), a method or attribute of a handle, one step of an iterator, one of a few operations (len,
    bool, str, repr, iter, getitem, contains), an expression the tests evaluate (`eval`: routed here by
    the judge, never run in its own process), or one run of the program with its stdin. Results go back
-   as `("ok", value, printed, consumed)` (`value` encoded with handles for what is not plain data;
+   as `("ok", value, printed, consumed)` (`value` encoded with handles for what is not plain data; when
+   the judge asked for the test's mutable arguments back (`writeback`), `(value, their final states)`,
+   the states only when the call returned None;
    `printed`: what the call printed, when the test had redirected its stdout; `consumed`: how much of
    the stdin the test had set the call read), `("raise", class names, message, printed, consumed)`,
    `("bad", why)`, `("stop",)` at the end of an iterator, or `("ran", stdout bytes, status, truncated)`.
@@ -201,6 +203,13 @@ def _call(fn, args: tuple, kwargs: dict, io_spec: object) -> tuple:
         exc = raised
     finally:
         sys.stdout, sys.stdin = saved_out, saved_in
+    keys = io_spec.get("writeback") if type(io_spec) is dict else None
+    if type(keys) is list and exc is None:  # the judge asked for the final state of the test's mutable arguments
+        states = None
+        if value is None:
+            states = [(k, args[k] if type(k) is int else kwargs[k]) for k in keys
+                      if (type(k) is int and 0 <= k < len(args)) or (type(k) is str and k in kwargs)]
+        value = (value, states)
     return value, exc, capture.getvalue() if capture is not None else "", stdin.tell() if stdin is not None else 0
 
 

@@ -100,19 +100,30 @@ class Channel:
             self.fail("the solution's process ended")
             raise SolutionEnded(self.gone) from None
 
-    def request(self, message: tuple, what: str, streams: bool = False, iterating: bool = False) -> object:
+    def request(self, message: tuple, what: str, streams: bool = False, iterating: bool = False, writeback: tuple | None = None) -> object:
         """Send `message`, return the decoded value of S's answer (or raise what S raised). With
         `streams`, the test's redirected stdout and replaced stdin go along (see the module doc). Only
         an iterator's `next` (`iterating`) may end with StopIteration: any other answer "stop" is a
         broken protocol, never a StopIteration that could end a test's loop early."""
         stdin = None
+        keys = _writeback_keys(*writeback) if writeback else []
         if streams:
             io_spec, stdin = _streams()
+            if keys:
+                io_spec["writeback"] = keys
             message = (*message, io_spec)
         self.send(message, what)
         reply = self.recv()
         if type(reply) is tuple and len(reply) == 4 and reply[0] == "ok" and type(reply[2]) is str and type(reply[3]) is int:
             _after(reply[2], reply[3], stdin)
+            if keys and streams:
+                if type(reply[1]) is not tuple or len(reply[1]) != 2:
+                    self.fail("the solution's process sent a malformed answer")
+                    raise SolutionEnded(self.gone)
+                value, states = reply[1]
+                if value is None:
+                    _write_back(*writeback, keys, states)  # type: ignore[misc]
+                return value
             return reply[1]
         if type(reply) is tuple and len(reply) == 5 and reply[0] == "raise" and type(reply[1]) is list and type(reply[2]) is str:
             if type(reply[3]) is str and type(reply[4]) is int:
@@ -126,7 +137,7 @@ class Channel:
         raise SolutionEnded(self.gone)
 
     def call(self, name: str, args: tuple, kwargs: dict) -> object:
-        return self.request(("call", name, args, kwargs), f"{name}()", streams=True)
+        return self.request(("call", name, args, kwargs), f"{name}()", streams=True, writeback=(args, kwargs))
 
     def run(self, stdin: str, limits: tuple, output_limit: int) -> tuple[bytes, int, bool]:
         """One run of the solution's program (programs mode): (stdout, status, truncated)."""
@@ -161,6 +172,35 @@ def _after(printed: str, consumed: int, stdin) -> None:
         sys.stdout.write(printed)
     if stdin is not None and consumed > 0:
         stdin.read(consumed)
+
+
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def _writeback_keys(args: tuple, kwargs: dict) -> list:
+    """The arguments of a call that are the test's own mutable containers: positions, then keyword names."""
+    return [i for i, a in enumerate(args) if type(a) in _MUTABLE] + [k for k, v in kwargs.items() if type(v) in _MUTABLE]
+
+
+def _write_back(args: tuple, kwargs: dict, keys: list, states: object) -> None:
+    """In-place changes: after a call that returned None (LeetCode's `rotate(nums)`: "modify nums in-place"),
+    the final state S reports of each mutable argument, decoded like any answer, is put into the test's
+    own object. Only the arguments J asked about, each keeping its type; nothing else of the test's is
+    reachable, and what comes back is J's decoded data (a handle stays a proxy, compared by identity)."""
+    if type(states) is not list:
+        return
+    for item in states[: len(keys)]:
+        if type(item) is not tuple or len(item) != 2 or type(item[0]) not in (int, str) or item[0] not in keys:
+            continue
+        key, new = item
+        target = args[key] if type(key) is int else kwargs[key]
+        if type(new) is not type(target):
+            continue
+        if type(target) in (list, bytearray):
+            target[:] = new
+        else:
+            target.clear()
+            target.update(new)
 
 
 def _handle_of(x: object) -> tuple[str, int, str]:
@@ -278,7 +318,8 @@ class ObjectProxy:
 
     def __call__(self, *args, **kwargs):
         channel = object.__getattribute__(self, "_channel")
-        return channel.request(("callobj", object.__getattribute__(self, "_number"), args, kwargs), f"{self._name()}()", streams=True)
+        return channel.request(("callobj", object.__getattribute__(self, "_number"), args, kwargs), f"{self._name()}()", streams=True,
+                               writeback=(args, kwargs))
 
     def __len__(self) -> int:
         n = self._op("len")
