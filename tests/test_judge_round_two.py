@@ -511,7 +511,25 @@ IN_PLACE_ROW = {"tests": ["nums = [1, 2, 3, 4, 5, 6, 7]\nSolution().rotate(nums,
                           "c = {'a': 1}\ntally(c, ['a', 'b'])\nassert c == {'a': 2, 'b': 1}",
                           "xs = [3, 1, 3, 2, 1]\nassert dedupe(xs) is None and xs == [3, 1, 2]"]}
 
+ASYNC = c('''
+    import asyncio
+
+    async def double_all(xs):
+        async def one(x):
+            await asyncio.sleep(0)
+            return 2 * x
+        return list(await asyncio.gather(*(one(x) for x in xs)))
+
+    async def refuse(x):
+        raise PermissionError(f"no {x}")
+''')
+ASYNC_ROW = {"tests": ["import asyncio\nassert asyncio.run(double_all([1, 2])) == [2, 4]",
+                       "import asyncio\nasync def main():\n    return await double_all([3]) + await double_all([])\nassert asyncio.run(main()) == [6]",
+                       "import asyncio\ntry:\n    asyncio.run(refuse(1))\nexcept PermissionError as e:\n    assert 'no 1' in str(e)\nelse:\n    raise AssertionError",
+                       "import asyncio\nassert asyncio.run(double_all([1])) == [3]"]}  # a wrong expectation: fails in both
+
 CROSSING: dict[str, tuple] = {
+    "async_def_solution": (ASYNC, ASYNC_ROW),
     "the_solutions_exception_classes": (ERRORS, ERRORS_ROW),
     "in_place_changes_of_a_call_that_returns_none": (IN_PLACE, IN_PLACE_ROW),
 }

@@ -10,7 +10,8 @@ harness:
 1. functions mode: exec the code as a real module named `solution` (in `sys.modules`, so pickling its
    functions works: a `multiprocessing.Pool` in a solution); on an exception (SystemExit too) send
    `("loadfail", exception class names, message)` and exit. Then `("ready", names)`: for every
-   top-level name (dunder names skipped) `(name, "call", None)` for a function, `(name, "module",
+   top-level name (dunder names skipped) `(name, "call", None)` for a function (`"async"` for an `async
+   def`, whose calls S runs to their end with `asyncio.run`, and J gives the tests as coroutines), `(name, "module",
    module_name)`, `(name, "exception", [its class's name and its bases' names])` for an exception class
    (the judge makes a class of its own from the names), or `(name, "data", encoded value)`: plain data, a
    standard-library value type, or a handle (a class, an instance, an iterator: the judge makes a proxy
@@ -86,6 +87,15 @@ def _class_names(exc: BaseException) -> list[str]:
     return names or ["Exception"]
 
 
+def _is_async(fn: object) -> bool:
+    """Whether `fn` is an `async def` function (its calls make coroutines): the judge awaits such calls."""
+    try:
+        code = getattr(fn, "__code__", None)
+        return type(code).__name__ == "code" and bool(code.co_flags & 0x80)  # CO_COROUTINE
+    except Exception:
+        return False
+
+
 def _mro_names(cls: type) -> list:
     """The names of an exception class and of the classes it derives from, up to BaseException."""
     names = []
@@ -136,7 +146,7 @@ def _report(ns: dict, handles: Handles) -> list:
             elif isinstance(value, type) and issubclass(value, BaseException):  # the judge makes a class of its own
                 names.append((name, "exception", _mro_names(value)))
             elif callable(value) and not isinstance(value, type):
-                names.append((name, "call", None))
+                names.append((name, "call", "async" if _is_async(value) else None))
             else:  # data, or a class or an object of the solution's: a handle the judge makes a proxy of
                 payload = wire.encode(value, limit=budget, subclasses=True, handles=handles.add)
                 budget -= len(payload)
@@ -199,6 +209,10 @@ def _call(fn, args: tuple, kwargs: dict, io_spec: object) -> tuple:
     value = exc = None
     try:
         value = fn(*args, **kwargs)
+        if type(value).__name__ == "coroutine" and hasattr(value, "send"):  # an `async def`: run it to its end here
+            import asyncio
+
+            value = asyncio.run(value)
     except Exception as raised:
         exc = raised
     finally:

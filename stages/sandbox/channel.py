@@ -286,6 +286,19 @@ class FunctionProxy:
         return f"<the solution's function {self.__name__}>"
 
 
+class AsyncFunctionProxy(FunctionProxy):
+    """An `async def` of the solution's: a call gives J's own coroutine, which calls it in S when awaited
+    (S runs it to its end), so `await f()` and `asyncio.run(f())` work as with the solution's own."""
+
+    def __call__(self, *args, **kwargs):
+        call = super().__call__
+
+        async def awaited():
+            return call(*args, **kwargs)
+
+        return awaited()
+
+
 class ObjectProxy:
     """An object of the solution's (see the module doc). Its state is read only through `object`'s own
     methods, so no attribute of a proxy is ever looked up in S by J's own code."""

@@ -50,11 +50,11 @@ import sys
 
 try:
     from . import harness, wire
-    from .channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions
+    from .channel import AsyncFunctionProxy, Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions
 except ImportError:  # imported by the server as a top-level module
     import harness  # type: ignore[no-redef]
     import wire  # type: ignore[no-redef]
-    from channel import Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions  # type: ignore[no-redef]
+    from channel import AsyncFunctionProxy, Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions  # type: ignore[no-redef]
 
 INFO_LIMIT = 300
 """Characters of an error description sent to the server per line."""
@@ -241,7 +241,7 @@ _NOTHING = object()
 
 def _solution_value(name: str, kind: str, value: object, channel: Channel):
     if kind == "call":
-        return FunctionProxy(channel, name)
+        return AsyncFunctionProxy(channel, name) if value == "async" else FunctionProxy(channel, name)
     if type(value) is bytes:
         try:
             return wire.decode(value, channel.proxy)
