@@ -528,7 +528,38 @@ ASYNC_ROW = {"tests": ["import asyncio\nassert asyncio.run(double_all([1, 2])) =
                        "import asyncio\ntry:\n    asyncio.run(refuse(1))\nexcept PermissionError as e:\n    assert 'no 1' in str(e)\nelse:\n    raise AssertionError",
                        "import asyncio\nassert asyncio.run(double_all([1])) == [3]"]}  # a wrong expectation: fails in both
 
+DATACLASSES = c('''
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Point:
+        x: int
+        y: int
+        label: str = field(default="", compare=False)
+
+        def norm1(self):
+            return abs(self.x) + abs(self.y)
+
+    @dataclass(frozen=True)
+    class Segment:
+        a: Point
+        b: Point
+
+    def midpoint(p, q):
+        return Point((p.x + q.x) // 2, (p.y + q.y) // 2, label="mid")
+
+    def diagonal(n):
+        return Segment(Point(0, 0), Point(n, n))
+''')
+DATACLASSES_ROW = {"tests": ["assert midpoint(Point(0, 0), Point(2, 4)) == Point(1, 2)",
+                             "assert midpoint(Point(0, 0), Point(2, 4)) != Point(1, 3) and midpoint(Point(0, 0), Point(2, 2)).norm1() == 2",
+                             "assert diagonal(2) == Segment(Point(0, 0), Point(2, 2)) and diagonal(1) != diagonal(2)",
+                             "assert midpoint(Point(0, 0), Point(2, 4)) != (1, 2)",
+                             "assert [diagonal(1)] == [Segment(Point(0, 0), Point(1, 1))]",
+                             "assert diagonal(3) == Segment(Point(0, 0), Point(3, 4))"]}  # wrong: fails in both
+
 CROSSING: dict[str, tuple] = {
+    "dataclass_results_by_value": (DATACLASSES, DATACLASSES_ROW),
     "async_def_solution": (ASYNC, ASYNC_ROW),
     "the_solutions_exception_classes": (ERRORS, ERRORS_ROW),
     "in_place_changes_of_a_call_that_returns_none": (IN_PLACE, IN_PLACE_ROW),
@@ -623,3 +654,31 @@ def test_a_mutation_that_escapes_the_argument_is_not_taken():
     eq, spoofed = run_batch([Job(always_equal, tests[:1]), Job(spoof, tests[1:])], workers=1)
     assert plain_harness(always_equal, {"tests": tests[:1]}) == 1.0  # the plain harness is fooled
     assert (eq.passed, spoofed.passed) == (0, 1), (eq, spoofed)
+
+
+@needs_isolation
+def test_a_dataclass_field_that_equals_anything_is_still_a_proxy():
+    """Hostile: a dataclass whose field is an object equal to anything (a plain harness pays): the field
+    crosses as a handle, so the judge's comparison of the fields is by identity there."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    code = c("""
+        from dataclasses import dataclass
+
+        class Anything:
+            def __eq__(self, other):
+                return True
+            __hash__ = object.__hash__
+
+        @dataclass
+        class Pair:
+            a: object
+            b: object
+
+        def solve(x):
+            return Pair(Anything(), Anything())
+    """)
+    tests = ["assert solve(1) == Pair(1, 2)", "assert solve(1) != Pair(1, 2)"]
+    result = run_batch([Job(code, tests)], workers=1)[0]
+    assert plain_harness(code, {"tests": tests[:1]}) == 1.0  # fooled
+    assert result.tests == [False, True], result

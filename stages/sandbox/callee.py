@@ -60,7 +60,7 @@ HANDLES_LIMIT = 100_000
 """Objects the judge may hold handles to at once."""
 PLAIN_HARNESS_DEPTH = 2
 """Frames a plain harness has under the solution's function: exec's module frame and the test's call."""
-OPS = ("len", "bool", "str", "repr", "iter", "getitem", "contains")
+OPS = ("len", "bool", "str", "repr", "iter", "getitem", "contains", "fields")
 
 
 def _message(exc: BaseException) -> str:
@@ -94,6 +94,18 @@ def _is_async(fn: object) -> bool:
         return type(code).__name__ == "code" and bool(code.co_flags & 0x80)  # CO_COROUTINE
     except Exception:
         return False
+
+
+def _fields(obj: object) -> object:
+    """For an instance of a dataclass that compares by value (`eq=True`): (its class's name, the values of
+    its compared fields, in order), what its generated `__eq__` compares; else None."""
+    import dataclasses
+
+    cls = type(obj)
+    params = getattr(cls, "__dataclass_params__", None)
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type) or params is None or not params.eq:
+        return None
+    return (str.__str__(type.__dict__["__qualname__"].__get__(cls)), [getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare])
 
 
 def _mro_names(cls: type) -> list:
@@ -288,7 +300,7 @@ class Solution:
         if kind == "op" and request[2] in OPS:
             op, args = request[2], request[3]
             fns = {"len": len, "bool": bool, "str": str, "repr": repr, "iter": iter,
-                   "getitem": lambda o, k: o[k], "contains": lambda o, k: k in o}
+                   "getitem": lambda o, k: o[k], "contains": lambda o, k: k in o, "fields": _fields}
             return fns[op], (obj(), *args), {}, None
         if kind == "eval" and request[2] in ("eval", "exec"):
             fn = builtins.eval if request[2] == "eval" else builtins.exec

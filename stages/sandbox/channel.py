@@ -10,9 +10,14 @@ type crosses as a handle, and J makes a proxy of it here:
   what comes back is again decoded by J;
 - an iterator or generator: `IteratorProxy`, each `next` asked of S, so `list(gen())` works.
 
-A proxy is compared by identity only (`==`, `hash` are object's own): J never asks S whether two things
-are equal, so an object whose `__eq__` always says yes cannot reach a comparison; what a proxy gives a
-test is what S could send as plain data anyway (a length, a truth value, a string). A proxy passed back
+A proxy is compared by identity (`==`, `hash` are object's own): J never asks S whether two things are
+equal, so an object whose `__eq__` always says yes cannot reach a comparison; what a proxy gives a test
+is what S could send as plain data anyway (a length, a truth value, a string). One exception, as a
+plain harness compares them: two objects of the solution's dataclasses (`eq=True`) are equal when S
+reports the same class name and the same compared field values for both (`fields`), which J decodes
+and compares itself, so a field that is an object always equal to anything is again a proxy; their
+hash is that of those values. Such a comparison only ever involves two objects of the solution's: one
+of them against the test's own data (a tuple, a number) is never equal. A proxy passed back
 as an argument is sent as its handle, and S uses its own object.
 
 A call also carries the test's standard streams where the test set its own: with `sys.stdout`
@@ -368,6 +373,33 @@ class ObjectProxy:
         if type(value) is not bool:
             raise TypeError(f"`in` of the solution's {self._name()} is not a bool")
         return value
+
+    def _fields(self) -> tuple | None:
+        """(class name, [compared field values]) when S reports the object as a value-compared dataclass."""
+        if isinstance(self, IteratorProxy):
+            return None
+        found = self._op("fields")
+        if type(found) is tuple and len(found) == 2 and type(found[0]) is str and type(found[1]) is list:
+            return found[0], tuple(found[1])
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, ObjectProxy):
+            return NotImplemented
+        mine, theirs = self._fields(), other._fields()
+        if mine is None or theirs is None:
+            return False
+        return mine == theirs
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        found = self._fields() if object.__getattribute__(self, "_channel").gone is None else None
+        return object.__hash__(self) if found is None else hash(found)
 
 
 class IteratorProxy(ObjectProxy):
