@@ -63,7 +63,8 @@ else:
     from .tree import _zygote
 
 _PRELOAD = ("math", "cmath", "re", "collections", "itertools", "functools", "typing", "string", "heapq", "bisect", "operator",
-            "random", "statistics", "fractions", "decimal", "json", "copy", "dataclasses", "hashlib", "datetime", "textwrap", "enum")
+            "random", "statistics", "fractions", "decimal", "json", "copy", "dataclasses", "hashlib", "datetime", "textwrap", "enum",
+            "site")  # site: S adds its exit(), quit() to the builtins for every solution
 
 
 class Server:
