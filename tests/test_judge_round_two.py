@@ -360,9 +360,59 @@ DEEPCODER_PRIME_CALLS = [{"type": "function_call", "fn_name": "area", "input": [
 DEEPCODER_PRIME_CALL_ROW = {"problem": "Area.", "tests": json.dumps(DEEPCODER_PRIME_CALLS)}
 DEEPCODER_TACO_ROW = {"problem": "Sum.", "tests": json.dumps({"inputs": ["3\n1 2 3\n", "2\n5 5\n"], "outputs": ["6\n", "10\n"]})}
 
+KODCODE_PYTEST_TEST = c('''
+    import pytest
+    from solution import word_counts, report, save_report
+
+
+    @pytest.mark.parametrize("text, expected", [
+        ("a b a", {"a": 2, "b": 1}),
+        ("", {}),
+        pytest.param("X x", {"x": 2}, id="case-folded"),
+    ])
+    def test_word_counts(text, expected):
+        assert word_counts(text) == expected
+
+
+    def test_report_prints_sorted(capsys):
+        report({"b": 1, "a": 2})
+        captured = capsys.readouterr()
+        assert captured.out == "a: 2\\nb: 1\\n"
+
+
+    def test_save_report():
+        save_report({"a": 1}, "out.txt")
+        with open("out.txt") as f:
+            assert f.read() == "a: 1\\n"
+
+
+    def test_rejects_none():
+        with pytest.raises(TypeError):
+            word_counts(None)
+''')
+WORDS = c('''
+    from collections import Counter
+
+    def word_counts(text):
+        if not isinstance(text, str):
+            raise TypeError("text must be a string")
+        return dict(Counter(text.lower().split()))
+
+    def report(counts):
+        for word in sorted(counts):
+            print(f"{word}: {counts[word]}")
+
+    def save_report(counts, path):
+        with open(path, "w") as f:
+            for word in sorted(counts):
+                f.write(f"{word}: {counts[word]}\\n")
+''')
+KODCODE_PYTEST_ROW = dict(KODCODE_ROW, question="Count words.", solution=WORDS, test=KODCODE_PYTEST_TEST, test_info=[])
+
 # name: (the answer, the row as the dataset publishes it, the plain harness's way)
 FORMATS: dict[str, tuple] = {
     "kodcode_right": (MERGE, KODCODE_ROW, "pytest"),
+    "kodcode_parametrize_and_capsys_right": (WORDS, KODCODE_PYTEST_ROW, "pytest"),
     "kodcode_partly_wrong": (MERGE_UNSORTED_BUG, KODCODE_ROW, "pytest"),
     "livecodebench_stdin_right": (SUM_PROGRAM, LCB_STDIN_ROW, (LCB_STDIN_PUBLIC + LCB_STDIN_PRIVATE, "")),
     "livecodebench_stdin_wrong": ("input()\nprint(max(map(int, input().split())))\n", LCB_STDIN_ROW, (LCB_STDIN_PUBLIC + LCB_STDIN_PRIVATE, "")),
@@ -682,3 +732,11 @@ def test_a_dataclass_field_that_equals_anything_is_still_a_proxy():
     result = run_batch([Job(code, tests)], workers=1)[0]
     assert plain_harness(code, {"tests": tests[:1]}) == 1.0  # fooled
     assert result.tests == [False, True], result
+
+
+@needs_isolation
+def test_a_kodcode_answer_that_fails_a_parametrized_case_fails_in_both_harnesses(tmp_path):
+    wrong = WORDS.replace("text.lower().split()", "text.split()")  # not case-folded: one parametrized case fails
+    assert plain_pytest(wrong, KODCODE_PYTEST_TEST, tmp_path) < 1.0
+    scores = judge({"wrong": (f"```python\n{wrong}```", wrong, KODCODE_PYTEST_ROW)})
+    assert scores["wrong"] == 0.75  # the parametrized test is one of four; pytest counts its cases apart

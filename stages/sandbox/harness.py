@@ -6,7 +6,11 @@ frameworks collect them, those tests pass too:
 - `unittest.TestCase` classes the snippet defines run as `unittest.main()` would run them (whether or not
   the snippet calls `unittest.main()`, which J answers by running them itself, never by exiting);
 - pytest-style test functions (`def test_*()`) the snippet defines and never calls are called, in order,
-  and so are the `test*` methods of `Test*` classes that are not TestCases (a fresh instance each).
+  and so are the `test*` methods of `Test*` classes that are not TestCases (a fresh instance each); as
+  pytest calls them: once per case of their `@pytest.mark.parametrize` marks (all must pass), skipped
+  under `@pytest.mark.skip`, and given pytest's `capsys` (what the test's calls printed, the
+  solution's prints included) when they ask for it. Other fixtures only pytest can supply, so such
+  tests are refused at the door (`needs_fixtures`).
 
 Strings a test hands to `eval` or `exec` never run in J: J's `eval` gives literals (`ast.literal_eval`)
 itself and sends anything else to the solution's process, where it runs in the solution's namespace and
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import io
 import math
 
@@ -69,7 +74,7 @@ def run_snippet(snippet: str, index: int, ns: dict, tree: ast.Module | None = No
     if uses_unittest and not ran_main:
         _run_test_cases([ns.get(n.name) for n in tree.body if isinstance(n, ast.ClassDef)], ns)
     for fn in _uncalled_test_functions(tree, ns):
-        fn()
+        call_test(fn)
 
 
 def _patch_unittest_main(ns: dict):
@@ -127,13 +132,91 @@ def _uncalled_test_functions(tree: ast.Module, ns: dict) -> list:
             if isinstance(cls, type) and not issubclass(cls, unittest.TestCase):
                 for item in node.body:
                     if isinstance(item, ast.FunctionDef) and item.name.startswith("test"):
-                        out.append(lambda cls=cls, name=item.name: getattr(cls(), name)())
+                        out.append(_Method(cls, item.name))
     return out
 
 
+class _Method:
+    """A test method of a `Test*` class, bound to a fresh instance when it is called."""
+
+    def __init__(self, cls: type, name: str):
+        self.cls, self.name = cls, name
+
+    def bound(self):
+        return getattr(self.cls(), self.name)
+
+
+SUPPLIED_FIXTURES = frozenset({"capsys"})
+"""pytest's built-in fixtures the judge supplies itself (see the module doc)."""
+
+
+class _CapSys:
+    """pytest's `capsys`: `readouterr()` gives what was printed since the last call, as (out, err)."""
+
+    def __init__(self, stack: contextlib.ExitStack):
+        self.out, self.err = io.StringIO(), io.StringIO()
+        stack.enter_context(contextlib.redirect_stdout(self.out))
+        stack.enter_context(contextlib.redirect_stderr(self.err))
+
+    def readouterr(self):
+        import collections
+
+        out, err = self.out.getvalue(), self.err.getvalue()
+        for stream in (self.out, self.err):
+            stream.seek(0)
+            stream.truncate()
+        return collections.namedtuple("CaptureResult", "out err")(out, err)
+
+
+def _marks(fn) -> list:
+    marks = getattr(fn, "pytestmark", None)
+    return list(marks) if isinstance(marks, (list, tuple)) else []
+
+
+def _cases(fn) -> list[dict]:
+    """The keyword arguments of each case of `fn`'s parametrize marks (one empty case without any)."""
+    cases: list[dict] = [{}]
+    for mark in _marks(fn):
+        if getattr(mark, "name", None) != "parametrize":
+            continue
+        args, kwargs = tuple(getattr(mark, "args", ())), dict(getattr(mark, "kwargs", {}))
+        names = args[0] if args else kwargs.get("argnames")
+        values = args[1] if len(args) > 1 else kwargs.get("argvalues", [])
+        names = [n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else list(names)
+        rows = []
+        for value in values:
+            if type(value).__name__ == "ParameterSet":  # pytest.param(...)
+                value = tuple(value.values)
+            elif len(names) == 1:
+                value = (value,)
+            rows.append(dict(zip(names, value)))
+        cases = [{**case, **row} for case in cases for row in rows]
+    return cases
+
+
+def call_test(test) -> None:
+    """Call a pytest-style test as pytest would (see the module doc); raises what made a case fail."""
+    import inspect
+
+    fn = test.bound() if isinstance(test, _Method) else test
+    if any(getattr(m, "name", None) == "skip" for m in _marks(fn)):
+        return
+    try:
+        wanted = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        wanted = []
+    for case in _cases(fn):
+        with contextlib.ExitStack() as stack:
+            kwargs = {k: v for k, v in case.items() if k in wanted}
+            if "capsys" in wanted and "capsys" not in kwargs:
+                kwargs["capsys"] = _CapSys(stack)
+            (test.bound() if isinstance(test, _Method) else fn)(**kwargs)
+
+
 def needs_fixtures(snippets: list[str]) -> str | None:
-    """The first pytest-style test function that takes arguments (fixtures, parametrize): such a test
-    cannot run outside pytest, so its row is refused at the door. None when there is none."""
+    """The first pytest-style test function that takes arguments the judge cannot give it (fixtures other
+    than `SUPPLIED_FIXTURES`, not named by its parametrize marks): such a test cannot run outside pytest,
+    so its row is refused at the door. None when there is none."""
     for snippet in snippets:
         try:
             tree = ast.parse(snippet)
@@ -142,10 +225,24 @@ def needs_fixtures(snippets: list[str]) -> str | None:
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
                 a = node.args
-                required = len(a.posonlyargs) + len(a.args) - len(a.defaults) + sum(1 for d in a.kw_defaults if d is None)
-                if required > 0:
+                positional = [x.arg for x in a.posonlyargs + a.args]
+                required = positional[: len(positional) - len(a.defaults)] + [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+                if set(required) - _parametrized(node) - SUPPLIED_FIXTURES:
                     return node.name
     return None
+
+
+def _parametrized(node: ast.FunctionDef) -> set[str]:
+    """The argument names a test function's `parametrize` decorators give it."""
+    names: set[str] = set()
+    for d in node.decorator_list:
+        if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "parametrize" and d.args:
+            first = d.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names |= {n.strip() for n in first.value.split(",") if n.strip()}
+            elif isinstance(first, (ast.List, ast.Tuple)):
+                names |= {e.value for e in first.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return names
 
 
 def same_output(got: bytes, expected: str, float_tolerance: float | None = None) -> bool:
