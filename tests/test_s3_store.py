@@ -215,3 +215,25 @@ def test_a_bucket_that_ignores_conditional_writes_is_named_before_training(s3_en
     assert s3_env.client().find(bucket) == []
     monkeypatch.setattr(s3fs.S3FileSystem, "open", plain_open)
     check_store(f"s3://{bucket}/other")  # the real server does
+
+
+def test_a_lease_whose_process_is_gone_from_this_machine_is_taken_over_at_once_another_machines_is_not(s3_env, bucket, tmp_path):
+    import subprocess as sp
+
+    from regimen.stages.store.lock import _machine
+
+    url = f"s3://{bucket}/r"
+    fs = s3_env.client()
+    dead = sp.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    far_future = 4_000_000_000
+    fs.pipe_file(f"{bucket}/r/exp/.lease.json", json.dumps({"owner": f"pid {dead.pid} on this machine", "token": "t", "expires": far_future,
+                                                           "machine": _machine(), "pid": dead.pid, "pid_started": 1.0}).encode())
+    store = Store(url, cache_dir=tmp_path / "a")
+    with store.lock("exp"):  # the crashed run's lease: its process is gone, no waiting for the expiry
+        assert json.loads(fs.cat_file(f"{bucket}/r/exp/.lease.json"))["token"] != "t"
+    fs.pipe_file(f"{bucket}/r/exp/.lease.json", json.dumps({"owner": "pid 1 on another-host", "token": "t", "expires": far_future,
+                                                           "machine": "another-host:boot:1", "pid": dead.pid, "pid_started": 1.0}).encode())
+    with pytest.raises(ExperimentBusy, match=r"\(pid 1 on another-host\)"):
+        with store.lock("exp"):
+            pass

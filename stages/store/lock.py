@@ -7,7 +7,10 @@ Experiment lock.
   exclusive mode (`"xb"`: a conditional create on S3 and GCS; O_EXCL locally), holding an owner, a token
   and an expiry that a heartbeat thread extends every `ttl/3` seconds. A second machine's create fails,
   and it is refused with the holder named. A crashed holder stops renewing; once its lease has expired
-  the next run removes it and creates its own. The local cache also takes the file lock, so two runs on
+  the next run removes it and creates its own. A lease also names the machine (hostname, boot id and PID
+  namespace) and the process (pid and its start time): a run on that same machine takes over at once a
+  lease whose process is gone (a rerun after a crash does not wait for the expiry); any other machine
+  waits for the expiry, since it cannot see the holder's processes. The local cache also takes the file lock, so two runs on
   one machine are refused the same way.
 
 Record lock (`record_lock`): the experiment's records (champion.json) are changed by a run's decision and
@@ -64,6 +67,42 @@ def _now() -> float:
 
 def _owner() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+
+
+def _machine() -> str:
+    """This machine as a lease names it: hostname, kernel boot id and PID namespace (two containers on one
+    host share the hostname, not the PID namespace: neither may judge the other's pids)."""
+    parts = [socket.gethostname()]
+    try:
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        return ""  # no way to tell this machine apart: never judge a holder by its pid
+    return ":".join(parts)
+
+
+def _process_started(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError, OverflowError):
+        return None
+    except psutil.AccessDenied:
+        return 0.0
+
+
+def _holder_gone(record: dict) -> bool:
+    """Whether a lease's holder was a process of this machine that no longer runs (or whose pid another
+    process now has)."""
+    machine = _machine()
+    if not machine or record.get("machine") != machine or not isinstance(record.get("pid"), int):
+        return False
+    started = _process_started(record["pid"])
+    if started is None:
+        return True
+    recorded = record.get("pid_started")
+    return bool(started) and isinstance(recorded, (int, float)) and abs(started - recorded) > 1.0
 
 
 def _busy(experiment: str, url: str, holder: str) -> ExperimentBusy:
@@ -150,7 +189,8 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
                     "experiment in the same instant could both proceed", url, "/".join(sorted(protocols)))
 
     def create() -> bool:
-        record = {"owner": _owner(), "token": token, "expires": _now() + ttl_s}
+        record = {"owner": _owner(), "token": token, "expires": _now() + ttl_s, "machine": _machine(), "pid": os.getpid(),
+                  "pid_started": _process_started(os.getpid())}
         return exclusive_create(fs, path, json.dumps(record).encode())
 
     if not create():
@@ -158,9 +198,11 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
             current = json.loads(fs.cat_file(path))
         except Exception:  # noqa: BLE001 - unreadable or vanished: treat as expired
             current = {"expires": 0, "owner": "unreadable lease"}
-        if float(current.get("expires", 0)) > _now():
+        gone = _holder_gone(current)
+        if float(current.get("expires", 0)) > _now() and not gone:
             raise _busy(experiment, url, str(current.get("owner", "")))
-        log.warning("taking over an expired lease of %s (%s)", experiment, current.get("owner"))
+        log.warning("taking over the lease of %s (%s): %s", experiment, current.get("owner"),
+                    "its process is gone from this machine" if gone else "it expired")
         try:
             fs.rm_file(path)
         except FileNotFoundError:
