@@ -137,6 +137,10 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
         "started_at": now_iso(),
     }
     dirs = StageDirs(out=store.staging_dir(experiment, stage), checkpoints=store.work_dir(experiment, stage, fp), progress=progress)
+    if module.TRAINS:  # a remote store's newest checkpoint, when this host has nothing as new (another host trained)
+        from regimen.stages.training.checkpoints import fetch_remote
+
+        fetch_remote(dirs.checkpoints)
     device = _device(recipe, module)
     manifest["device"] = device["device"]
     manifest["torch_cpu_capability"] = cpu_capability()  # which float kernels torch chose: a tiny model's training depends on it
@@ -171,7 +175,7 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
         _record_failure(store, dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
         raise StageStopped(stage, output.diagnosis or "the stage reported failure")
     committed = store.commit(dirs.out, manifest)
-    shutil.rmtree(dirs.checkpoints, ignore_errors=True)  # checkpoints are only for resuming
+    store.drop_work(experiment, stage, fp)  # checkpoints are only for resuming (here and in a remote store's bucket)
     return StageResult(committed, False, wall, store.local_path(committed), damaged or None)
 
 

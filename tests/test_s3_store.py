@@ -1,14 +1,22 @@
 """The store in a real S3 bucket (SeaweedFS through s3fs, `tests/s3_server.py`): versions appear whole or
 not at all and never share a number, digests are checked as files come into the local cache, the lease
 and the record lock hold across processes, and a bad bucket, bad credentials, an unreachable endpoint or
-a bucket that ignores conditional writes are each one line naming the bucket, before anything is written."""
+a bucket that ignores conditional writes are each one line naming the bucket, before anything is written.
+End to end: `regimen run` SIGKILLed mid-GRPO on host A resumes on host B (its own HOME, REGIMEN_CACHE and
+TMPDIR, so nothing but the bucket in common) from the newest checkpoint A uploaded; a third run while B
+trains is refused naming B; the champion is exported from the bucket by a host that never ran anything."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +24,10 @@ import pytest
 from regimen.stages.errors import InputError, StoreError
 from regimen.stages.store import MANIFEST, ExperimentBusy, Store
 
-pytest_plugins = ["s3_server"]
+pytest.register_assert_rewrite("prefect_ops")
+from prefect_ops import ROOT, bin_path, stop, tail  # noqa: E402
+
+pytest_plugins = ["prefect_ops", "s3_server"]
 
 
 def manifest(stage="sft", key="k1", **extra):
@@ -237,3 +248,199 @@ def test_a_lease_whose_process_is_gone_from_this_machine_is_taken_over_at_once_a
     with pytest.raises(ExperimentBusy, match=r"\(pid 1 on another-host\)"):
         with store.lock("exp"):
             pass
+
+
+def fake_checkpoint(work: Path, step: int) -> Path:
+    from regimen.stages.training.checkpoints import MARKER
+
+    ckpt = work / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(bytes([step % 256]) * 3000)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (ckpt / "sub").mkdir()
+    (ckpt / "sub" / "rng.pth").write_bytes(b"r" * step)
+    (ckpt / MARKER).write_text(json.dumps({"step": step}))
+    return ckpt
+
+
+def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_on_a_fresh_host(s3_env, bucket, tmp_path):
+    from regimen.stages.store import work as mirror
+    from regimen.stages.training.checkpoints import MARKER, complete_checkpoints, fetch_remote
+
+    url = f"s3://{bucket}/r"
+    a = Store(url, cache_dir=tmp_path / "host-a").work_dir("exp", "grpo", "f" * 64)
+    for step in (10, 20, 30):
+        assert mirror.push(a, fake_checkpoint(a, step), MARKER, keep=2)
+    fs = s3_env.client()
+    key = f"{bucket}/r/exp/grpo/work/{'f' * 16}"
+    assert mirror.remote_checkpoints(fs, key, MARKER) == ([20, 30], [])  # save_total_limit 2: checkpoint-10 pruned
+    assert json.loads(fs.cat_file(f"{key}/checkpoint-30/{MARKER}"))["files"]["sub/rng.pth"]
+    fs.pipe_file(f"{key}/checkpoint-40/model.safetensors", b"torn upload: no marker")  # a host killed mid-upload
+    assert mirror.remote_checkpoints(fs, key, MARKER) == ([20, 30], [40])
+
+    b = Store(url, cache_dir=tmp_path / "host-b").work_dir("exp", "grpo", "f" * 64)  # a host that has never seen the run
+    assert complete_checkpoints(b) == []
+    assert fetch_remote(b) == 30
+    assert [s for s, _ in complete_checkpoints(b)] == [30]
+    assert (b / "checkpoint-30" / "model.safetensors").read_bytes() == (a / "checkpoint-30" / "model.safetensors").read_bytes()
+    assert fetch_remote(b) is None  # nothing newer in the bucket
+
+    fs.pipe_file(f"{key}/checkpoint-30/model.safetensors", b"X" * 3000)  # damaged in the bucket: the one before is used
+    c = Store(url, cache_dir=tmp_path / "host-c").work_dir("exp", "grpo", "f" * 64)
+    assert fetch_remote(c) == 20 and [s for s, _ in complete_checkpoints(c)] == [20]
+    assert not list(c.glob(".pull-*"))
+
+    Store(url, cache_dir=tmp_path / "host-c").drop_work("exp", "grpo", "f" * 64)  # the committed stage's work goes
+    assert mirror.remote_checkpoints(fs, key, MARKER) == ([], []) and not c.exists()
+
+
+# -- end to end: the CLI on two "hosts" (separate HOME, REGIMEN_CACHE, TMPDIR) sharing one bucket -----------
+
+EXP = "s3resume"
+MAX_STEPS, SAVE_STEPS = 240, 20
+
+
+def host(tmp: Path, name: str, prefect_server, s3_server, **extra: str) -> dict[str, str]:
+    """A machine of its own as far as Regimen can tell: its home, its cache, its temporary folder."""
+    dirs = {k: tmp / name / k for k in ("home", "cache", "tmp", "xdg", "hf")}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return prefect_server.client_env(HOME=str(dirs["home"]), REGIMEN_CACHE=str(dirs["cache"]), TMPDIR=str(dirs["tmp"]),
+                                     XDG_CACHE_HOME=str(dirs["xdg"]), HF_DATASETS_CACHE=str(dirs["hf"]), **s3_server.env(), **extra)
+
+
+def regimen(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as fh:
+        return subprocess.Popen([bin_path("regimen"), *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_args(url: str) -> list[str]:
+    return ["run", "tests/tiny.yaml", "--store", url, "--experiment", EXP, "--set", f"grpo.max_steps={MAX_STEPS}", "--set", f"grpo.save_steps={SAVE_STEPS}"]
+
+
+def bucket_checkpoints(fs, bucket: str) -> list[int]:
+    from regimen.stages.training.checkpoints import MARKER
+
+    return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in fs.glob(f"{bucket}/r/{EXP}/grpo/work/*/checkpoint-*/{MARKER}"))
+
+
+def versions(fs, bucket: str, stage: str) -> dict[str, str]:
+    """v<N> -> the sha256 of its manifest, for the versions with one."""
+    out = {}
+    for key in fs.glob(f"{bucket}/r/{EXP}/{stage}/v*/manifest.json"):
+        out[key.split("/")[-2]] = hashlib.sha256(fs.cat_file(key)).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_hosts(prefect_server, s3_server, tmp_path_factory):
+    """Host A runs the tiny recipe against the bucket and is SIGKILLed mid-GRPO once a checkpoint has
+    reached the bucket; host B (empty cache) reruns it; while B trains GRPO (B paused with SIGSTOP so it
+    cannot finish first), host C's run of the same experiment is refused; then B finishes."""
+    tmp = tmp_path_factory.mktemp("two-hosts")
+    bucket = s3_server.make_bucket()
+    url = f"s3://{bucket}/r"
+    fs = s3_server.client()
+    info: dict = {"tmp": tmp, "bucket": bucket, "url": url}
+
+    a = regimen(run_args(url), host(tmp, "a", prefect_server, s3_server), tmp / "a.log")
+    try:
+        t0 = time.monotonic()
+        while len(bucket_checkpoints(fs, bucket)) < 2:  # two: the resume must take the newest
+            assert a.poll() is None, f"host A ended (exit {a.returncode}) before two checkpoints reached the bucket:\n{tail(tmp / 'a.log')}"
+            assert time.monotonic() - t0 < 300, "no GRPO checkpoints in the bucket after 300 s"
+            time.sleep(0.02)
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait(30)
+    finally:
+        stop(a)
+    info["killed_rc"] = a.returncode
+    info["in_bucket_at_kill"] = bucket_checkpoints(fs, bucket)
+    info["grpo_versions_after_kill"] = versions(fs, bucket, "grpo")
+    info["earlier"] = {stage: versions(fs, bucket, stage) for stage in ("sft", "reward-dry-run", "grpo-smoke")}
+
+    env_b = host(tmp, "b", prefect_server, s3_server)
+    b = regimen(run_args(url), env_b, tmp / "b.log")
+    try:
+        while max(bucket_checkpoints(fs, bucket), default=0) <= info["in_bucket_at_kill"][-1]:  # B uploads a checkpoint of its own
+            assert b.poll() is None, f"host B ended (exit {b.returncode}) before it saved a GRPO checkpoint:\n{tail(tmp / 'b.log')}"
+            time.sleep(0.02)
+        os.killpg(b.pid, signal.SIGSTOP)  # so the refusal below is of a run that is still training, whatever the timing
+        try:
+            c = regimen(run_args(url), host(tmp, "c", prefect_server, s3_server), tmp / "c.log")
+            info["c_rc"] = c.wait(240)
+        finally:
+            os.killpg(b.pid, signal.SIGCONT)
+        info["b_pid"] = b.pid
+        info["b_paused_at"] = max(bucket_checkpoints(fs, bucket))
+        info["b_rc"] = b.wait(400)
+    finally:
+        stop(b)
+    info["after"] = {stage: versions(fs, bucket, stage) for stage in ("sft", "reward-dry-run", "grpo-smoke")}
+    info["work_left"] = fs.glob(f"{bucket}/r/{EXP}/grpo/work/*/checkpoint-*/*")
+    return info
+
+
+@pytest.mark.slow
+def test_killed_on_host_a_resumed_on_host_b_from_the_bucket(two_hosts, s3_env):
+    info = two_hosts
+    assert info["killed_rc"] == -signal.SIGKILL
+    assert info["in_bucket_at_kill"] and info["grpo_versions_after_kill"] == {}  # nothing half-written is a version
+    assert info["b_rc"] == 0, tail(info["tmp"] / "b.log")
+    store = Store(info["url"], cache_dir=info["tmp"] / "reader")
+    [grpo] = store.versions(EXP, "grpo")
+    # host B's cache was empty: the checkpoint it resumed from came from the bucket, the newest complete one
+    assert grpo["resumed_from_step"] == info["in_bucket_at_kill"][-1] > 0
+    assert grpo["metrics"]["steps"] == MAX_STEPS and grpo["metrics"]["steps_run"] == MAX_STEPS - grpo["resumed_from_step"]
+    assert info["b_paused_at"] < MAX_STEPS  # the third run was refused while B had GRPO steps left
+    assert info["after"] == info["earlier"]  # SFT, the dry run and the smoke test reused from the bucket, untouched
+    assert all(store.verify(m) == [] for stage in ("sft", "grpo", "eval") for m in store.versions(EXP, stage))
+    assert info["work_left"] == []  # the committed stage's checkpoints left the bucket
+    print(f"\nhost A killed with GRPO checkpoints {info['in_bucket_at_kill']} of {MAX_STEPS} steps in the bucket; host B "
+          f"(empty cache) resumed from {grpo['resumed_from_step']} and trained {grpo['metrics']['steps_run']} steps")
+
+
+@pytest.mark.slow
+def test_a_third_run_while_b_trains_is_refused_at_once_naming_the_holder(two_hosts):
+    log = (two_hosts["tmp"] / "c.log").read_text(errors="replace")
+    assert two_hosts["c_rc"] == 1, log[-3000:]
+    assert re.search(rf"experiment '{EXP}' in store {two_hosts['url']} is already being run by another process \(pid {two_hosts['b_pid']} on ", log), log[-3000:]
+    assert not re.search(r"\d+/\d+ \[", log)  # no training progress at all: refused before anything ran
+
+
+@pytest.mark.slow
+def test_export_from_the_bucket_on_a_host_that_never_ran_it(two_hosts, prefect_server, s3_server, s3_env):
+    tmp = two_hosts["tmp"]
+    out = tmp / "exported"
+    proc = regimen(["export", EXP, str(out), "--store", two_hosts["url"]], host(tmp, "d", prefect_server, s3_server), tmp / "export.log")
+    assert proc.wait(240) == 0, tail(tmp / "export.log")
+    champion = json.loads(s3_server.client().cat_file(f"{two_hosts['bucket']}/r/{EXP}/champion.json"))["champion"]
+    ref = champion["policy_ref"]
+    [m] = [m for m in Store(two_hosts["url"], cache_dir=tmp / "reader2").versions(EXP, ref["stage"]) if m["version"] == ref["version"]]
+    assert hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() == m["files"]["model/model.safetensors"]
+
+
+BAD = {
+    "missing-bucket": (lambda s, b: ({}, "s3://no-such-bucket-e2e/r"), 2, r"^error: store s3://no-such-bucket-e2e/r \(bucket 'no-such-bucket-e2e' at http://127\.0\.0\.1:\d+\): the bucket does not exist"),
+    "wrong-credentials": (lambda s, b: ({"AWS_SECRET_ACCESS_KEY": "wrong"}, f"s3://{b}/r"), 2, r"^error: store s3://\S+ \(bucket '\S+' at http://127\.0\.0\.1:\d+\): the credentials were refused"),
+    "unreachable-endpoint": (lambda s, b: ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, f"s3://{b}/r"), 1, r"^stopped: store s3://\S+ \(bucket '\S+' at http://127\.0\.0\.1:9\): the endpoint cannot be reached"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_bucket_is_one_line_with_its_exit_code_and_nothing_written(case, prefect_server, s3_server, tmp_path):
+    bucket = s3_server.make_bucket()
+    make, code, pattern = BAD[case]
+    extra, url = make(s3_server, bucket)
+    env = host(tmp_path, "h", prefect_server, s3_server)
+    env.update(extra)
+    proc = regimen(["run", "tests/tiny.yaml", "--store", url, "--experiment", EXP], env, tmp_path / "run.log")
+    rc = proc.wait(240)
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    assert rc == code, log[-3000:]
+    [line] = [ln for ln in log.splitlines() if ln.startswith(("error:", "stopped:"))]
+    assert re.search(pattern, line), line
+    assert "Traceback" not in log
+    fs = s3_server.client()
+    assert fs.find(bucket) == [] and "no-such-bucket-e2e" not in fs.ls("")

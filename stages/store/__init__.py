@@ -50,7 +50,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from regimen.stages.errors import InputError, RegimenError, StoreError
-from regimen.stages.store import files, schemas
+from regimen.stages.store import files, schemas, work
 from regimen.stages.store.lock import ExperimentBusy, exclusive_create, file_lock, lease, probe_conditional_create, record_lock
 
 log = logging.getLogger("regimen.store")
@@ -182,8 +182,8 @@ class Store:
                               "nothing was written")
         if names & {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError", "ClientConnectorError"} \
                 or isinstance(exc, (ConnectionError, TimeoutError)):
-            return StoreError(f"{where}: the endpoint cannot be reached while {doing} ({text}); check AWS_ENDPOINT_URL and the network; "
-                              "nothing was written")
+            return StoreError(f"{where}: the endpoint cannot be reached while {doing} ({type(exc).__name__}); check AWS_ENDPOINT_URL and the "
+                              "network; nothing was written")
         return StoreError(f"{where}: {doing} failed: {type(exc).__name__}: {text}")
 
     def _asked(self) -> str:
@@ -259,7 +259,15 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot secure {d}: {files.describe_os_error(exc, d)}") from None
         files.check_tree_no_links(d)  # a planted `checkpoint-N` link would take the Trainer's writes elsewhere
+        if not self.local:  # checkpoints go to the bucket too, so another host can resume (`work.py`)
+            work.link(d, self.url, self.join(experiment, stage, "work", key[:16]))
         return d
+
+    def drop_work(self, experiment: str, stage: str, key: str) -> None:
+        """A committed stage's work folder is no longer needed: here, and in the bucket."""
+        shutil.rmtree(self.local_stage_dir(experiment, stage) / "work" / key[:16], ignore_errors=True)
+        if not self.local:
+            work.drop(self.fs, self.join(check_name(experiment), stage, "work", key[:16]))
 
     def experiment_dir(self, experiment: str, *sub: str) -> Path:
         """A local folder for the experiment's presentation files (`plots`, `sweeps/<tag>`), links refused."""

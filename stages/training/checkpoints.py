@@ -4,11 +4,17 @@ A checkpoint counts only once a marker file is written after the Trainer finishe
 process killed mid-write leaves a torn folder that is ignored (the previous checkpoint is used).
 When the last good checkpoint is already at `max_steps`, `resume_from_checkpoint` would train one
 extra step (measured): the stage is finished from that checkpoint's weights instead.
+
+In a remote store (a bucket) each marked checkpoint is also uploaded by the main process, its marker
+last, and pruned there as `save_total_limit` says (`store/work.py`); before a stage runs, a host whose
+work folder has nothing as new as the bucket's newest complete checkpoint downloads it (`fetch_remote`),
+so any host resumes where the last one stopped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -40,7 +46,34 @@ class MarkComplete(TrainerCallback):
 
                 check_tree_no_links(ckpt)
                 (ckpt / MARKER).write_text(json.dumps({"step": state.global_step}))
+                _push(Path(args.output_dir), ckpt, args.save_total_limit)
         return control
+
+
+def _push(work: Path, ckpt: Path, keep: int | None) -> None:
+    """Upload a marked checkpoint to the store's bucket (when the work folder is mirrored there). A failed
+    upload is logged, never the training's failure: this host can still resume; others cannot, and say so."""
+    from regimen.stages.store import work as mirror
+
+    try:
+        mirror.push(work, ckpt, MARKER, keep)
+    except Exception as exc:  # noqa: BLE001 - training goes on; the checkpoint is kept locally
+        logging.getLogger("regimen.training").error("could not upload %s to the store (%s); another host could not resume from it",
+                                                    ckpt.name, str(exc)[:200])
+
+
+def fetch_remote(output_dir: Path) -> int | None:
+    """Before training: download the bucket's newest complete checkpoint when this work folder has none as
+    new (a host that has never seen the run), checked against its digests. Returns its step, or None."""
+    from regimen.stages.store import work as mirror
+
+    last = last_checkpoint(output_dir)
+    try:
+        return mirror.pull(Path(output_dir), MARKER, last[0] if last else None)
+    except Exception as exc:  # noqa: BLE001 - resuming from what this host has (or from the start) is still right
+        logging.getLogger("regimen.training").warning("could not fetch checkpoints from the store (%s); resuming from this host's own",
+                                                      str(exc)[:200])
+        return None
 
 
 def complete_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
