@@ -195,12 +195,19 @@ def unit_tests_reward(
             jobs.append(job)
         return jobs
 
+    checked: set[str] = set()  # job keys already let through the door's checks (GRPO sees each row many times)
+
     def refuse(job: sandbox.Job, where: str) -> None:
+        key = _key(job)
+        if key in checked:
+            return
         if not allow_eval and (found := evaluates(job.tests + [job.setup or ""])):
             raise InputError(f"{name}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text would run as the "
                              "judge; refused (the reward's `allow_eval: true` runs such strings in the solution's process instead)")
         if fixture := needs_fixtures(job.tests):
-            raise InputError(f"{name}: {where}: its test {fixture}() takes arguments (pytest fixtures or parameters), which only pytest can supply; refused")
+            raise InputError(f"{name}: {where}: its test {fixture}() takes arguments (pytest fixtures other than capsys, or parameters no parametrize mark gives), "
+                             "which only pytest can supply; refused")
+        checked.add(key)
 
     def baseline(jobs: list[sandbox.Job]) -> None:
         """How much of each new row's tests an empty program passes (`pays_anything`)."""

@@ -37,7 +37,8 @@ A row with none of them has no opinion from `unit_tests` (None).
 At the door (`door`), before anything trains, every row is checked: tests that evaluate strings
 (`eval`, `exec`, `compile`, `pickle`/`marshal` loads) are refused unless the reward allows them
 (`allow_eval`: those strings then run in the solution's process, never the judge's); pytest-style tests
-that need fixtures are refused (they cannot run outside pytest); and rows whose tests pass with no
+that need fixtures other than `capsys` are refused (they cannot run outside pytest; parametrized ones
+run once per case); and rows whose tests pass with no
 solution at all (an empty program) are reported: they pay anything. The reward leaves those out (None).
 """
 
