@@ -188,6 +188,21 @@ NUMPY_ANSWER = c("""
         window = np.ones(k) / k
         return np.convolve(np.asarray(xs, dtype=float), window, mode="valid").tolist()
 """)
+NUMPY_SCALARS = c("""
+    import numpy as np
+
+    def count_positive(xs):
+        return np.sum(np.asarray(xs) > 0)
+
+    def is_sorted(xs):
+        return np.all(np.diff(xs) >= 0)
+
+    def summary(xs):
+        a = np.asarray(xs)
+        return {"max": a.max(), "argmax": a.argmax(), "mean": a.mean()}
+""")
+NUMPY_SCALARS_ROW = {"tests": ["assert count_positive([1, -2, 3]) == 2", "assert is_sorted([1, 2, 2]) == True and not is_sorted([2, 1])",
+                               "assert summary([1, 5, 3]) == {'max': 5, 'argmax': 1, 'mean': 3.0}", "assert count_positive([]) == 1"]}  # last: wrong in both
 PYTEST_ROW = {"tests": [c("""
     import pytest
 
@@ -209,11 +224,12 @@ def test_the_solution_may_import_the_packages_the_operator_allows_and_tests_may_
 
     items = {"numpy_allowed": (f"```python\n{NUMPY_ANSWER}```", NUMPY_ANSWER, NUMPY_ROW),
              "pytest_raises_and_approx": (f"```python\n{MEAN}```", MEAN, PYTEST_ROW),
-             "pytest_wrong": (f"```python\n{MEAN_WRONG}```", MEAN_WRONG, PYTEST_ROW)}
+             "pytest_wrong": (f"```python\n{MEAN_WRONG}```", MEAN_WRONG, PYTEST_ROW),
+             "numpy_scalars_returned": (f"```python\n{NUMPY_SCALARS}```", NUMPY_SCALARS, NUMPY_SCALARS_ROW)}
     scores = judge(items, unit_tests_reward(packages=["numpy"]))
     for name, (_, answer, columns) in items.items():
         assert scores[name] == plain_harness(answer, columns), name
-    assert scores == {"numpy_allowed": 1.0, "pytest_raises_and_approx": 1.0, "pytest_wrong": 0.5}
+    assert scores == {"numpy_allowed": 1.0, "pytest_raises_and_approx": 1.0, "pytest_wrong": 0.5, "numpy_scalars_returned": 0.75}
     # not on the operator's list: the import fails as it would where numpy is not installed
     assert judge({"numpy_not_allowed": items["numpy_allowed"]}) == {"numpy_not_allowed": 0.0}
 

@@ -108,6 +108,19 @@ def _fields(obj: object) -> object:
     return (str.__str__(type.__dict__["__qualname__"].__get__(cls)), [getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare])
 
 
+def _scalar(x: object):
+    """A numpy scalar (`numpy.int64`, `numpy.bool_`; numpy.float64 is a float already) as its Python value,
+    for the encoder (`wire.encode(convert=)`); None for anything else."""
+    numpy = sys.modules.get("numpy")
+    generic = getattr(numpy, "generic", None) if numpy is not None else None
+    if isinstance(generic, type) and isinstance(x, generic):
+        try:
+            return (x.item(),)
+        except Exception:
+            return None
+    return None
+
+
 def _mro_names(cls: type) -> list:
     """The names of an exception class and of the classes it derives from, up to BaseException."""
     names = []
@@ -160,7 +173,7 @@ def _report(ns: dict, handles: Handles) -> list:
             elif callable(value) and not isinstance(value, type):
                 names.append((name, "call", "async" if _is_async(value) else None))
             else:  # data, or a class or an object of the solution's: a handle the judge makes a proxy of
-                payload = wire.encode(value, limit=budget, subclasses=True, handles=handles.add)
+                payload = wire.encode(value, limit=budget, subclasses=True, handles=handles.add, convert=_scalar)
                 budget -= len(payload)
                 names.append((name, "data", payload))
         except BaseException:  # over the budget, or not encodable: the name is not reported
@@ -337,7 +350,7 @@ def serve(sock: int, code: str, mode: str = "functions") -> None:
         except BaseException:  # SystemExit and the like: the solution ends its own run
             _exit(0)
         try:
-            payload = encode(reply, subclasses=True, handles=solution.handles.add)
+            payload = encode(reply, subclasses=True, handles=solution.handles.add, convert=_scalar)
         except wire.NotPlainData as exc:
             payload = encode(("bad", str(exc)[:MESSAGE_LIMIT]))
         except BaseException as exc:

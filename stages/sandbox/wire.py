@@ -17,6 +17,9 @@ library's own classes made by J's constructors from plain data (a named tuple as
 from the field names S sends). No object of the solution's making (an `__eq__` that always says yes, an
 int subclass, a lazy proxy) ever reaches a comparison in J.
 
+A numpy scalar the solution returns crosses as its Python value (the sender's `convert`: `numpy.int64(3)`
+as 3, `numpy.True_` as True), as it compares under a plain harness.
+
 Anything else (an object of the solution's own class, an iterator, a generator) can cross only as a
 *handle* when the sender asks for it (`handles=`): its kind, a number and its class's name, nothing
 more. The receiver makes of it what it chooses (`decode(..., handle=)`): J a proxy that asks S to act on
@@ -90,7 +93,7 @@ class Handle:
         return f"Handle({self.kind!r}, {self.number}, {self.typename!r})"
 
 
-def encode(value: object, limit: int = MAX_BYTES, subclasses: bool = False, handles=None) -> bytes:
+def encode(value: object, limit: int = MAX_BYTES, subclasses: bool = False, handles=None, convert=None) -> bytes:
     """The encoding of `value`; raises NotPlainData when it is not plain data or is over `limit` bytes.
 
     With `subclasses=True` (what the solution's side sends back, for honest code's sake: an IntEnum
@@ -98,15 +101,18 @@ def encode(value: object, limit: int = MAX_BYTES, subclasses: bool = False, hand
     is encoded as that type's value, read through the type's own methods. That is no concession to the
     solution: it could send any plain data anyway, and the decoder still builds its own objects only.
     `handles(x) -> (kind, number, typename)`, when given, sends what is neither as a handle (and may
-    raise NotPlainData itself)."""
-    encoder = _Encoder(limit, subclasses, handles)
+    raise NotPlainData itself). `convert(x) -> (value,) | None`, when given, is asked first: a scalar it
+    gives (None, bool, int, float, complex, str, bytes, by exact type) is sent instead (the solution's
+    side turns a numpy scalar into its Python value, as `numpy.int64(3) == 3` holds under a plain
+    harness); the decoder is unchanged, it builds its own objects from bytes as ever."""
+    encoder = _Encoder(limit, subclasses, handles, convert)
     encoder.enc(value, 0)
     return b"".join(encoder.out)
 
 
 class _Encoder:
-    def __init__(self, limit: int, subclasses: bool, handles) -> None:
-        self.limit, self.subclasses, self.handles = limit, subclasses, handles
+    def __init__(self, limit: int, subclasses: bool, handles, convert=None) -> None:
+        self.limit, self.subclasses, self.handles, self.convert = limit, subclasses, handles, convert
         self.out: list[bytes] = []
         self.size = 0
 
@@ -144,6 +150,9 @@ class _Encoder:
             self.sized(_BYTES, bytes(x))  # type: ignore[arg-type]
         elif t in (list, tuple, set, frozenset, dict):
             self.container(t, x, depth)
+        elif self.convert is not None and type(converted := self.convert(x)) is tuple and len(converted) == 1 and (
+                converted[0] is None or type(converted[0]) in (bool, int, float, complex, str, bytes)):
+            self.enc(converted[0], depth + 1)
         elif self.handles is not None:
             kind, number, typename = self.handles(x)
             self.sized(_HANDLE, str.encode(f"{kind} {typename}"[:200], "utf-8", "replace"))
