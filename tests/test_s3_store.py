@@ -156,16 +156,24 @@ def test_failed_attempts_decisions_and_records_in_the_bucket(s3_env, bucket, tmp
 
 DECIDE = """
 import json, os, sys
-from regimen.stages.store import Store
+from regimen.stages.store import StaleRecord, Store
 store = Store(sys.argv[1])
 for i in range(int(sys.argv[3])):
-    store.update_record("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), f"{sys.argv[2]}-{i}"]})
+    while True:  # as a run decides: read, judge on what was read, write only if nobody moved meanwhile
+        seen = store.read_record("exp", "champion.json") or {}
+        try:
+            store.update_record("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), f"{sys.argv[2]}-{i}"]},
+                                expect=seen.get("revision", 0))
+            break
+        except StaleRecord:
+            continue
 """
 
 
 def test_two_processes_deciding_at_once_leave_one_consistent_champion_json(s3_server, bucket, tmp_path):
-    """Each decision is a read-decide-write of champion.json under the record lock (an exclusive-create
-    object in the bucket): two processes, each with its own cache, writing at once lose no line."""
+    """Each decision reads champion.json, decides, and writes it under the record lock (an exclusive-create
+    object in the bucket) only if its revision is still the one read (else decides again): two processes,
+    each with its own cache, deciding at once lose no line and leave one consistent record."""
     import os
 
     url, n = f"s3://{bucket}/r", 8
@@ -290,6 +298,15 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     assert fetch_remote(c) == 20 and [s for s, _ in complete_checkpoints(c)] == [20]
     assert not list(c.glob(".pull-*"))
 
+    from regimen.stages.store import lost_lease
+
+    lost_lease(url, "exp").set()  # this run lost the experiment's lease: nothing more goes to the bucket
+    try:
+        assert mirror.push(a, fake_checkpoint(a, 50), MARKER, keep=2) is False
+    finally:
+        lost_lease(url, "exp").clear()
+    assert 50 not in mirror.remote_checkpoints(fs, key, MARKER)[0]
+
     Store(url, cache_dir=tmp_path / "host-c").drop_work("exp", "grpo", "f" * 64)  # the committed stage's work goes
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([], []) and not c.exists()
 
@@ -396,6 +413,7 @@ def test_killed_on_host_a_resumed_on_host_b_from_the_bucket(two_hosts, s3_env):
     assert info["after"] == info["earlier"]  # SFT, the dry run and the smoke test reused from the bucket, untouched
     assert all(store.verify(m) == [] for stage in ("sft", "grpo", "eval") for m in store.versions(EXP, stage))
     assert info["work_left"] == []  # the committed stage's checkpoints left the bucket
+    assert store.versions(EXP, "heldout") and store.versions(EXP, "data")  # the data records, in the bucket
     print(f"\nhost A killed with GRPO checkpoints {info['in_bucket_at_kill']} of {MAX_STEPS} steps in the bucket; host B "
           f"(empty cache) resumed from {grpo['resumed_from_step']} and trained {grpo['metrics']['steps_run']} steps")
 

@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import shutil
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -46,12 +45,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from regimen.stages.errors import InputError, RegimenError, StoreError
 from regimen.stages.store import files, schemas, work
-from regimen.stages.store.lock import ExperimentBusy, exclusive_create, file_lock, lease, probe_conditional_create, record_lock
+from regimen.stages.store.lock import ExperimentBusy, exclusive_create, file_lock, lease, lost_lease, probe_conditional_create, record_lock
 
 log = logging.getLogger("regimen.store")
 
@@ -67,15 +65,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 class StaleRecord(StoreError):
     """A record changed since the caller read it (a person's move landed meanwhile): decide again."""
-
-
-_LOST: dict[tuple[str, str], threading.Event] = {}
-
-
-def lost_lease(url: str, experiment: str) -> threading.Event:
-    """Set (for this process) when the experiment's lease in a remote store can no longer be vouched for:
-    every Store object of that store then refuses to commit."""
-    return _LOST.setdefault((url, experiment), threading.Event())
 
 
 def now_iso() -> str:
@@ -134,7 +123,7 @@ class Store:
 
     def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None):
         self.url = str(root)
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.fs, self.root = work.filesystem(self.url)
         self.local = isinstance(self.fs, LocalFileSystem)
         if self.local:
             self.root = str(Path(self.root).expanduser().resolve())
@@ -260,7 +249,7 @@ class Store:
             raise StoreError(f"cannot secure {d}: {files.describe_os_error(exc, d)}") from None
         files.check_tree_no_links(d)  # a planted `checkpoint-N` link would take the Trainer's writes elsewhere
         if not self.local:  # checkpoints go to the bucket too, so another host can resume (`work.py`)
-            work.link(d, self.url, self.join(experiment, stage, "work", key[:16]))
+            work.link(d, self.url, self.join(experiment, stage, "work", key[:16]), experiment)
         return d
 
     def drop_work(self, experiment: str, stage: str, key: str) -> None:

@@ -133,6 +133,15 @@ def file_lock(root: Path, path: Path, *, experiment: str, url: str) -> Iterator[
         lock.release()
 
 
+_LOST: dict[tuple[str, str], threading.Event] = {}
+
+
+def lost_lease(url: str, experiment: str) -> threading.Event:
+    """Set (for this process) when the experiment's lease in a remote store can no longer be vouched for:
+    every Store object of that store then refuses to commit, and checkpoints stop going to the bucket."""
+    return _LOST.setdefault((url, experiment), threading.Event())
+
+
 def _refused_by_condition(exc: BaseException) -> bool:
     """Whether `exc` is a server's answer that the key exists (412 PreconditionFailed, 409 ConditionalRequestConflict)."""
     if isinstance(exc, FileExistsError):

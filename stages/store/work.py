@@ -12,6 +12,8 @@ holds a link file (`.regimen-remote.json`: the store's URL and the folder's key 
   folder's checkpoints, checked file by file against its marker's digests, and renamed into place; a
   checkpoint that does not match is skipped for the one before it.
 - drop (after the stage's version is committed): the folder in the bucket goes, as the local one does.
+A run that lost the experiment's lease (`lock.lost_lease`, set in the process that holds the lease: with
+`launcher: accelerate` the training runs in another process, which cannot see it) uploads nothing more.
 Uploads are synchronous (training waits for each checkpoint to reach the bucket): a background upload
 would race the Trainer's own rotation, which deletes older local checkpoints while they might still be
 read. Written here because neither transformers nor fsspec mirror a folder with "complete only when its
@@ -35,9 +37,19 @@ LINK = ".regimen-remote.json"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
-def link(work: Path, url: str, key: str) -> None:
+def filesystem(url: str) -> tuple[Any, str]:
+    """(fsspec filesystem, root path) for a store URL. For S3, s3fs's listing cache is off: other hosts
+    write the same bucket, and a cached listing or size would be stale (a torn read of a record)."""
+    import fsspec
+
+    if fsspec.core.split_protocol(url)[0] in ("s3", "s3a"):
+        return fsspec.core.url_to_fs(url, use_listings_cache=False)
+    return fsspec.core.url_to_fs(url)
+
+
+def link(work: Path, url: str, key: str, experiment: str) -> None:
     """Mark a local work folder as mirrored at `key` of the store `url`."""
-    (Path(work) / LINK).write_text(json.dumps({"url": url, "key": key}))
+    (Path(work) / LINK).write_text(json.dumps({"url": url, "key": key, "experiment": experiment}))
 
 
 def linked(work: Path) -> tuple[Any, str] | None:
@@ -46,10 +58,18 @@ def linked(work: Path) -> tuple[Any, str] | None:
         info = json.loads((Path(work) / LINK).read_text())
     except (OSError, ValueError):
         return None
-    import fsspec
+    return filesystem(info["url"])[0], info["key"]
 
-    fs, _ = fsspec.core.url_to_fs(info["url"])
-    return fs, info["key"]
+
+def _lost(work: Path) -> bool:
+    """Whether this process's run lost the experiment's lease (another run may own the bucket folder now)."""
+    from regimen.stages.store.lock import lost_lease
+
+    try:
+        info = json.loads((Path(work) / LINK).read_text())
+    except (OSError, ValueError):
+        return False
+    return lost_lease(info["url"], info.get("experiment", "")).is_set()
 
 
 def _sha256(path: Path) -> str:
@@ -88,6 +108,9 @@ def push(work: Path, ckpt: Path, marker: str, keep: int | None) -> bool:
     if target is None:
         return False
     fs, key = target
+    if _lost(work):
+        log.error("this run lost the experiment's lease: %s stays on this host, not uploaded", ckpt.name)
+        return False
     step = int(_CKPT.match(ckpt.name).group(1))
     rels = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file() and not p.is_symlink() and p.name != marker)
     body = {"step": step, "files": {rel: _sha256(ckpt / rel) for rel in rels}}
