@@ -47,6 +47,7 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
+import functools
 import json
 import pickletools
 import zlib
@@ -153,8 +154,17 @@ _MAX_DECOMPRESSED = 1 << 30
 
 def _compressed_cases(value: str, row: int, column: str) -> Any:
     """LiveCodeBench's compressed test cases: base64(zlib(pickle(a JSON string))). The pickle is never
-    loaded: its opcodes are walked, and only one plain string, with nothing else, is accepted."""
-    where = f"unit_tests: row {row}: `{column}`"
+    loaded: its opcodes are walked, and only one plain string, with nothing else, is accepted. Decoded
+    once per value in a process (GRPO reads a row at every step)."""
+    try:
+        return _decompressed(value)
+    except InputError as exc:
+        raise InputError(str(exc).replace("unit_tests: `", f"unit_tests: row {row}: `").replace("`?`", f"`{column}`")) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _decompressed(value: str) -> Any:
+    where = "unit_tests: `?`"
     try:
         data = zlib.decompressobj().decompress(base64.b64decode(value.strip(), validate=True), _MAX_DECOMPRESSED)
     except (binascii.Error, ValueError, zlib.error):
