@@ -1,8 +1,9 @@
 """Rewards for code tasks: `unit_tests` (the fraction of a row's tests that pass, judged in the sandbox)
 and `code_block` (gameable on purpose).
 
-`unit_tests` reads each row in its own format (`code_rows.py`: test snippets, MBPP, HumanEval, and the
-stdin/stdout formats of APPS/TACO, open-r1/DeepCoder and CodeContests), finds the solution in the
+`unit_tests` reads each row in its own format (`code_rows.py`: test snippets, MBPP, HumanEval, KodCode's
+pytest files, and the stdin/stdout and call-based formats of APPS/TACO, open-r1, DeepCoder, LiveCodeBench
+and CodeContests), finds the solution in the
 completion as a person would (`solutions.py`: the blocks that define what the tests call, a
 continuation of a code prompt judged as prompt + completion, blocks in other languages ignored), and
 judges it in the sandbox (`regimen.stages.sandbox`): the tests run in a judge process apart from the

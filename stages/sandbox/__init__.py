@@ -25,15 +25,20 @@ The parent side: `jobs.py` (what is asked, what comes back), `worker.py` (one se
 and `pool.py` (worker slots, one warm server process each, kept between calls with the same limits;
 `shutdown()` closes them, so does exit).
 
-What a test can do with the solution: call its top-level functions with plain-data arguments (copies:
-in-place changes are not seen) and get plain-data results (an instance of a subclass of a plain type,
-such as a Counter, a namedtuple or an IntEnum member, arrives as its base type's value) or its
-exceptions (as the builtin exception class of the same name, else `SolutionError`); read its top-level
-plain-data values; use the standard-library modules it imported, under their own names (J imports its
-own, from a list of pure computation modules; functions it imported are called in its process, like
-its own). A test cannot pass a lambda or an object to the solution, call methods on objects it
-returns, or use its classes: those calls fail. J never calls a function or imports a module that the
-solution's process named: what it reports about its names is a claim, and a claim could name an
+What a test can do with the solution: call its top-level functions with plain-data arguments (copies;
+but after a call that returns None, LeetCode's "modify in place", the final state of the test's list,
+dict, set or bytearray arguments is written back into the test's own objects) and get plain-data
+results (an instance of a subclass of a plain type, such as a Counter, a namedtuple or an IntEnum
+member, arrives as its base type's value; a numpy scalar as its Python value) or its exceptions (as
+J's own class for an exception class the solution defines at top level, which the tests can catch by
+that name and as its builtin bases; else as the builtin class of the same name, else `SolutionError`);
+await its `async def` functions; read its top-level plain-data values; import it as the module
+`solution` (`from solution import f`); use the standard-library modules it imported, under their own
+names (J imports its own, from a list of pure computation modules; functions it imported are called in
+its process, like its own); call its classes and the methods of its objects through proxies (two
+objects of its dataclasses compare by their fields' decoded values). A test cannot pass a lambda or an
+object of its own to the solution: that call fails. J never calls a function or imports a module that
+the solution's process named: what it reports about its names is a claim, and a claim could name an
 object whose equality lies (`unittest.mock._ANY`).
 
 Failure semantics: a solution that fails to load (an exception or SystemExit at import time) scores
