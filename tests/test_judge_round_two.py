@@ -624,7 +624,25 @@ DATACLASSES_ROW = {"tests": ["assert midpoint(Point(0, 0), Point(2, 4)) == Point
                              "assert [diagonal(1)] == [Segment(Point(0, 0), Point(1, 1))]",
                              "assert diagonal(3) == Segment(Point(0, 0), Point(3, 4))"]}  # wrong: fails in both
 
+CALLABLES = c('''
+    def apply_all(f, xs):
+        return [f(x) for x in xs]
+
+    def sort_by(xs, key):
+        return sorted(xs, key=key)
+
+    def fold(op, xs, start):
+        for x in xs:
+            start = op(start, x)
+        return start
+''')
+CALLABLES_ROW = {"tests": ["assert apply_all(str.upper, ['a', 'b']) == ['A', 'B'] and apply_all(int, ['3']) == [3]",
+                           "assert sort_by(['bb', 'a', 'ccc'], len) == ['a', 'bb', 'ccc'] and sort_by(['b', 'A'], key=str.lower) == ['A', 'b']",
+                           "import operator, math\nassert fold(operator.mul, [2, 3], 1) == 6 and apply_all(math.floor, [2.5]) == [2]",
+                           "assert fold(max, [3, 9, 2], 0) == 9 and apply_all(abs, [-1, 2]) == [1, 2]"]}
+
 CROSSING: dict[str, tuple] = {
+    "standard_library_functions_as_arguments": (CALLABLES, CALLABLES_ROW),
     "dataclass_results_by_value": (DATACLASSES, DATACLASSES_ROW),
     "async_def_solution": (ASYNC, ASYNC_ROW),
     "the_solutions_exception_classes": (ERRORS, ERRORS_ROW),
@@ -756,3 +774,30 @@ def test_a_kodcode_answer_that_fails_a_parametrized_case_fails_in_both_harnesses
     assert plain_pytest(wrong, KODCODE_PYTEST_TEST, tmp_path) < 1.0
     scores = judge({"wrong": (f"```python\n{wrong}```", wrong, KODCODE_PYTEST_ROW)})
     assert scores["wrong"] == 0.75  # the parametrized test is one of four; pytest counts its cases apart
+
+
+@needs_isolation
+def test_a_function_the_test_passes_is_the_solutions_own_copy_and_changes_nothing_of_the_judge():
+    """Hostile: a test passes `abs` (by name: the solution's process calls its own); the
+    solution patches its own builtins to lie and returns the function back: the lie stays in its own
+    process (the sort comes out wrong, as it would), the judge's `abs` is untouched, and what comes back
+    is a proxy, never the judge's function. A lambda still cannot be passed (no call runs in the judge)."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    code = c("""
+        import builtins
+
+        builtins.abs = lambda x: 0
+
+        def sort_by(xs, key):
+            return sorted(xs, key=key)
+
+        def echo(f):
+            return f
+    """)
+    tests = ["assert sort_by([-3, 1], abs) == [-3, 1]",  # the solution's own patched abs: its sort is stable on 0s
+             "assert abs(-2) == 2 and echo(abs) is not abs and echo(abs)(-5) == 0",
+             "sort_by([1], lambda v: v)"]
+    result = run_batch([Job(code, tests)], workers=1)[0]
+    assert result.tests == [True, True, False], result
+    assert "not plain data" in (result.test_errors[2] or ""), result

@@ -152,9 +152,27 @@ class Handles:
         return kind, number, typename
 
     def get(self, kind: str, number: int, typename: str) -> object:
+        if kind == "builtin":
+            return _builtin(typename)
         if number not in self.objects:
             raise wire.WireError(f"no object {number}")
         return self.objects[number]
+
+
+_BUILTIN_MODULES = ("builtins", "math", "operator", "string")
+
+
+def _builtin(name: str) -> object:
+    """The standard-library function a test passed by name (`module:qualname`, see wire.py), looked up here."""
+    module, _, qualname = name.partition(":")
+    if module not in _BUILTIN_MODULES or not qualname or not all(p.isidentifier() and not p.startswith("_") for p in qualname.split(".")):
+        raise wire.WireError(f"no function {name[:80]}")
+    import importlib
+
+    found: object = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def _report(ns: dict, handles: Handles) -> list:

@@ -208,11 +208,39 @@ def _write_back(args: tuple, kwargs: dict, keys: list, states: object) -> None:
             target.update(new)
 
 
+BUILTIN_MODULES = ("builtins", "math", "operator", "string")
+"""Modules whose functions a test may pass to the solution by name (`builtin` handles: see wire.py)."""
+
+
+def _builtin_name(x: object) -> str | None:
+    """`module:qualname` of a function of BUILTIN_MODULES (or a builtin type, or a method of one: `int`,
+    `str.upper`) that the test passes as an argument, when it is that module's own; else None."""
+    import types
+
+    if isinstance(x, type):
+        return f"builtins:{x.__name__}" if getattr(builtins, x.__name__, None) is x else None
+    if type(x) not in (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType):
+        return None
+    owner = getattr(x, "__objclass__", None)
+    module = "builtins" if isinstance(owner, type) else str(getattr(x, "__module__", "") or "").lstrip("_")
+    qualname = str(getattr(x, "__qualname__", ""))
+    if module not in BUILTIN_MODULES or not all(p.isidentifier() and not p.startswith("_") for p in qualname.split(".")):
+        return None
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return f"{module}:{qualname}" if found is x else None
+
+
 def _handle_of(x: object) -> tuple[str, int, str]:
-    """A proxy goes back to S as its handle; J's own objects never cross as handles."""
+    """A proxy goes back to S as its handle; a function of the standard library's (`len`, `str.upper`)
+    as its name (a `builtin` handle); J's own objects never cross as handles."""
     if isinstance(x, (ObjectProxy, IteratorProxy)):
         kind = "iter" if isinstance(x, IteratorProxy) else "obj"
         return kind, object.__getattribute__(x, "_number"), object.__getattribute__(x, "_typename")
+    name = _builtin_name(x)
+    if name is not None:
+        return "builtin", 0, name
     raise wire.NotPlainData(f"a {type(x).__name__} is not plain data")
 
 

@@ -23,7 +23,10 @@ as 3, `numpy.True_` as True), as it compares under a plain harness.
 Anything else (an object of the solution's own class, an iterator, a generator) can cross only as a
 *handle* when the sender asks for it (`handles=`): its kind, a number and its class's name, nothing
 more. The receiver makes of it what it chooses (`decode(..., handle=)`): J a proxy that asks S to act on
-the object, compared by identity only; S the object the number names. A message is at most MAX_BYTES
+the object, compared by identity only; S the object the number names. A `builtin` handle is the other
+way round, from J: a function of the standard library's that a test passes (`len`, `str.upper`,
+`math.sqrt`, `int` as a key) named by its module and qualified name, which S looks up in its own
+interpreter; nothing of J's is called. A message is at most MAX_BYTES
 long; a malformed one, a truncated one, an unknown tag, trailing bytes, too deep a nesting or an
 unhashable dict key or set member raise `WireError`.
 
@@ -258,7 +261,7 @@ class _Decoder:
         if tag == _HANDLE:
             kind, _, typename = self.text("handle").partition(" ")
             number = self.dec(depth + 1)
-            if type(number) is not int or kind not in ("obj", "iter"):
+            if type(number) is not int or kind not in ("obj", "iter", "builtin"):
                 raise WireError("bad handle")
             return self.handle(kind, number, typename) if self.handle is not None else Handle(kind, number, typename)
         raise WireError(f"unknown tag {tag!r}")
