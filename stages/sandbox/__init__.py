@@ -36,8 +36,9 @@ await its `async def` functions; read its top-level plain-data values; import it
 `solution` (`from solution import f`); use the standard-library modules it imported, under their own
 names (J imports its own, from a list of pure computation modules; functions it imported are called in
 its process, like its own); call its classes and the methods of its objects through proxies (two
-objects of its dataclasses compare by their fields' decoded values). A test cannot pass a lambda or an
-object of its own to the solution: that call fails. J never calls a function or imports a module that
+objects of its dataclasses compare by their fields' decoded values). A test may pass the standard
+library's functions (`len`, `str.upper`, `math.floor`, `int` as a key: they cross by name and S calls
+its own), not a lambda or an object of its own: that call fails. J never calls a function or imports a module that
 the solution's process named: what it reports about its names is a claim, and a claim could name an
 object whose equality lies (`unittest.mock._ANY`).
 
