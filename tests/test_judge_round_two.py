@@ -801,3 +801,53 @@ def test_a_function_the_test_passes_is_the_solutions_own_copy_and_changes_nothin
     result = run_batch([Job(code, tests)], workers=1)[0]
     assert result.tests == [True, True, False], result
     assert "not plain data" in (result.test_errors[2] or ""), result
+
+
+def apps_grader(printed: str, expected: str) -> bool:
+    """APPS's own `testing_util.py` on one stdin/stdout case, the steps that decide these rows: the exact
+    and stripped comparisons of the output's lines, then its float rules (`numpy.allclose` of the lines
+    as numbers; the tokens rounded to 3 decimals)."""
+    import numpy as np
+
+    output = printed.splitlines()
+    if "\n".join(output).strip() == expected.strip():
+        return True
+    want = [x.strip() for x in expected.split("\n") if x]
+    output = [x for x in output if len(x)]
+    if output == want:
+        return True
+    try:
+        got_f, want_f = [float(e) for e in output], [float(e) for e in want]
+        if len(got_f) == len(want_f) and bool(np.allclose(got_f, want_f)):
+            return True
+    except ValueError:
+        pass
+    try:  # its last step: the tokens of each line as numbers rounded to 3 decimals, as sets
+        rounded = lambda lines: {frozenset(round(float(t), 3) for t in line.split()) for line in lines}  # noqa: E731
+        return rounded(output) == rounded(want)
+    except ValueError:
+        return False
+
+
+APPS_ROW = {"problem_id": 4321, "question": "Print n / 3 and n * 0.1.", "solutions": json.dumps(["n = int(input())\nprint(n / 3)\nprint(n * 0.1)\n"]),
+            "input_output": json.dumps({"inputs": ["1\n", "2\n", "7\n"], "outputs": ["0.3333333\n0.1\n", "0.6666667\n0.2\n", "2.3333333\n0.7\n"]}),
+            "difficulty": "introductory", "url": "https://codeforces.com/problemset/problem/0/A", "starter_code": ""}
+
+
+@needs_isolation
+def test_apps_rows_as_published_are_judged_with_the_apps_graders_float_rule():
+    import subprocess as sp
+
+    right = "n = int(input())\nprint(n / 3)\nprint(n * 0.1)\n"  # 0.30000000000000004, 0.3333333333333333
+    off = "n = int(input())\nprint(round(n / 3, 2))\nprint(n * 0.1)\n"  # 0.33: outside the grader's 1e-5 and its 3 decimals
+    spec = json.loads(APPS_ROW["input_output"])
+
+    def plain(code):
+        runs = [sp.run([sys.executable, "-c", code], input=i, capture_output=True, text=True).stdout for i in spec["inputs"]]
+        return sum(apps_grader(r, o) for r, o in zip(runs, spec["outputs"])) / len(runs)
+
+    scores = judge({"right": (f"```python\n{right}```", right, APPS_ROW), "off": (f"```python\n{off}```", off, APPS_ROW),
+                    "bare_input_output": (f"```python\n{right}```", right, {"input_output": APPS_ROW["input_output"]}),
+                    "codecontests": (f"```python\n{right}```", right, {"public_tests": {"input": spec["inputs"], "output": spec["outputs"]}})})
+    assert (scores["right"], scores["off"]) == (plain(right), plain(off)) == (1.0, 0.0)
+    assert scores["bare_input_output"] == 0.0 and scores["codecontests"] == 0.0  # as written: a user's own rows, CodeContests token-equal

@@ -18,8 +18,11 @@ row does not hide that row's own format):
   the prompt's code (`solutions.prompt_code`) is the trusted set-up code, so helpers it defines (`poly`,
   `encode_cyclic`) are the dataset's, not the solution's;
 - stdin/stdout problems, judged as programs, one run per case:
-  - `input_output` (APPS, TACO): a JSON string or mapping with `inputs` and `outputs`; with `fn_name` the
-    row is call-based instead (each input a list of arguments, compared as APPS's grader compares: the
+  - `input_output` (APPS, TACO): a JSON string or mapping with `inputs` and `outputs`, the numbers in a
+    program's output compared with APPS's grader's float rule (`harness.same_output`) when the row is
+    shaped as those datasets publish it (their `url` and `difficulty` beside it; a bare `input_output`
+    column of a user's own is compared as written, or with the reward's `float_tolerance`; CodeContests'
+    rows stay token-equal); with `fn_name` the row is call-based instead (each input a list of arguments, compared as APPS's grader compares: the
     value, or the first item of an expected list, tuples as lists; a `Solution` class's method counts),
   - `verification_info` (open-r1, DeepCoder): `{language, test_cases: [{input, output, type}]}` with type
     `stdin_stdout` (or `function_call` with `fn_name`, inputs as JSON lists of arguments),
@@ -328,7 +331,8 @@ def row_job(row: int, columns: dict[str, Any], prompt: Any = None, *, case_timeo
     cases, fn_name = program_cases(columns, row)
     if cases:
         cases = cases[:max_cases] if max_cases else cases
-        return sandbox.Job("", [], None, None, "programs", cases, case_timeout_s, float_tolerance)
+        apps = col("input_output") is not None and bool(col("url")) and bool(col("difficulty"))  # a row as APPS and TACO publish it
+        return sandbox.Job("", [], None, None, "programs", cases, case_timeout_s, float_tolerance, "apps" if apps else None)
     if fn_name:
         spec = _mapping(col("input_output"), row, "input_output") or {}
         snippets = _call_snippets(fn_name, spec.get("inputs") or [], spec.get("outputs") or [], row)

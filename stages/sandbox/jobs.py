@@ -118,6 +118,8 @@ class Job:
     """Programs: CPU seconds one case may use (its wall-clock limit is three times this plus one second)."""
     float_tolerance: float | None = None
     """Programs: numbers in the output may differ from the expected ones by this much (absolute or relative)."""
+    float_rule: str | None = None
+    """Programs: "apps" compares numbers as APPS's grader does (`harness.same_output`); None: as written."""
 
     @property
     def count(self) -> int:
@@ -203,8 +205,10 @@ def as_job(item: Any, index: int = 0) -> Job:
         raise TypeError(f"run_batch: item {index}: case_timeout_s must be positive")
     if job.float_tolerance is not None and not (isinstance(job.float_tolerance, (int, float)) and job.float_tolerance >= 0):
         raise TypeError(f"run_batch: item {index}: float_tolerance must be a non-negative number or None")
+    if job.float_rule not in (None, "apps"):
+        raise TypeError(f"run_batch: item {index}: float_rule must be 'apps' or None, got {job.float_rule!r}")
     return Job(job.code, list(job.tests), job.entry_point or None, job.setup or None, job.mode, cases, float(job.case_timeout_s),
-               None if job.float_tolerance is None else float(job.float_tolerance))
+               None if job.float_tolerance is None else float(job.float_tolerance), job.float_rule)
 
 
 def _infra(total: int, reason: str) -> SandboxResult:

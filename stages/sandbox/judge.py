@@ -329,6 +329,6 @@ def _run_case(channel: Channel, case: object, job: dict) -> None:
         raise AssertionError(f"the program exited with status {status}" + (" (killed: a time or memory limit)" if status > 128 else ""))
     if truncated:
         raise AssertionError("the program printed more than the output limit")
-    if not harness.same_output(out, expected, job.get("float_tolerance")):
+    if not harness.same_output(out, expected, job.get("float_tolerance"), job.get("float_rule")):
         shown = out.decode("utf-8", "replace")[:80]
         raise AssertionError(f"wrong output: {shown!r}")

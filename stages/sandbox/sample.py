@@ -70,7 +70,7 @@ class Sample:
         cpu = float(job.get("case_timeout_s") or 2.0)
         job_fd = _memfd(json.dumps({"tests": job["tests"], "setup": job.get("setup"), "entry_point": job.get("entry_point"),
                                     "mode": job.get("mode") or "functions", "cases": job.get("cases"), "case_limits": [cpu, 3 * cpu + 1],
-                                    "float_tolerance": job.get("float_tolerance"), "output_limit": self.server.output_limit * 64,
+                                    "float_tolerance": job.get("float_tolerance"), "float_rule": job.get("float_rule"), "output_limit": self.server.output_limit * 64,
                                     "workdir": self.workdirs[1]}).encode())
         self.res_r, res_w = os.pipe()
         self.out_r, out_w = os.pipe()
