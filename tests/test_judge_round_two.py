@@ -114,6 +114,10 @@ FINDING: dict[str, tuple] = {
         "```python\ndef squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nprint(squares(3))\n```\nNow the program:\n"
         "```python\nn = int(input())\nprint(*squares(n))\n```\n",
         "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n", SQUARES_ROW),
+    "program_then_a_corrected_function": (
+        "```python\ndef squares(n):\n    return [i * 2 for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n```\n"
+        "Wait, those are doubles. The fix:\n```python\ndef squares(n):\n    return [i * i for i in range(1, n + 1)]\n```\n",
+        "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n", SQUARES_ROW),
     "unfenced_program_between_prose": (
         "Read n, then print the squares.\n\nn = int(input())\nprint(*[i * i for i in range(1, n + 1)])\n\nThat is all.",
         "n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\n", SQUARES_ROW),

@@ -15,7 +15,8 @@ The rule for a completion (`find_solution`):
    `open(0)`, `fileinput`), else the last Python block; a block that feeds sample input to the program
    (`sys.stdin = io.StringIO(...)`, a replaced `input`) and runs it is a usage example, never the
    program. Definitions the program uses from other blocks (a `def solve` above the block that reads
-   the input) are put before it, without those blocks' other statements.
+   the input) are put before it, without those blocks' other statements; a later block that only
+   redefines the program's functions ("the fix: `solve` should ...") replaces them in it.
 3. Functions: the blocks that define (at module level: `def`, `class`, an assignment or an import) a
    name the tests need (the entry point, or the names the tests use without defining them), then the
    blocks defining what those use (a helper in another block), in the completion's order. Blocks that
@@ -229,7 +230,35 @@ def _program(blocks: list[str]) -> str:
         other = _names(block)
         if i != chosen and other is not None and other[0] & missing:
             helpers.append(_definitions_only(block, set(names[1])))
-    return "".join(h.rstrip() + "\n\n" for h in helpers if h.strip()) + runs[chosen]
+    program = runs[chosen]
+    for later in runs[chosen + 1 :]:  # "the fix": a later block that only redefines the program's functions
+        program = _corrected(program, later)
+    return "".join(h.rstrip() + "\n\n" for h in helpers if h.strip()) + program
+
+
+def _corrected(program: str, later: str) -> str:
+    """`program` with each function or class that `later` redefines replaced by `later`'s definition, when
+    `later` holds definitions and imports only (a corrected function after the program, rule 2)."""
+    try:
+        tree, fix = ast.parse(program), ast.parse(later)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return program
+    if not fix.body or not all(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)) for n in fix.body):
+        return program
+    fixes = {n.name: n for n in fix.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    lines, fix_lines = program.split("\n"), later.split("\n")
+
+    def span(node: ast.stmt) -> tuple[int, int]:
+        return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1, node.end_lineno or node.lineno
+
+    replaced = [(span(n), n.name) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name in fixes]
+    if not replaced:
+        return program
+    imports = [fix_lines[span(n)[0] : span(n)[1]] for n in fix.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    for (start, end), name in sorted(replaced, reverse=True):
+        a, b = span(fixes[name])
+        lines[start:end] = fix_lines[a:b]
+    return "".join("\n".join(i) + "\n" for i in imports) + "\n".join(lines)
 
 
 _BUILTINS = frozenset(dir(__import__("builtins")))
