@@ -123,6 +123,9 @@ FINDING: dict[str, tuple] = {
         "n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\n", SQUARES_ROW),
 }
 FINDING_WRONG: dict[str, tuple] = {
+    # unfenced code with a broken function is broken code, not code between prose: judged whole, as exec does
+    "unfenced_code_with_a_broken_second_function": (f"{ROT}\ndef unrot(s, k):\n    return rot(s,\n", f"{ROT}\ndef unrot(s, k):\n    return rot(s,\n",
+                                                    {"tests": ROT_TESTS}),
     # the earlier attempt is right, the "correction" is wrong: the later definition is still the answer
     "a_wrong_correction_is_the_answer": (f"```python\n{ROT}```\nActually:\n```python\n{ROT_FIRST_TRY}```\n",
                                          ROT_FIRST_TRY, {"tests": ROT_TESTS}),

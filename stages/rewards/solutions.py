@@ -58,6 +58,7 @@ _FEEDS_STDIN = re.compile(r"\bsys\.stdin\s*=(?!=)|\bredirect_stdin\b|^\s*(builti
 _STARTS_CODE = re.compile(r"^(def |async def |class |import |from \S+ import |@)")
 _STARTS_STATEMENT = re.compile(r"^(def|async|class|import|from|for|while|if|with|try|print|assert)\b"
                                r"|^@\w|^[a-z_][\w.]*(\[[^\]]*\])?(\s*,\s*[a-z_][\w.]*)*\s*([-+*/%|&^]|//|\*\*|<<|>>)?=(?!=)|^[a-z_][\w.]*\(")
+_KEYWORD_LINE = re.compile(r"^(return|raise|pass|break|continue|else|elif|except|finally|yield|del|nonlocal|global)\b")
 _COMPILE_BUDGET = 2000
 """Compilations spent at most looking for code between prose in one completion."""
 
@@ -97,9 +98,11 @@ def python_blocks(text: str) -> list[str]:
 
 def code_between_prose(text: str) -> list[str]:
     """The runs of code in unfenced text (rule 1): from each line that starts a statement, the longest
-    run of lines that compiles; the prose around them left out."""
+    run of lines that compiles; the prose around them left out. None ([]) when a line of code is left
+    outside every run: that is broken code, not prose, and a plain harness would fail it whole."""
     lines = _newlines(text).split("\n")
     runs, start, budget = [], 0, _COMPILE_BUDGET
+    covered: set[int] = set()
     while start < len(lines) and budget > 0:
         if not _STARTS_STATEMENT.match(lines[start]):
             start += 1
@@ -114,9 +117,12 @@ def code_between_prose(text: str) -> list[str]:
             end = start + error - 1 if 0 < error <= end - start else end - 1
         if end > start and budget > 0:
             runs.append(textwrap.dedent("\n".join(lines[start:end]).rstrip("\n") + "\n"))
+            covered.update(range(start, end))
             start = end
         else:
             start += 1
+    if any(i not in covered and (_STARTS_STATEMENT.match(line.lstrip()) or _KEYWORD_LINE.match(line.lstrip())) for i, line in enumerate(lines)):
+        return []  # a line of code is left over: broken code, not code between prose (judged whole, as `exec` would)
     return runs
 
 
