@@ -112,6 +112,24 @@ def test_fsspec_memory_store_keeps_the_same_contract(tmp_path):
     assert m2["version"] == 2 and [v["version"] for v in store.versions("exp", "sft")] == [1, 2]
 
 
+def test_a_remote_commit_never_reuses_a_claimed_number_and_a_claim_without_manifest_is_swept(tmp_path):
+    """Any fsspec store (memory:// here; a real S3 server in test_s3_store.py): a version number is claimed
+    by exclusive create and stays taken; a folder claimed by a killed writer is not a version, is skipped
+    by the next commit, and is removed under the experiment's lease."""
+    url = "memory://regimen-claims"
+    store = Store(url, cache_dir=tmp_path / "cache")
+    with store.fs.open("/regimen-claims/exp/sft/v1/.claim", "xb") as fh:  # a writer killed after claiming v1
+        fh.write(b"{}")
+    store.fs.pipe_file("/regimen-claims/exp/sft/v1/model/w.bin", b"half")
+    assert store.versions("exp", "sft") == [] and store.malformed("exp", "sft") == []
+    m = store.commit(stage_files(store, "whole"), manifest(key="k"))
+    assert m["version"] == 2 and store.fs.exists("/regimen-claims/exp/sft/v2/.claim")
+    with store.lock("exp"):
+        assert not store.fs.exists("/regimen-claims/exp/sft/v1/model/w.bin")
+    assert [v["version"] for v in store.versions("exp", "sft")] == [2]
+    assert (store.local_path(m) / "model" / "w.bin").read_text() == "whole"
+
+
 def test_taking_the_lock_sweeps_staging_left_by_a_killed_run(tmp_path):
     store = Store(tmp_path)
     left = stage_files(store)  # a run killed before commit

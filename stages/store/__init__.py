@@ -49,7 +49,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from regimen.stages.errors import InputError, RegimenError, StoreError
 from regimen.stages.store import files, schemas, work
-from regimen.stages.store.lock import ExperimentBusy, exclusive_create, file_lock, lease, lost_lease, probe_conditional_create, record_lock
+from regimen.stages.store.lock import (ExperimentBusy, exclusive_create, file_lock, lease, lost_lease, probe_conditional_create, process_started,
+                                       record_lock)
 
 log = logging.getLogger("regimen.store")
 
@@ -99,18 +100,6 @@ def _stats(root: Path) -> tuple[dict[str, str], dict[str, list[int]]]:
             digests[rel] = sha256_file(p)
             stats[rel] = [st.st_size, st.st_mtime_ns]
     return digests, stats
-
-
-def _process_started(pid: int) -> float | None:
-    """When process `pid` started (psutil), or None when there is no such process."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError, OverflowError):
-        return None
-    except psutil.AccessDenied:
-        return 0.0
 
 
 def well_formed(manifest: Any) -> bool:
@@ -669,7 +658,7 @@ class Store:
     @contextmanager
     def running(self, experiment: str, stage: str, info: dict[str, Any]) -> Iterator[None]:
         marker = self._running_file(experiment, stage)
-        files.write_text(self.cache, marker, json.dumps({**info, "pid": os.getpid(), "since": now_iso(), "pid_started": _process_started(os.getpid())}))
+        files.write_text(self.cache, marker, json.dumps({**info, "pid": os.getpid(), "since": now_iso(), "pid_started": process_started(os.getpid())}))
         with files.removed_after(self.cache, marker):
             yield
 
@@ -685,7 +674,7 @@ class Store:
             return {"stale": True, "malformed": f"{marker}: unreadable ({str(exc)[:80]})"}
         if (why := schemas.problem(schemas.Running, info)) is not None:
             return {"stale": True, "malformed": f"{marker}: {why}"}
-        started = _process_started(info["pid"])
+        started = process_started(info["pid"])
         if started is None or (started and info.get("pid_started") is not None and abs(started - info["pid_started"]) > 1.0):
             return {**info, "stale": True}
         return info

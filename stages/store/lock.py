@@ -81,7 +81,8 @@ def _machine() -> str:
     return ":".join(parts)
 
 
-def _process_started(pid: int) -> float | None:
+def process_started(pid: int) -> float | None:
+    """When process `pid` started (psutil), or None when there is no such process (0.0: not ours to see)."""
     import psutil
 
     try:
@@ -98,7 +99,7 @@ def _holder_gone(record: dict) -> bool:
     machine = _machine()
     if not machine or record.get("machine") != machine or not isinstance(record.get("pid"), int):
         return False
-    started = _process_started(record["pid"])
+    started = process_started(record["pid"])
     if started is None:
         return True
     recorded = record.get("pid_started")
@@ -199,7 +200,7 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
 
     def create() -> bool:
         record = {"owner": _owner(), "token": token, "expires": _now() + ttl_s, "machine": _machine(), "pid": os.getpid(),
-                  "pid_started": _process_started(os.getpid())}
+                  "pid_started": process_started(os.getpid())}
         return exclusive_create(fs, path, json.dumps(record).encode())
 
     if not create():
