@@ -176,8 +176,11 @@ class Store:
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
         if protocols & {"s3", "s3a"}:
             with self._answers("listing the bucket"):
-                self.fs.invalidate_cache(self._bucket())
-                self.fs.ls(self._bucket(), detail=False)
+                try:  # the store's own prefix, not the bucket's top: a policy may allow only the prefix
+                    self.fs.ls(self.root, detail=False)
+                except FileNotFoundError as exc:
+                    if exc.__cause__ is not None or "bucket" in str(exc).lower():
+                        raise  # NoSuchBucket; a prefix with nothing in it yet is a new store, not an error
         _REACHED.add(self._asked())
 
     def probe(self) -> None:
