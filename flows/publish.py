@@ -152,18 +152,20 @@ def publish(result: StageResult, store) -> None:
     create_link_artifact(link=result.path.resolve().as_uri() if result.path.is_absolute() else str(result.path),
                          link_text=f"{m['stage']}/v{m['version']}", key=artifact_key(base, "folder"),
                          description="the version folder (manifest.json, metrics.json, trajectories.jsonl)")
-    if m["stage"] in registry.in_role("train") and (result.path / "train_log.jsonl").exists():
+    if registry.trains(m["stage"]) and (result.path / "train_log.jsonl").exists():
         name = f"{m['stage']} v{m['version']}"
-        publish_curves(m["experiment"], {name: trajectories.read(result.path / "train_log.jsonl")},
-                       store.experiment_dir(m["experiment"], "plots") / f"{m['stage']}_v{m['version']}.png", f"{name}: training and held-out probe")
+        log = trajectories.read(result.path / "train_log.jsonl")
+        rewarded = any("reward" in h for h in log)  # GRPO's curves; a training without a reward (distillation) shows its divergence
+        publish_curves(m["experiment"], {name: log}, store.experiment_dir(m["experiment"], "plots") / f"{m['stage']}_v{m['version']}.png",
+                       f"{name}: training and held-out probe", kind="training" if rewarded else "divergence")
 
 
-def publish_curves(experiment: str, runs: dict[str, list[dict[str, Any]]], png: Path, title: str, key: str = "curves") -> None:
+def publish_curves(experiment: str, runs: dict[str, list[dict[str, Any]]], png: Path, title: str, key: str = "curves", kind: str = "training") -> None:
     """The training curves (with the held-out probe) as an image the UI shows."""
     from regimen.flows.present import plots
 
     try:
-        plots.training_curves(runs, png, title)
+        (plots.training_curves if kind == "training" else plots.divergence_curves)(runs, png, title)
     except OSError:
         return
     create_markdown_artifact(markdown=f"### {title}\n\n![{title}]({plots.data_uri(png)})", key=artifact_key(experiment, key),

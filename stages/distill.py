@@ -24,6 +24,7 @@ reverse KL, student and teacher mean log-probability of the sampled tokens).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,9 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if not is_main_process(trainer):  # under accelerate launch, rank 0 measures; the others are done
         return StageOutput(metrics, extra=extra)
     shutil.rmtree(probe.best_dir, ignore_errors=True)
+    with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:  # the divergence and the probe per step (the UI plots them)
+        for h in history:
+            fh.write(json.dumps(h) + "\n")
     device = device_for(recipe)
     student.to(device)
     teacher_model.to(device)

@@ -57,6 +57,29 @@ def _bands(ax, name: str, log: list[dict[str, Any]], color) -> None:
         ax.plot(*zip(*pts), linestyle=style, color=color, alpha=0.6, linewidth=1.0, label=f"{name}: {k.replace('_', ' ')}")
 
 
+def divergence_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str) -> Path:
+    """Per run of a training without a reward (on-policy distillation): the training loss (the divergence
+    between the student's and the teacher's next-token distributions on the student's samples) and the
+    held-out probe."""
+    fig, axes = _figure(1, 2, figsize=(12, 4.2), sharex=True)
+    for name, log in runs.items():
+        if pts := _points(log, "loss"):
+            axes[0][0].plot(*zip(*pts), label=name, linewidth=1.4)
+        if probe := _points(log, "heldout_probe"):
+            axes[0][1].plot(*zip(*probe), marker="o", linestyle="--", label=name)
+    axes[0][0].set_title("divergence to the teacher (training loss)")
+    axes[0][1].set_title("held-out probe")
+    axes[0][1].set_ylim(-0.02, 1.02)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title)
+    fig.subplots_adjust(left=0.06, right=0.98, top=0.85, bottom=0.14, wspace=0.18)
+    return _save(fig, out)
+
+
 def training_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str) -> Path:
     """Per run: training reward with each reward's mean (monitors dashed) and the held-out probe; reward
     std; frac_reward_zero_std; KL."""
