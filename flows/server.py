@@ -94,8 +94,7 @@ def api_for_this_run():
     import atexit
 
     server = TemporaryServer()
-    # Stopped at exit, after Prefect's own exit handlers (registered later, run earlier) have sent the
-    # run's last events and log lines to it; it dies with this process anyway (PR_SET_PDEATHSIG).
+    # Also stopped at exit (a run that ends by an exception); it dies with this process anyway (PR_SET_PDEATHSIG).
     atexit.register(server.stop)
     try:
         # Heartbeats let a long-lived server mark a run whose process vanished as Crashed; this server
@@ -104,11 +103,29 @@ def api_for_this_run():
             os.environ["PREFECT_API_URL"] = server.url  # for this process's children (an accelerate launch's ranks)
             try:
                 yield server.ready
+                _drain()  # the run's last events and log lines reach the server before it stops
             finally:
                 os.environ.pop("PREFECT_API_URL", None)
     except BaseException:
         server.stop()
         raise
+    # Stopped when the block ends, not at exit: a process that runs several flows (a notebook, the tests)
+    # would otherwise keep one idle server per run alive until it exits.
+    server.stop()
+    atexit.unregister(server.stop)
+
+
+def _drain(timeout_s: float = 10.0) -> None:
+    """Send what Prefect's event and log workers still hold (their public `drain_all`, which Prefect's own
+    exit handlers call)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        try:
+            worker.drain_all(timeout=timeout_s, at_exit=False)
+        except Exception:  # noqa: BLE001 - a server that stopped answering: what it could not take is dropped
+            pass
 
 
 def _die_with_parent(parent: int) -> None:

@@ -252,3 +252,30 @@ def test_no_prefect_server_outlives_a_sigkilled_run(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_process_that_runs_several_flows_keeps_no_idle_server(tmp_path, capsys):
+    """The temporary server of an in-process run stops when the run ends (not at the process's exit): a
+    notebook or a test session that runs many flows does not keep one idle server per run."""
+    if os.environ.get("PREFECT_API_URL"):
+        pytest.skip("a long-lived server is configured: no temporary server is started")
+
+    def servers() -> list[int]:
+        found = []
+        for p in Path("/proc").iterdir():
+            try:
+                if p.name.isdigit() and f"regimen.flows.server\x00{os.getpid()}".encode() in (p / "cmdline").read_bytes():
+                    found.append(int(p.name))
+            except OSError:
+                pass
+        return found
+
+    before = servers()
+    for i in range(2):
+        code, _, err = run_cli(["run", str(TINY), "--store", str(tmp_path / "s"), "--experiment", f"idle-{i}", "--set", "sft.max_steps=2",
+                                "--set", "grpo.max_steps=2", "--set", "smoke.max_steps=1"], capsys)
+        assert code in (0, 1), err
+    deadline = time.monotonic() + 10
+    while [p for p in servers() if p not in before] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in servers() if p not in before] == []
