@@ -274,6 +274,8 @@ def record_lock(fs, path: str, *, local_root: Path | None, wait_s: float = RECOR
             lock.acquire()
         except Timeout:
             raise StoreError(f"{lock_path}: the experiment's records stayed locked for {wait_s:.0f} s by another process; try again") from None
+        except OSError as exc:  # a read-only or full store: the store's error, which a stopped run reports as a warning
+            raise StoreError(f"cannot lock the experiment's records: {files.describe_os_error(exc, lock_path)}") from None
         try:
             yield
         finally:
