@@ -57,11 +57,17 @@ WAY_OUT = ("restore it byte for byte, or start a new set (a person's decision; a
            "`regimen heldout refresh CONFIG --reason '...'`")
 
 
+def _number(entry: str) -> int:
+    """The version number a malformed entry names (its last `/v<N>` segment: the store's own path may hold others)."""
+    found = re.findall(r"/v(\d+)(?=/|$| )", entry)
+    return int(found[-1]) if found else 0
+
+
 def problem(store: Store, experiment: str) -> str | None:
     """Why the experiment's frozen held-out set cannot be used (damaged, edited, missing), or None."""
     versions, malformed = store.scan(experiment, HELDOUT)
     newest = versions[-1]["version"] if versions else 0
-    later = [m for m in malformed if int(re.search(r"/v(\d+)(?:/|$| )", m).group(1) if re.search(r"/v(\d+)(?:/|$| )", m) else 0) > newest]
+    later = [m for m in malformed if _number(m) > newest]
     if later:  # a damaged manifest newer than the newest good set (an older one was replaced by a person's refresh)
         return f"its manifest is damaged: {', '.join(later)}"
     if versions:
