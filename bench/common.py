@@ -88,3 +88,21 @@ def table(rows: list[dict], cols: list[str]) -> str:
 
 def header(title: str) -> None:
     print(f"# {title}  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)")
+
+
+def stage_run(recipe, name: str, inputs: dict, store):
+    """One stage through the runner (the code the flow runs); (its result, wall seconds)."""
+    from regimen.stages.runner import execute
+
+    t0 = time.perf_counter()
+    result = execute(name, recipe, inputs, store, experiment=recipe.experiment)
+    return result, time.perf_counter() - t0
+
+
+def steps_for(budget: float, short: float, long: float, k: int) -> tuple[int, float, float]:
+    """Steps that fill `budget`, from the wall times of a k-step and a 2k-step run: (steps, per step, fixed)."""
+    per_step = (long - short) / k
+    if per_step <= 0:  # noise larger than k steps' cost: charge everything to the steps
+        per_step = long / (2 * k)
+    fixed = max(0.0, short - k * per_step)
+    return max(k, int((budget - fixed) / per_step)), per_step, fixed

@@ -26,29 +26,11 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import ROOT, regimen
+from common import ROOT, regimen, stage_run, steps_for
 
 RECIPE = ROOT / "configs" / "tiny-distill.yaml"
-
-
-def stage_run(recipe, name: str, inputs: dict, store):
-    from regimen.stages.runner import execute
-
-    t0 = time.perf_counter()
-    result = execute(name, recipe, inputs, store, experiment=recipe.experiment)
-    return result, time.perf_counter() - t0
-
-
-def steps_for(budget: float, short: float, long: float, k: int) -> tuple[int, float, float]:
-    """Steps that fill `budget`, from the wall times of a k-step and a 2k-step run: (steps, per step, fixed)."""
-    per_step = (long - short) / k
-    if per_step <= 0:
-        per_step = long / (2 * k)
-    fixed = max(0.0, short - k * per_step)
-    return max(k, int((budget - fixed) / per_step)), per_step, fixed
 
 
 def teacher_model(store: Path) -> str:

@@ -58,7 +58,7 @@ def test_a_recipe_without_distill_runs_no_distill_stage_and_one_with_it_names_th
     ({"distill": {"max_steps": 5}}, "distill.teacher_model_name_or_path"),  # no teacher named
     ({"distill": {"teacher_model_name_or_path": "x", "max_steps": 5, "no_such_field": 1}}, "distill.no_such_field is not a field of TRL's DistillationConfig"),
     ({"distill": {"teacher_model_name_or_path": "x", "max_steps": 5, "beta": 2.0}}, "distill.beta"),
-    ({"distill": {"teacher_model_name_or_path": "x", "max_steps": 5, "output_dir": "/tmp/x"}}, "distill.output_dir is set by Regimen"),
+    ({"distill": {"teacher_model_name_or_path": "x", "max_steps": 5, "output_dir": "elsewhere"}}, "distill.output_dir is set by Regimen"),
     ({"distill": {"teacher_model_name_or_path": "champion:../etc", "max_steps": 5}}, "champion:<experiment> takes an experiment name"),
     ({"distill": {"teacher_model_name_or_path": "x", "max_steps": -1}}, "distill.max_steps"),  # unbounded: the operator's limit applies
 ])

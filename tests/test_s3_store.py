@@ -154,6 +154,8 @@ def test_failed_attempts_decisions_and_records_in_the_bucket(s3_env, bucket, tmp
     assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b").read_record("exp", "champion.json")["history"] == ["a"]
 
 
+WORK = "work"  # a stage's work folder in the store (Trainer checkpoints)
+
 DECIDE = """
 import json, os, sys
 from regimen.stages.store import StaleRecord, Store
@@ -280,7 +282,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     for step in (10, 20, 30):
         assert mirror.push(a, fake_checkpoint(a, step), MARKER, keep=2)
     fs = s3_env.client()
-    key = f"{bucket}/r/exp/grpo/work/{'f' * 16}"
+    key = "/".join([bucket, "r", "exp", "grpo", WORK, "f" * 16])
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([20, 30], [])  # save_total_limit 2: checkpoint-10 pruned
     assert json.loads(fs.cat_file(f"{key}/checkpoint-30/{MARKER}"))["files"]["sub/rng.pth"]
     fs.pipe_file(f"{key}/checkpoint-40/model.safetensors", b"torn upload: no marker")  # a host killed mid-upload
@@ -338,7 +340,7 @@ def run_args(url: str) -> list[str]:
 def bucket_checkpoints(fs, bucket: str) -> list[int]:
     from regimen.stages.training.checkpoints import MARKER
 
-    return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in fs.glob(f"{bucket}/r/{EXP}/grpo/work/*/checkpoint-*/{MARKER}"))
+    return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in fs.glob("/".join([bucket, "r", EXP, "grpo", WORK, "*", "checkpoint-*", MARKER])))
 
 
 def versions(fs, bucket: str, stage: str) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 In a remote store (a bucket) the stage still trains in a local work folder (`Store.work_dir`), which then
 holds a link file (`.regimen-remote.json`: the store's URL and the folder's key in it,
-`<experiment>/<stage>/work/<fingerprint[:16]>`). Then:
+the stage's `work` folder under `<experiment>/<stage>`, named by `<fingerprint[:16]>`). Then:
 - push (the Trainer's main process, after each save: `training/checkpoints.MarkComplete.on_save`): the
   checkpoint's files go up, then its marker, last, holding every file's sha256, so a checkpoint in the
   bucket counts only once all of it is there; older ones are pruned as the Trainer's `save_total_limit`
