@@ -39,7 +39,7 @@ def bare(config: str, policy: str, steps: int, out: str) -> None:
 
 def stage(config: str, policy: str, steps: int, store: str) -> None:
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.runner import execute
+    from regimen.stages.run.runner import execute
     from regimen.stages.store import Store
 
     recipe = load_recipe(config, [f"grpo.max_steps={steps}", "grpo.save_strategy=no", f"store={store}"])

@@ -1,5 +1,5 @@
 """Peak RSS per stage on the default recipe: each stage runs in its own fresh process (the same
-`regimen.stages.runner.execute` the flow calls) so its peak is its own. Baseline: a process that only imports
+`regimen.stages.run.runner.execute` the flow calls) so its peak is its own. Baseline: a process that only imports
 the stage code.
 
     python bench/memory.py [--config configs/default.yaml] [--set KEY=VALUE ...]
@@ -18,7 +18,7 @@ STAGES = ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
 def one(config: str, store: str, stage: str, sets: list[str]) -> None:
     from regimen.stages.recipe import load_recipe
     from regimen.stages.training.policy import base_policy
-    from regimen.stages.runner import execute
+    from regimen.stages.run.runner import execute
     from regimen.stages.store import Store
 
     recipe = load_recipe(config, sets + [f"store={store}"])
@@ -48,7 +48,7 @@ def main() -> None:
         return one(args.config, args.one[0], args.one[1], sets)
     header("peak RSS per stage")
     store = scratch("regimen-bench-mem-")
-    base_wall, base_rss, _ = peak_rss_mib([PY, "-c", "import regimen.stages.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate, trl, datasets"])
+    base_wall, base_rss, _ = peak_rss_mib([PY, "-c", "import regimen.stages.run.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate, trl, datasets"])
     rows = [{"stage": "(imports only)", "peak_rss_mib": base_rss, "wall_s": base_wall, "x imports": 1.0}]
     for stage in STAGES:
         wall, rss, rc = peak_rss_mib([PY, "bench/memory.py", "--config", args.config, *sum((["--set", s] for s in args.sets), []), "--one", store, stage])

@@ -28,7 +28,7 @@ def direct(config: str, store: str) -> None:
     """The stages of one cycle, called as plain functions (no Prefect), in the flow's order."""
     sys.path.insert(0, str(ROOT))
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.runner import execute
+    from regimen.stages.run.runner import execute
     from regimen.stages.store import Store
     from regimen.stages.training.policy import base_policy
 

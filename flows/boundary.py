@@ -26,7 +26,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 
 SAFE_SECTIONS = ("dry_run", "smoke", "eval", "cycle", "probe", "curriculum")
 OPERATOR_POLICY_IN_SAFE_SECTIONS = ("cycle.guard.",)

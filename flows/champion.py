@@ -1,6 +1,6 @@
 """The champion in the flow and for a person: where a run starts from, the challenger against the champion at
 the end of a run, the record in the store, its Prefect artifact and events; and a person's moves
-(`regimen champion`, `promote`, `rollback`, `export`). The rule itself is `stages/champion.py`.
+(`regimen champion`, `promote`, `rollback`, `export`). The rule itself is `stages/decide/promotion.py`.
 
 Events, for an operator's automations: `regimen.model.promoted` and `regimen.model.kept`, about the
 resource `regimen.experiment.<name>`, with the decision's figures in the payload; `regimen.model.rollback`
@@ -15,9 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from regimen.stages import champion as rule
-from regimen.stages import data_records, registry
-from regimen.stages.errors import InputError, StoreError
+from regimen.stages import registry
+from regimen.stages.decide import promotion as rule
+from regimen.stages.records import datasets as data_records
+from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.store import StaleRecord, Store, now_iso
 
 log = logging.getLogger("regimen.run")

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from regimen.flows.present.fmt import num
-from regimen.stages.errors import InputError, RegimenError
+from regimen.stages.core.errors import InputError, RegimenError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Regimen: distillation-style SFT and GRPO in cycles, orchestrated by Prefect.")
@@ -146,7 +146,7 @@ def _flush_prefect_logs() -> None:
 
 
 def _as_regimen_error(exc: BaseException, state) -> RegimenError:
-    from regimen.stages.errors import StageInterrupted
+    from regimen.stages.core.errors import StageInterrupted
 
     name = type(exc).__name__
     if isinstance(exc, KeyboardInterrupt) or name in ("CancelledRun", "TerminationSignal", "Abort") or getattr(state, "name", "") == "Cancelled":

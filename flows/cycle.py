@@ -22,10 +22,10 @@ from prefect.states import Cancelled, Completed, Failed
 
 from regimen.flows.publish import Presenter, publish, publish_champion, publish_curves, publish_report, publish_stopped, publish_verdict
 from regimen.stages import registry
-from regimen.stages.cycle import BACK_TO_SFT, CONTINUE, OVERFITTING_VERDICT, REWARD_HACKING, Evaluation, decide
-from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
+from regimen.stages.decide.verdicts import BACK_TO_SFT, CONTINUE, OVERFITTING_VERDICT, REWARD_HACKING, Evaluation, decide
+from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
 from regimen.stages.recipe import Recipe, load_recipe
-from regimen.stages.runner import StageResult, execute
+from regimen.stages.run.runner import StageResult, execute
 from regimen.stages.store import Store
 from regimen.stages.store.lock import machine_slot
 from regimen.stages.training.pass_rates import FILE as PASS_RATES
@@ -190,8 +190,8 @@ def regimen_cycle_recipe(recipe: Recipe):
 
 @task(name="preflight", cache_policy=NO_CACHE, persist_result=False)
 def preflight(recipe: Recipe) -> dict[str, Any]:
-    """Data and rewards checked before anything trains or anything is written (`stages/preflight.py`)."""
-    from regimen.stages import preflight as checks
+    """Data and rewards checked before anything trains or anything is written (`stages/run/preflight.py`)."""
+    from regimen.stages.run import preflight as checks
 
     summary = checks.check(recipe)
     summary["doors"] = registry.doors(recipe)  # the stages' own (distill: the teacher resolves, same tokenizer)
@@ -289,8 +289,8 @@ def train_round(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int, ro
 
 def prepare_data(recipe: Recipe, run: Run) -> None:
     """The experiment's frozen held-out set (frozen now on its first run) and tonight's training data next
-    to its last version (`stages/data_records.py`)."""
-    from regimen.stages import data_records
+    to its last version (`stages/records/datasets.py`)."""
+    from regimen.stages.records import datasets as data_records
     from regimen.stages.tasks.registry import load_task
 
     run.heldout, frozen_now = data_records.resolve(run.store, recipe.experiment, load_task(recipe.data).heldout)

@@ -78,7 +78,7 @@ def check_schedule(cron: str, timezone: str) -> None:
     """Refuse a bad cron expression or time zone before anything is registered (exit code 2)."""
     from pydantic import ValidationError
 
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     try:
         CronSchedule(cron=cron, timezone=timezone)
@@ -110,7 +110,7 @@ def operator_environment(config: str, store: str, allow: list[str], configs_dir:
     from pathlib import Path
 
     from regimen.flows import boundary
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     path = Path(config).resolve()
     if not path.is_file():
@@ -141,7 +141,7 @@ def check_api_protected(allow_unauthenticated: bool = False) -> None:
 
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_API_URL
 
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     url = PREFECT_API_URL.value() or ""
     host = (urlparse(url).hostname or "").lower()

@@ -1,6 +1,6 @@
 """The CLI's commands about an experiment's models and data over time: `champion`, `promote`, `rollback`,
 `export`, `heldout refresh`. Registered on the main app by `flows/cli.py`; the work is `flows/champion.py`
-and `stages/data_records.py`. A person's move is recorded as such (`by: person`, with the reason given),
+and `stages/records/datasets.py`. A person's move is recorded as such (`by: person`, with the reason given),
 and, when a Prefect server is configured (`PREFECT_API_URL`), announced as an event for automations."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def champion(experiment: Annotated[str, typer.Argument(help="experiment name")],
     """The experiment's champion and its history (promotions, keeps, a person's moves)."""
     from regimen.flows.champion import record
     from regimen.flows.publish import champion_table
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
     from regimen.stages.store import Store
 
     st = Store(store)
@@ -120,7 +120,7 @@ def heldout_refresh(config: Annotated[str, typer.Argument(help="the experiment's
                     store: Annotated[Optional[str], typer.Option("--store", help="artifact store")] = None,
                     experiment: Annotated[Optional[str], typer.Option("--experiment", help="experiment name")] = None) -> None:
     """Start a new frozen held-out set from the recipe's data (a person's decision; accuracies compare within one set)."""
-    from regimen.stages import data_records
+    from regimen.stages.records import datasets as data_records
     from regimen.stages.recipe import load_recipe
     from regimen.stages.store import Store
     from regimen.stages.tasks.registry import load_task

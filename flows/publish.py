@@ -24,7 +24,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from regimen.flows.present.fmt import cell, rounded
 from regimen.stages import registry
-from regimen.stages.runner import StageResult
+from regimen.stages.run.runner import StageResult
 from regimen.stages.training import trajectories
 
 

@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.contract import StageOutput
+from regimen.stages.core.contract import StageOutput
 
 NAME = "distill"
 ROLE = "teach"
@@ -50,7 +50,7 @@ def teacher_spec(recipe) -> str:
 def resolve_teacher(recipe) -> dict[str, Any]:
     """The teacher as {"path": what from_pretrained loads, "identity": what enters the fingerprint and the
     manifest}. Raises InputError for a champion that does not exist or a folder that is not a model."""
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     spec = teacher_spec(recipe)
     if spec.startswith(CHAMPION):
@@ -74,7 +74,7 @@ def resolve_teacher(recipe) -> dict[str, Any]:
     if local.exists():
         if not (local / "config.json").is_file():
             raise InputError(f"distill.teacher_model_name_or_path {spec!r}: not a model folder (no config.json)")
-        from regimen.stages.fingerprint import tree_digest
+        from regimen.stages.core.fingerprint import tree_digest
 
         return {"path": str(local.resolve()), "identity": {"folder": str(local.resolve()), "sha256": tree_digest(local)}}
     if spec.startswith(("/", ".", "~")) or spec.count("/") > 1:
@@ -85,7 +85,7 @@ def resolve_teacher(recipe) -> dict[str, Any]:
 def door(recipe) -> dict[str, Any]:
     """Checked at the run's preflight, before anything is written: the teacher resolves, and its tokenizer
     is the student's (same vocabulary and special tokens). Returns the teacher's identity."""
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     teacher = resolve_teacher(recipe)
     student = _student_tokenizer(recipe)

@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import Any
 
-from regimen.stages.contract import StageOutput
+from regimen.stages.core.contract import StageOutput
 from regimen.stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
 from regimen.stages.tasks import shuffled
 from regimen.stages.training import trajectories

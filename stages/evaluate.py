@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from regimen.stages.contract import StageOutput
+from regimen.stages.core.contract import StageOutput
 
 NAME = "eval"
 ROLE = "judge"

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.contract import StageOutput
+from regimen.stages.core.contract import StageOutput
 
 NAME = "grpo"
 ROLE = "train"
@@ -55,7 +55,7 @@ def barrier(trainer) -> None:
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
-    from regimen.stages.cycle import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
+    from regimen.stages.decide.verdicts import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
     from regimen.stages.rewards import GAMEABLE_WARNING, gameable_names
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import trajectories

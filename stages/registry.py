@@ -1,6 +1,6 @@
 """The one list of stages, in pipeline order. The runner, the flow, the CLI and the tests read it.
 
-Adding a stage: write its module (see `contract.py`) and add it here; nothing else names stages. The
+Adding a stage: write its module (see `core/contract.py`) and add it here; nothing else names stages. The
 flow runs each stage where its `ROLE` says (`contract.ROLES`), in this order within the role.
 Stage modules import only light things at module level, so importing this registry is cheap.
 """
@@ -8,7 +8,7 @@ Stage modules import only light things at module level, so importing this regist
 from __future__ import annotations
 
 from regimen.stages import distill, dry_run, evaluate, grpo, sft, smoke
-from regimen.stages.contract import ROLES, Stage
+from regimen.stages.core.contract import ROLES, Stage
 
 ORDER: tuple[Stage, ...] = (sft, distill, dry_run, smoke, grpo, evaluate)  # type: ignore[assignment]
 STAGES: dict[str, Stage] = {s.NAME: s for s in ORDER}

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.contract import StageOutput
-from regimen.stages.errors import StageStopped
+from regimen.stages.core.contract import StageOutput
+from regimen.stages.core.errors import StageStopped
 
 NAME = "sft"
 ROLE = "teach"
@@ -36,7 +36,7 @@ def config_section(recipe) -> dict[str, Any]:
     if recipe.teacher.kind not in ("oracle", "weak") or recipe.eval.metric != "exact_match":
         section["rewards"] = rewards_identity(recipe.rewards)
     if recipe.teacher.kind == "model" and Path(recipe.teacher.name_or_path).expanduser().is_dir():
-        from regimen.stages.fingerprint import tree_digest
+        from regimen.stages.core.fingerprint import tree_digest
 
         section["teacher_sha256"] = tree_digest(Path(recipe.teacher.name_or_path).expanduser())
     return section

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.contract import StageOutput
+from regimen.stages.core.contract import StageOutput
 
 NAME = "grpo-smoke"
 ROLE = "gate"

@@ -57,7 +57,7 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
     """The flow as the CLI starts it: the recipe resolved once, then handed to `regimen_cycle_recipe`.
     Returns the stages' summaries; a run that stopped raises the error the CLI would exit with."""
     from regimen.flows.cycle import RunResult, regimen_cycle_recipe
-    from regimen.stages.errors import InputError, RegimenError
+    from regimen.stages.core.errors import InputError, RegimenError
     from regimen.stages.recipe import load_recipe
 
     extra = dict(overrides or {})
@@ -69,7 +69,7 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
     if not isinstance(outcome, RunResult):
         raise outcome
     if outcome.exit_code:
-        from regimen.stages import errors
+        from regimen.stages.core import errors
 
         kind = getattr(errors, outcome.error or "", None)
         if kind is errors.StageStopped:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.contract import StageDirs, StageOutput
+from regimen.stages.core.contract import StageDirs, StageOutput
 
 NAME = "weights-gate"
 ROLE = "gate"

@@ -46,7 +46,7 @@ def test_a_checkpoint_ceiling_caps_what_the_trainer_keeps(tmp_path):
     assert for_stage(load_recipe(TINY, {"limits.max_checkpoints": 3, "grpo.save_total_limit": 2}), "grpo", tmp_path).save_total_limit == 2
     assert for_stage(load_recipe(TINY, {}), "grpo", tmp_path).save_total_limit is None
     # the ceiling never enters a fingerprint: it refuses or stops a run, it never changes what it computes
-    from regimen.stages.runner import stage_key
+    from regimen.stages.run.runner import stage_key
 
     policy = {"policy": {"stage": "base", "model": "m", "fingerprint": "f"}}
     assert stage_key("grpo", capped, policy)[0] == stage_key("grpo", load_recipe(TINY, {}), policy)[0]

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from regimen.stages import champion as rule
-from regimen.stages import data_records
+from regimen.stages.decide import promotion as rule
+from regimen.stages.records import datasets as data_records
 from regimen.stages.store import Store
 from regimen.stages.tasks import Task, normalized_prompt, seeded_split, with_frozen_heldout
 

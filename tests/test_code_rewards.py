@@ -10,7 +10,7 @@ import pytest
 from regimen.stages import sandbox
 from regimen.stages.rewards import code as code_rewards
 from regimen.stages.rewards.code import PROBLEMS_PATH, extract_code, has_code_block, humaneval_snippet, load_code_problems, mbpp_snippets, unit_tests_reward
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import get_reward, is_gameable, known_rewards
 
 ISOLATED, WHY = sandbox.isolation_status()

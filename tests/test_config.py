@@ -8,7 +8,7 @@ import yaml
 
 from conftest import TINY, run_cli
 from regimen.stages.recipe import load_recipe, parse_set
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from regimen.stages.cycle import HACKING, OVERFITTING, SHARPENING, Evaluation, decide, finding, guard_in_training, stops
+from regimen.stages.decide.verdicts import HACKING, OVERFITTING, SHARPENING, Evaluation, decide, finding, guard_in_training, stops
 from regimen.stages.recipe.schema import CurriculumSection, CycleSection, GuardSection
 from regimen.stages.training.curriculum import Curriculum
 from regimen.stages.training.pass_rates import PassRates, prompt_id
@@ -188,7 +188,7 @@ def test_a_shrunken_run_shows_the_curriculum_in_its_manifest_and_resumes_with_it
     state from the checkpoint."""
     from conftest import run_flow
 
-    from regimen.stages.errors import RegimenError
+    from regimen.stages.core.errors import RegimenError
     from regimen.stages.store import Store
 
     overrides = {"curriculum.enabled": True, "grpo.max_steps": 12, "grpo.save_steps": 4, "grpo.logging_steps": 2, "curriculum.readmit_after": 3,

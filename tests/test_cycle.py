@@ -3,7 +3,7 @@
 import pytest
 
 from regimen.stages.recipe.schema import CycleSection, GuardSection
-from regimen.stages.cycle import (BACK_TO_SFT, BUDGET_SPENT, CONTINUE, REWARD_HACKING, STALLED, TARGET_REACHED, Evaluation, decide,
+from regimen.stages.decide.verdicts import (BACK_TO_SFT, BUDGET_SPENT, CONTINUE, REWARD_HACKING, STALLED, TARGET_REACHED, Evaluation, decide,
                           hacking_evidence)
 
 
@@ -95,7 +95,7 @@ def test_empty_history_is_an_error():
 
 # -- the guard while GRPO trains -------------------------------------------------------------------
 
-from regimen.stages.cycle import guard_in_training  # noqa: E402
+from regimen.stages.decide.verdicts import guard_in_training  # noqa: E402
 
 
 def test_guard_fires_when_training_reward_climbs_and_the_probe_does_not():

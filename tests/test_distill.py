@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TINY, run_cli, run_flow
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.store import Store
 
 REGIMEN = str(Path(sys.executable).parent / "regimen")
@@ -116,7 +116,7 @@ def test_distill_runs_between_sft_and_the_gates_records_its_teacher_and_is_reuse
     assert m["reverse_kl_first"] > 0 and m["reverse_kl_mean"] >= 0
     st = Store(store)
     manifest = st.latest("tiny-test", "distill")
-    from regimen.stages.fingerprint import tree_digest
+    from regimen.stages.core.fingerprint import tree_digest
 
     assert manifest["teacher"] == {"folder": str(teacher.resolve()), "sha256": tree_digest(teacher)}
     assert manifest["config"]["teacher"]["sha256"] == tree_digest(teacher)

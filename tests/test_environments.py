@@ -186,7 +186,7 @@ def test_a_broken_tool_in_an_episode_is_a_zero_and_a_trajectory_entry(tmp_path, 
 
 
 def test_the_door_refuses_environment_recipes_that_cannot_work(tmp_path):
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
     from regimen.stages.recipe import load_recipe
 
     def bad(text: str, match: str) -> None:
@@ -213,7 +213,7 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
     trajectories show tool calls and results."""
     from conftest import ROOT, run_flow
 
-    from regimen.stages.errors import RegimenError
+    from regimen.stages.core.errors import RegimenError
 
     overrides = {"sft.max_steps": 250, "teacher.max_prompts": 1000, "data.train_size": 1200, "data.heldout_size": 32, "grpo.max_steps": 6,
                  "grpo.save_steps": 2, "grpo.per_device_train_batch_size": 16, "probe.steps": 2, "probe.prompts": 8, "probe.train_prompts": 8,
@@ -272,7 +272,7 @@ def test_the_ui_shows_an_episode_turn_by_turn():
 def test_a_ui_run_cannot_choose_an_environment():
     """`environment.*` chooses code: not a UI parameter unless the operator allows it; the curriculum is."""
     from regimen.flows.boundary import check_overrides
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     for key in ("environment.name", "environment.args", "environment"):
         with pytest.raises(InputError, match="is not a UI parameter"):

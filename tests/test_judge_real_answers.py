@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from regimen.stages import sandbox
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import get_reward
 from regimen.stages.rewards.code import unit_tests_reward
 

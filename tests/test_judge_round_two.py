@@ -469,7 +469,7 @@ def test_a_compressed_test_column_is_never_unpickled_unless_it_is_one_plain_stri
     import pickle
     import zlib
 
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
     from regimen.stages.rewards.code_rows import row_job
 
     class Boom:

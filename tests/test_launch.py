@@ -5,7 +5,7 @@ import pytest
 
 from conftest import TINY, run_flow
 from regimen.stages.recipe import load_recipe
-from regimen.stages.launcher import accelerate_command
+from regimen.stages.run.launcher import accelerate_command
 from regimen.stages.store import Store
 
 
@@ -13,7 +13,7 @@ def test_command_uses_the_torchrun_path_for_several_processes(tmp_path):
     r = load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"])
     cmd = accelerate_command(r, tmp_path / "spec.json")
     assert "--multi_gpu" in cmd and "--cpu" not in cmd
-    assert cmd[cmd.index("--num_processes") + 1] == "2" and cmd[-3:] == ["-m", "regimen.stages.launch_entry", str(tmp_path / "spec.json")]
+    assert cmd[cmd.index("--num_processes") + 1] == "2" and cmd[-3:] == ["-m", "regimen.stages.run.launch_entry", str(tmp_path / "spec.json")]
     r = load_recipe(TINY, ["launcher=accelerate", "accelerate.config_file=configs/accelerate/ddp.yaml"])
     cmd = accelerate_command(r, tmp_path / "spec.json")
     assert cmd[cmd.index("--config_file") + 1] == "configs/accelerate/ddp.yaml" and "--multi_gpu" not in cmd
@@ -37,7 +37,7 @@ def test_two_process_run_completes_with_gloo_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_rank_fails_the_stage_with_its_last_lines(tmp_path, monkeypatch):
-    from regimen.stages.errors import StageStopped
+    from regimen.stages.core.errors import StageStopped
 
     monkeypatch.setenv("REGIMEN_FAULT", "grpo@2")
     with pytest.raises(StageStopped, match="accelerate launch .2 processes. exited with code") as exc:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from regimen.stages import registry
-from regimen.stages import fingerprint as fp
+from regimen.stages.core import fingerprint as fp
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"regimen.stages": ROOT / "stages", "regimen.flows": ROOT / "flows"}
@@ -55,27 +55,27 @@ def edges(name: str, path: Path) -> set[str]:
 
 GRAPH = {name: edges(name, path) for name, path in MODULES.items()}
 
-# The house as rooms, lowest first: which modules each room holds (by prefix; the longest prefix wins) and
-# which rooms it may import. Imports point down only; a room not listed is not importable from here.
-PIECES = ["contract", "decisions", "store", "tasks", "rewards", "environments", "recipe", "training", "records"]
+# The house as rooms, lowest first: each room is one folder (every module under it) or, for the stages, the
+# stage modules at the top of stages/ that the registry lists; and the rooms it may import. Imports point down
+# only; a room not listed is not importable from here. ARCHITECTURE.md draws the same map.
+
 ROOMS: dict[str, tuple[list[str], list[str]]] = {
     "sandbox": (["regimen.stages.sandbox"], []),  # the judge's isolation: stdlib only, nothing of Regimen
-    "contract": (["regimen.stages", "regimen.stages.errors", "regimen.stages.contract", "regimen.stages.fingerprint"], []),
-    "decisions": (["regimen.stages.cycle"], ["contract"]),  # pure functions: the cycle's verdicts, the guard
-    "store": (["regimen.stages.store"], ["contract"]),
-    "tasks": (["regimen.stages.tasks"], ["contract"]),
-    "rewards": (["regimen.stages.rewards"], ["contract", "tasks", "sandbox"]),
-    "environments": (["regimen.stages.environments"], ["contract", "rewards"]),  # multi-turn episodes with tools
-    "recipe": (["regimen.stages.recipe"], ["contract", "tasks", "rewards", "environments"]),  # with TRL's config objects
-    "training": (["regimen.stages.training"], ["contract", "decisions", "store", "tasks", "rewards", "environments", "recipe"]),
-    # an experiment's records over time: its frozen held-out set, its data versions, its champion
-    "records": (["regimen.stages.data_records", "regimen.stages.champion"], ["contract", "decisions", "store", "tasks"]),
-    "stages": ([s.__name__ for s in registry.ORDER] + ["regimen.stages.preflight"], PIECES),
-    "registry": (["regimen.stages.registry"], ["contract", "stages"]),
-    "runner": (["regimen.stages.runner", "regimen.stages.launcher", "regimen.stages.launch_entry"], [*PIECES, "registry"]),
-    "present": (["regimen.flows.present"], [*PIECES, "registry"]),  # tables, plots, report, status, reward-check
-    "orchestration": (["regimen.flows"], [*PIECES, "stages", "registry", "runner", "present"]),  # flows, deployments, the UI boundary
-    "cli": (["regimen.flows.cli"], [*PIECES, "stages", "registry", "runner", "present", "orchestration"]),
+    "core": (["regimen.stages", "regimen.stages.core"], []),  # the package itself, the contract, errors, fingerprints
+    "decide": (["regimen.stages.decide"], []),  # pure rules: the cycle's verdicts, the guard, the promotion rule
+    "store": (["regimen.stages.store"], ["core"]),
+    "tasks": (["regimen.stages.tasks"], ["core"]),
+    "rewards": (["regimen.stages.rewards"], ["core", "tasks", "sandbox"]),
+    "environments": (["regimen.stages.environments"], ["core", "rewards"]),  # multi-turn episodes with tools
+    "recipe": (["regimen.stages.recipe"], ["core", "tasks", "rewards", "environments"]),  # with TRL's config objects
+    "training": (["regimen.stages.training"], ["core", "decide", "store", "tasks", "rewards", "environments", "recipe"]),
+    "records": (["regimen.stages.records"], ["core", "store", "tasks"]),  # the frozen held-out set, the data versions
+    "stages": ([s.__name__ for s in registry.ORDER], ["core", "decide", "store", "tasks", "rewards", "recipe", "training"]),
+    "registry": (["regimen.stages.registry"], ["core", "stages"]),
+    "run": (["regimen.stages.run"], ["core", "store", "tasks", "rewards", "recipe", "training", "registry"]),  # runner, launcher, ranks' entry, preflight
+    "present": (["regimen.flows.present"], ["core", "store", "tasks", "rewards", "recipe", "training", "records", "registry"]),  # tables, plots, status
+    "orchestration": (["regimen.flows"], ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records", "registry", "run", "present"]),  # flows, deployments, the UI boundary
+    "cli": (["regimen.flows.cli"], ["core", "store", "recipe", "training", "registry", "present", "orchestration"]),
 }
 
 
@@ -114,12 +114,33 @@ def test_imports_point_down_only():
 
 
 def test_the_rooms_rule_would_catch_an_import_pointing_up():
-    """The rule is not vacuous: the imports the first pass left pointing up are refused by it."""
-    for importer, imported in [("regimen.stages.training.launch_entry", "regimen.stages.registry"),
-                               ("regimen.stages.recipe", "regimen.stages.training.args"),
-                               ("regimen.stages.rewards.check", "regimen.stages.recipe"),
-                               ("regimen.stages.sandbox.pool", "regimen.stages.errors")]:
+    """The rule is not vacuous: imports that would point up (each between two modules that exist) are refused."""
+    for importer, imported in [("regimen.stages.run.launch_entry", "regimen.flows.cycle"),
+                               ("regimen.stages.recipe.trl", "regimen.stages.training.model"),
+                               ("regimen.stages.rewards.code", "regimen.stages.recipe"),
+                               ("regimen.stages.sandbox.pool", "regimen.stages.core.errors"),
+                               ("regimen.stages.decide.verdicts", "regimen.stages.store"),
+                               ("regimen.stages.records.datasets", "regimen.stages.training.model"),
+                               ("regimen.stages.grpo", "regimen.stages.registry")]:
+        assert importer in MODULES and imported in MODULES, (importer, imported)
         assert room(imported) not in ROOMS[room(importer)][1], (importer, imported)
+
+
+def test_every_room_is_one_folder_or_the_stage_files_and_every_allowance_is_used():
+    """Rooms map to folders one to one (the stages room: the registry's stage files at the top of stages/),
+    and a room's rule allows only rooms it imports today: an allowance nobody uses is removed, not kept."""
+    for name, (prefixes, _) in ROOMS.items():
+        for prefix in prefixes:
+            assert prefix in MODULES, (name, prefix)
+            if name != "stages" and prefix != "regimen.stages":  # a folder, or a room that is one named file
+                assert MODULES[prefix].name == "__init__.py" or len(prefixes) == 1, (name, prefix)
+    for name in ROOMS["stages"][0]:
+        assert MODULES[name].parent == ROOT / "stages", name
+    used = {r: set() for r in ROOMS}
+    for m, deps in GRAPH.items():
+        used[room(m)].update(room(d) for d in deps if room(d) != room(m))
+    unused = {r: sorted(set(allowed) - used[r]) for r, (_, allowed) in ROOMS.items() if set(allowed) - used[r]}
+    assert unused == {}
 
 
 def test_the_sandbox_imports_only_the_standard_library():
@@ -158,7 +179,7 @@ def test_stages_never_import_each_other_the_runner_flows_or_prefect():
     assert len(stage_modules) == 6  # sft, distill, the dry run, the smoke test, grpo, eval
     for name in stage_modules:
         deps = GRAPH[name]
-        assert not deps & (stage_modules | {"regimen.stages.runner", "regimen.stages.registry"}), (name, deps)
+        assert not deps & (stage_modules | {"regimen.stages.run.runner", "regimen.stages.registry"}), (name, deps)
     for name, path in MODULES.items():
         if name.startswith("regimen.stages"):
             assert not any(d.startswith("regimen.flows") for d in GRAPH[name]), name
@@ -205,7 +226,7 @@ def test_code_versions_cover_what_changes_results_and_nothing_that_presents():
     closures = {s.NAME: {Path(p).relative_to(ROOT).as_posix() for p in fp.closure(s.__name__)} for s in registry.ORDER}
     for name, files in closures.items():
         assert not any(f.startswith("flows/") for f in files), name
-        assert "stages/runner.py" not in files and "stages/store/__init__.py" not in files, name
+        assert "stages/run/runner.py" not in files and "stages/store/__init__.py" not in files, name
     assert "stages/grpo.py" in closures["grpo"]
     assert all("stages/grpo.py" not in closures[n] for n in ("sft", "reward-dry-run", "grpo-smoke", "eval"))
     assert "stages/training/grpo_trainer.py" in closures["grpo-smoke"] and "stages/training/grpo_trainer.py" in closures["grpo"]
@@ -282,7 +303,7 @@ def test_the_flows_and_what_presents_them_name_no_stage():
     (`flows/boundary.py` names recipe sections, some of which share a stage's name.)"""
     names = set(registry.NAMES)
     paths = [p for p in (ROOT / "flows").rglob("*.py") if p.name != "boundary.py"]
-    for path in [*paths, ROOT / "stages" / "runner.py", ROOT / "stages" / "training" / "policy.py"]:
+    for path in [*paths, ROOT / "stages" / "run" / "runner.py", ROOT / "stages" / "training" / "policy.py"]:
         found = [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in names]
         assert not found, (path.name, found)
 

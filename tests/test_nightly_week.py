@@ -102,7 +102,7 @@ def test_the_ui_shows_the_champion_and_its_history(week, tmp_path):
 def test_export_gives_a_model_that_scores_the_recorded_accuracy(week, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from regimen.stages import data_records
+    from regimen.stages.records import datasets as data_records
     from regimen.stages.recipe import load_recipe
     from regimen.stages.store import Store
     from regimen.stages.tasks.registry import frozen_rows

@@ -21,8 +21,8 @@ import pytest
 
 from conftest import ROOT, TINY, run_cli
 from regimen.flows import champion
-from regimen.stages import data_records
-from regimen.stages.errors import RegimenError, StoreError
+from regimen.stages.records import datasets as data_records
+from regimen.stages.core.errors import RegimenError, StoreError
 from regimen.stages.store import Store
 from regimen.stages.training.policy import policy_from_ref
 
@@ -364,7 +364,7 @@ def test_promote_and_rollback_with_prefect_down_write_the_record_and_say_so_in_o
 
 def test_the_guard_is_the_operators_policy_not_a_ui_parameter_unless_serve_allows_it():
     from regimen.flows.boundary import check_overrides
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     for key, value in (("cycle.guard.action", "warn"), ("cycle.guard.train_rise", 1e3), ("cycle.guard", {"action": "warn"})):
         with pytest.raises(InputError, match="operator's policy"):

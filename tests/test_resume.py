@@ -152,7 +152,7 @@ def test_last_checkpoint_at_max_steps_finishes_the_stage_without_an_extra_step(c
     from safetensors.torch import load_file
 
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.runner import StageResult, execute, stage_key
+    from regimen.stages.run.runner import StageResult, execute, stage_key
 
     store = Store(crash["store"])
     step = crash["good_step"]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from regimen.stages import sandbox
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.flows.present.reward_check import main
 
 SAMPLES = [

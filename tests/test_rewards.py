@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards.text import format_
 from regimen.stages.rewards import answer, completion_text, digits, format_reward, get_reward, is_gameable, known_rewards, normalize_answer, score, weighted_total
 

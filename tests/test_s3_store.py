@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from regimen.stages.errors import InputError, StoreError
+from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.store import MANIFEST, ExperimentBusy, Store
 
 pytest.register_assert_rewrite("prefect_ops")
@@ -227,7 +227,7 @@ def test_a_bucket_that_ignores_conditional_writes_is_named_before_training(s3_en
     turned into a plain write) is refused by the preflight probe, which leaves nothing behind."""
     import s3fs
 
-    from regimen.stages.preflight import check_store
+    from regimen.stages.run.preflight import check_store
 
     plain_open = s3fs.S3FileSystem.open
     monkeypatch.setattr(s3fs.S3FileSystem, "open", lambda self, path, mode="rb", **kw: plain_open(self, path, mode.replace("x", "w"), **kw))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from regimen.stages.errors import InputError, StoreError
-from regimen.stages.fingerprint import digest as fingerprint
+from regimen.stages.core.errors import InputError, StoreError
+from regimen.stages.core.fingerprint import digest as fingerprint
 from regimen.stages.store import MANIFEST, ExperimentBusy, Store, sha256_file
 
 
@@ -272,7 +272,7 @@ def test_a_consumer_is_reused_only_for_the_weights_it_consumed(tmp_path):
     differ give their consumers different fingerprints; identical weights give the same one."""
     from conftest import TINY
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.runner import StageResult, stage_key
+    from regimen.stages.run.runner import StageResult, stage_key
 
     store = Store(tmp_path)
     refs = []
@@ -286,7 +286,7 @@ def test_a_consumer_is_reused_only_for_the_weights_it_consumed(tmp_path):
 
 
 def test_latest_policy_takes_the_intact_version_with_the_weights_that_were_evaluated(tmp_path):
-    from regimen.stages.runner import StageResult
+    from regimen.stages.run.runner import StageResult
     from regimen.stages.training.policy import latest_policy
 
     store = Store(tmp_path)

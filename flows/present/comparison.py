@@ -12,7 +12,7 @@ from typing import Any
 
 from regimen.flows.present import plots
 from regimen.flows.present.fmt import num
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.recipe import Recipe, apply_overrides, raw_of, recipe_from_dict
 
 COLUMNS = ("heldout_accuracy", "train_reward_mean", "frac_reward_zero_std_mean", "prompts_per_step", "grpo_wall_s", "grpo_version")

@@ -22,7 +22,7 @@ from typing import Any
 
 from regimen.stages import rewards as rewards_module
 from regimen.stages.tasks import read_jsonl
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import RewardFn, get_reward, is_gameable, score, weighted_total
 
 BATCH_SIZE = 512

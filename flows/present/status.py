@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from regimen.stages import registry
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.store import Store, check_name
 from regimen.stages.training.checkpoints import last_checkpoint
 
@@ -66,7 +66,7 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
 
 def heldout_row(store: Store, experiment: str) -> dict[str, Any]:
     """The frozen held-out set's line: its version, or why it cannot be used (runs stop until it is fixed)."""
-    from regimen.stages import data_records
+    from regimen.stages.records import datasets as data_records
 
     versions = store.versions(experiment, data_records.HELDOUT)
     latest = versions[-1] if versions else None
@@ -88,7 +88,7 @@ def libraries_line(rows: list[dict[str, Any]]) -> str | None:
     """The library versions the latest versions were made with (their manifests record them), and where
     they differ from what is installed now: those stages' code versions changed, so the next run redoes
     them."""
-    from regimen.stages.fingerprint import environment
+    from regimen.stages.core.fingerprint import environment
 
     recorded = next((r["libraries"] for r in reversed(rows) if isinstance(r.get("libraries"), dict)), None)
     if recorded is None:

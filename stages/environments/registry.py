@@ -9,7 +9,7 @@ from typing import Any
 
 from regimen.stages.environments import code, probe  # noqa: F401 - they register themselves
 from regimen.stages.environments.base import registered
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 
 
 def known() -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.recipe import defaults
 from regimen.stages.recipe.schema import Recipe, RewardSpec
 

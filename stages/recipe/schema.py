@@ -134,7 +134,7 @@ class EvalSection(Section):
 
 class GuardSection(Section):
     """The guard: the training reward rose while held-out accuracy did not. What it sees is named from the
-    greedy probe on training prompts too (`stages/cycle.py:verdict`): hacking (the reward pays for something
+    greedy probe on training prompts too (`stages/decide/verdicts.py:verdict`): hacking (the reward pays for something
     else), overfitting (training prompts learnt, held-out not) or sharpening (sampling catches up with what
     greedy decoding already scored: harmless)."""
 
@@ -182,7 +182,7 @@ class CycleSection(Section):
 
 
 class PromoteSection(Section):
-    """When a run's challenger replaces the experiment's champion (`stages/champion.py`)."""
+    """When a run's challenger replaces the experiment's champion (`stages/decide/promotion.py`)."""
 
     enabled: bool = Field(True, description="promote a better challenger (false: decide and record, never promote)")
     min_gain: float = Field(0.02, ge=0, le=1, description="held-out accuracy the challenger must gain over the champion at least")

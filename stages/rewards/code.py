@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages import sandbox
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards.code_rows import evaluates, humaneval_snippet, mbpp_snippets, row_job  # noqa: F401  (the formats, re-exported)
 from regimen.stages.rewards.registry import RewardFn, completion_text, register, register_factory
 from regimen.stages.rewards.solutions import find_solution, needed_names, prompt_code

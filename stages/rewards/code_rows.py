@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from regimen.stages import sandbox
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards.solutions import prompt_code
 
 IDENTIFIER = str.isidentifier

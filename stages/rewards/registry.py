@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -164,7 +164,7 @@ def identity(specs) -> list[dict[str, Any]]:
         if ":" in spec.name:
             import inspect
 
-            from regimen.stages.fingerprint import file_digest
+            from regimen.stages.core.fingerprint import file_digest
 
             fn = get_reward(spec.name)
             try:

@@ -7,7 +7,7 @@ import math
 import re
 from typing import Any
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards.registry import RewardFn, completion_text, register, register_factory
 
 _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")

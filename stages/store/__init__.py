@@ -47,7 +47,7 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from regimen.stages.errors import InputError, RegimenError, StoreError
+from regimen.stages.core.errors import InputError, RegimenError, StoreError
 from regimen.stages.store import files, schemas, work
 from regimen.stages.store.lock import (ExperimentBusy, exclusive_create, file_lock, lease, lost_lease, probe_conditional_create, process_started,
                                        record_lock)

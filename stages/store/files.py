@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from regimen.stages.errors import StoreError
+from regimen.stages.core.errors import StoreError
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 

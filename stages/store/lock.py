@@ -50,7 +50,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from regimen.stages.errors import RegimenError, StoreError
+from regimen.stages.core.errors import RegimenError, StoreError
 from regimen.stages.store import files
 
 log = logging.getLogger("regimen.store")

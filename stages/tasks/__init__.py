@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 
 log = logging.getLogger("regimen.data")
 

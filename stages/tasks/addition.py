@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 from regimen.stages.tasks import Task, TaskOptions
 
 NAME = "addition"

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from regimen.stages.errors import InputError
-from regimen.stages.fingerprint import file_digest
+from regimen.stages.core.errors import InputError
+from regimen.stages.core.fingerprint import file_digest
 from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, seeded_split
 
 NAME = "hf"

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from regimen.stages.fingerprint import file_digest
+from regimen.stages.core.fingerprint import file_digest
 from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, read_jsonl, same_columns, seeded_split
 
 NAME = "jsonl"

@@ -33,7 +33,7 @@ class MarkComplete(TrainerCallback):
         if control.should_save:
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if ckpt.is_symlink():
-                from regimen.stages.errors import StoreError
+                from regimen.stages.core.errors import StoreError
 
                 raise StoreError(f"{ckpt} is a symbolic link inside the store; the store never writes through links it did not make (remove it)")
         return control

@@ -38,7 +38,7 @@ def chat_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def prepare_tokenizer(tokenizer) -> None:
     """A response parser for the tokenizer: its own, or the one TRL knows for its chat template."""
-    from regimen.stages.errors import InputError
+    from regimen.stages.core.errors import InputError
 
     if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None) is not None:
         return

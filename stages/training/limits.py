@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from regimen.stages.errors import StageStopped
+from regimen.stages.core.errors import StageStopped
 
 
 class LimitExceeded(StageStopped):

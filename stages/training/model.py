@@ -114,7 +114,7 @@ def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
             (staging / DIGEST).write_text(json.dumps({"files": _file_digests(staging)}, indent=1))
         except Exception as exc:  # safetensors reports a full disk as its own error, without the path
             free = shutil.disk_usage(out_dir.parent).free
-            from regimen.stages.errors import StoreError
+            from regimen.stages.core.errors import StoreError
 
             raise StoreError(f"could not write the base model to {staging}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                              + (f" (no space left on the device holding {out_dir.parent}: {free / 2**20:.1f} MiB free)" if free < 64 * 2**20 else "")) from None
@@ -133,7 +133,7 @@ DIGEST = "regimen_digest.json"
 
 
 def _file_digests(folder: Path) -> dict[str, str]:
-    from regimen.stages.fingerprint import file_digest
+    from regimen.stages.core.fingerprint import file_digest
 
     return {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != DIGEST}
 
@@ -141,7 +141,7 @@ def _file_digests(folder: Path) -> dict[str, str]:
 def check_built(out_dir: Path) -> Path:
     """A built base model, as built: no link the store did not make (the folder or anything in it), and
     every file matching the digest written when it was built. Raises StoreError naming the path."""
-    from regimen.stages.errors import StoreError
+    from regimen.stages.core.errors import StoreError
     from regimen.stages.store.files import check_tree_no_links
 
     if out_dir.is_symlink():

@@ -53,7 +53,7 @@ def base_policy(recipe, store) -> dict:
         return {"stage": "base", "model": path, "fingerprint": f"tiny-{tiny_spec_hash(spec)}"}
     local = Path(name).expanduser()
     if local.is_dir():  # by content: new weights of the same shape are a new base
-        from regimen.stages.fingerprint import tree_digest
+        from regimen.stages.core.fingerprint import tree_digest
 
         return {"stage": "base", "model": str(local.resolve()), "fingerprint": f"local-{tree_digest(local)[:16]}"}
     # a hub id is identified by its name (pin a revision by pointing model.name_or_path at a local snapshot)
@@ -65,7 +65,7 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     policy the `judge` stage last measured, made by one of the `trained_by` stages (the caller reads both
     from the registry), never one whose verdict suspected reward hacking (verdicts are kept beside the
     evaluations)."""
-    from regimen.stages.cycle import OVERFITTING_VERDICT, REWARD_HACKING
+    from regimen.stages.decide.verdicts import OVERFITTING_VERDICT, REWARD_HACKING
 
     verdicts = store.verdicts_by_eval(experiment)
     ev = next((m for m in reversed(store.versions(experiment, judge))
@@ -82,7 +82,7 @@ def policy_from_ref(store, experiment: str, ref: dict) -> dict | None:
     """The intact version a policy reference names (by stage and fingerprint, and content when given: a
     retrained version can share the fingerprint of a damaged one), as a fresh reference with local paths;
     None when no intact version holds it. A base-model reference is returned as it is."""
-    from regimen.stages.fingerprint import content_digest
+    from regimen.stages.core.fingerprint import content_digest
 
     if ref.get("stage") == "base":
         return ref

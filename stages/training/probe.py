@@ -4,7 +4,7 @@ Every `probe.steps` steps (and at step 0 and the last step) the policy answers a
 `probe.prompts` held-out prompts greedily; the probe's accuracy is logged beside the training reward
 (`heldout_probe` entries in the Trainer's log history, hence `train_log.jsonl`, the plots and the
 checkpoints, so a resumed run keeps its curve). After each probe the guard's pure rule
-(`regimen.stages.cycle.guard_in_training`) reads both curves; when it fires the stage stops (`action:
+(`regimen.stages.decide.verdicts.guard_in_training`) reads both curves; when it fires the stage stops (`action:
 stop`) or records a warning and goes on (`warn`). The weights of the best-probing step (ties: the later)
 are kept in the work folder (`best/`, written under a temporary name, then renamed), so the version can
 hold the best policy rather than the last.
@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from regimen.stages.cycle import SHARPENING, describe, finding, guard_in_training, stops
+from regimen.stages.decide.verdicts import SHARPENING, describe, finding, guard_in_training, stops
 
 log = logging.getLogger("regimen.probe")
 BEST = "best"
@@ -86,7 +86,7 @@ def correct_flags(recipe, completions: list[Any], rows: list[dict[str, Any]], ex
 class HeldoutProbe(TrainerCallback):
     """`rows`: the held-out sample; `train_rows`: a sample of training prompts, answered greedily too, whose
     accuracy and weighted reward (`train_probe`, `train_probe_reward` in the log) let the guard name what
-    it sees (`regimen.stages.cycle.finding`)."""
+    it sees (`regimen.stages.decide.verdicts.finding`)."""
 
     def __init__(self, recipe, rows: list[dict[str, Any]], tokenizer, work_dir: Path, progress=None, train_rows: list[dict[str, Any]] | None = None):
         self.recipe, self.rows, self.tokenizer = recipe, rows, tokenizer

@@ -24,7 +24,7 @@ def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[di
         kept = [{"prompt": r["prompt"], "completion": ref} for r in rows if (ref := solve(r)) is not None]
         return kept, {"traces_generated": float(len(rows)), "traces_kept": float(len(kept))}
     if recipe.environment is not None:
-        from regimen.stages.errors import InputError
+        from regimen.stages.core.errors import InputError
 
         raise InputError(f"teacher.kind {t.kind!r}: with an environment only the task's oracle (or weak) teacher writes traces for now")
     source = t.name_or_path if t.kind == "model" else policy_path

@@ -81,7 +81,7 @@ class Recorder:
         self.order.append(name)  # TRL calls the rewards in this order: the first one opens each batch
 
         def wrapped(prompts, completions, **kwargs):
-            from regimen.stages.errors import InputError
+            from regimen.stages.core.errors import InputError
             from regimen.stages.rewards.registry import check_values
 
             # at every step, not only at the preflight: a bad value names the reward, the row and the value

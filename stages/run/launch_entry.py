@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from regimen.stages.launcher import die_with_parent, record_rank
+from regimen.stages.run.launcher import die_with_parent, record_rank
 
 
 def main(spec_path: str) -> None:
@@ -19,7 +19,7 @@ def main(spec_path: str) -> None:
     record_rank(work, rank)
 
     from regimen.stages import registry
-    from regimen.stages.contract import StageDirs
+    from regimen.stages.core.contract import StageDirs
     from regimen.stages.recipe import recipe_from_dict
 
     # TRL's configs built now, before any Trainer: building one after the Accelerator exists resets its state

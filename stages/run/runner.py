@@ -1,7 +1,7 @@
 """Run one stage through the store: reuse an intact completed version with the same fingerprint, or run
 the stage in a staging folder and commit it as a new version (or record a failed attempt).
 
-The fingerprint (`fingerprint.py`) is computed once per stage call by the caller or here; it is how a
+The fingerprint (`core/fingerprint.py`) is computed once per stage call by the caller or here; it is how a
 re-triggered flow (UI retry, CLI rerun, nightly run) resumes without redoing finished stages, and it
 doubles as Prefect's task cache key. A version whose files no longer match their digests is reported
 and never reused: the stage runs again.
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from regimen.stages import registry
-from regimen.stages.contract import StageDirs, StageOutput
-from regimen.stages.errors import RegimenError, StageInterrupted, StageStopped
-from regimen.stages.fingerprint import code_version, content_digest, cpu_capability, digest, environment, input_digests
+from regimen.stages.core.contract import StageDirs, StageOutput
+from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
+from regimen.stages.core.fingerprint import code_version, content_digest, cpu_capability, digest, environment, input_digests
 from regimen.stages.store import Store, now_iso
 
 log = logging.getLogger("regimen.runner")
@@ -55,7 +55,7 @@ def launch_info(stage: str, recipe) -> dict[str, Any]:
     if registry.trains(stage):
         info: dict[str, Any] = {"launcher": recipe.launcher, "num_processes": recipe.num_processes()}
         if recipe.launcher == "accelerate":
-            from regimen.stages.fingerprint import file_digest
+            from regimen.stages.core.fingerprint import file_digest
 
             acc = recipe.accelerate
             info.update(config_sha256=file_digest(acc.config_file) if acc.config_file else None, extra_args=list(acc.extra_args))
@@ -250,7 +250,7 @@ def _record_elsewhere(manifest: dict[str, Any], error: str) -> str | None:
 def _launch(stage: str, module, recipe, inputs: dict[str, Any], dirs: StageDirs) -> StageOutput:
     """Run the stage in this process, or under `accelerate launch` for training stages when asked."""
     if recipe.launcher == "accelerate" and module.TRAINS:
-        from regimen.stages.launcher import run_with_accelerate
+        from regimen.stages.run.launcher import run_with_accelerate
 
         return run_with_accelerate(stage, recipe, inputs, dirs)
     return module.run(recipe, inputs, dirs)

@@ -28,7 +28,7 @@ import re
 import shutil
 from typing import Any
 
-from regimen.stages.errors import InputError, StoreError
+from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.store import Store, now_iso
 from regimen.stages.tasks import normalized_prompt
 

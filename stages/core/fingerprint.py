@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE = "regimen.stages"
-NOT_RESULT = ("regimen.stages.contract", "regimen.stages.errors", "regimen.stages.registry", "regimen.stages.runner",
-              "regimen.stages.fingerprint", "regimen.stages.store", "regimen.stages.recipe")
+NOT_RESULT = ("regimen.stages.core", "regimen.stages.registry", "regimen.stages.run.runner",
+              "regimen.stages.store", "regimen.stages.recipe")
 LIBRARIES = ("trl", "transformers", "torch", "peft", "accelerate", "datasets")
 _MODULE_STRING = re.compile(r"^regimen\.stages(\.\w+)+$")
 

@@ -1,6 +1,6 @@
 """Training stages under `accelerate launch` (DDP, FSDP, DeepSpeed on GPUs; gloo ranks on CPU).
 
-The same stage code runs in every rank (`python -m regimen.stages.launch_entry`); rank 0 writes the stage's
+The same stage code runs in every rank (`python -m regimen.stages.run.launch_entry`); rank 0 writes the stage's
 files into the staging folder and its `StageOutput` as JSON into the work folder, and the parent reads
 it back after the launch exits. Each rank dies with its parent (PR_SET_PDEATHSIG) and records its pid,
 because torchrun gives ranks their own sessions and a SIGKILL to the launcher would leave them running.
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from regimen.stages.errors import StageStopped
+from regimen.stages.core.errors import StageStopped
 
 log = logging.getLogger("regimen.launch")
 PR_SET_PDEATHSIG = 1
@@ -72,11 +72,11 @@ def accelerate_command(recipe, spec: Path) -> list[str]:
     elif acc.num_processes > 1:
         cmd += ["--multi_gpu"]
     cmd += ["--num_processes", str(acc.num_processes), "--main_process_port", str(acc.main_process_port), *acc.extra_args]
-    return cmd + ["-m", "regimen.stages.launch_entry", str(spec)]
+    return cmd + ["-m", "regimen.stages.run.launch_entry", str(spec)]
 
 
 def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any:
-    from regimen.stages.contract import StageOutput
+    from regimen.stages.core.contract import StageOutput
 
     work = Path(dirs.checkpoints)
     spec = work / "launch.json"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from regimen.stages.errors import InputError
+from regimen.stages.core.errors import InputError
 
 log = logging.getLogger("regimen.preflight")
 
