@@ -369,3 +369,26 @@ def test_no_private_attribute_of_a_library_is_used():
                         if module.split(".")[0] in LIBRARIES and (any(p.startswith("_") for p in module.split(".")) or any(n.startswith("_") for n in names)):
                             found.append(f"{rel}:{node.lineno}: import of a private part of {module}")
     assert [f for f in found if not any(f.startswith(k[0]) and k[1] in f for k in NO_PUBLIC_WAY)] == []
+
+
+def test_architecture_md_draws_the_same_rooms_as_the_rule():
+    """ARCHITECTURE.md's table (room, where, may import) says what ROOMS says, and the README's tour names
+    every room's folder: one map, so the documents cannot drift from the rule unnoticed."""
+    rows = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 4 and cells[0] in ROOMS:
+            rows[cells[0]] = cells
+    assert set(rows) == set(ROOMS)
+    names = {"the pieces": ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records"]}
+    for name, (_, allowed) in ROOMS.items():
+        listed = [w.strip() for w in rows[name][3].split(",")] if rows[name][3] not in ("—", "the standard library only") else []
+        listed = [r for w in listed for r in names.get(w, [w])]
+        assert sorted(listed) == sorted(allowed), name
+    tour = (ROOT / "README.md").read_text()
+    for name, (prefixes, _) in ROOMS.items():
+        for prefix in prefixes:
+            path = MODULES[prefix]
+            shown = path.parent.name + "/" if path.name == "__init__.py" else path.name
+            if prefix != "regimen.stages":
+                assert shown in tour, (name, shown)
