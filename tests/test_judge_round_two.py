@@ -648,7 +648,70 @@ CALLABLES_ROW = {"tests": ["assert apply_all(str.upper, ['a', 'b']) == ['A', 'B'
                            "import operator, math\nassert fold(operator.mul, [2, 3], 1) == 6 and apply_all(math.floor, [2.5]) == [2]",
                            "assert fold(max, [3, 9, 2], 0) == 9 and apply_all(abs, [-1, 2]) == [1, 2]"]}
 
+CALLBACKS = c('''
+    def count_if(xs, pred):
+        return sum(1 for x in xs if pred(x))
+
+    def top(words, key, n=1):
+        return sorted(words, key=key, reverse=True)[:n]
+
+    def each(xs, visit):
+        for i, x in enumerate(xs):
+            visit(i, x)
+
+    class Node:
+        def __init__(self, v, kids=()):
+            self.v, self.kids = v, list(kids)
+
+    def walk(node, visit):
+        visit(node)
+        for kid in node.kids:
+            walk(kid, visit)
+
+    def tree():
+        return Node(1, [Node(2), Node(3, [Node(4)])])
+
+    def safe(fn, *args):
+        try:
+            return fn(*args)
+        except ZeroDivisionError:
+            return None
+''')
+CALLBACKS_ROW = {"tests": ["assert count_if([1, 5, 8, 3], lambda v: v > 4) == 2 and count_if([], bool) == 0",
+                           "assert top(['bb', 'a', 'ccc'], key=len) == ['ccc'] and top(['x', 'yy'], lambda w: -len(w), n=2) == ['x', 'yy']",
+                           "seen = {}\neach('ab', seen.__setitem__)\nassert seen == {0: 'a', 1: 'b'}",
+                           "vals = []\nwalk(tree(), lambda n: vals.append(n.v))\nassert vals == [1, 2, 3, 4]",
+                           "assert safe(lambda a, b: a / b, 1, 0) is None and safe(lambda a, b: a / b, 1, 2) == 0.5",
+                           "import pytest\nwith pytest.raises(KeyError):\n    safe(lambda: {}['k'])",
+                           "assert count_if([1, 2], lambda v: v > 0) == 1"]}  # a wrong expectation: fails in both
+
+SORTS_IN_PLACE = c('''
+    def sort_count(xs):
+        """Sorts xs in place; returns how many items moved."""
+        before = list(xs)
+        xs.sort()
+        return sum(a != b for a, b in zip(before, xs))
+
+    def remove_element(nums, val):
+        k = 0
+        for x in nums:
+            if x != val:
+                nums[k] = x
+                k += 1
+        return k
+
+    def bump(counts, key):
+        counts[key] = counts.get(key, 0) + 1
+        return counts[key]
+''')
+SORTS_IN_PLACE_ROW = {"tests": ["xs = [3, 1, 2]\nassert sort_count(xs) == 3 and xs == [1, 2, 3]",
+                                "nums = [3, 2, 2, 3]\nk = remove_element(nums, 3)\nassert k == 2 and sorted(nums[:k]) == [2, 2]",
+                                "c = {}\nassert bump(c, 'a') == 1 and bump(c, 'a') == 2 and c == {'a': 2}",
+                                "xs = [2, 1]\nsort_count(xs)\nassert xs == [2, 1]"]}  # a wrong expectation: fails in both
+
 CROSSING: dict[str, tuple] = {
+    "callables_of_the_tests_own_as_arguments": (CALLBACKS, CALLBACKS_ROW),
+    "in_place_changes_of_a_call_that_returns_a_value": (SORTS_IN_PLACE, SORTS_IN_PLACE_ROW),
     "standard_library_functions_as_arguments": (CALLABLES, CALLABLES_ROW),
     "dataclass_results_by_value": (DATACLASSES, DATACLASSES_ROW),
     "async_def_solution": (ASYNC, ASYNC_ROW),
@@ -715,11 +778,22 @@ def test_an_exception_class_that_lies_about_its_bases_gains_nothing():
 
 
 @needs_isolation
+def test_a_chain_of_claimed_bases_deeper_than_the_judges_stack_is_cut():
+    """Hostile: a thousand exception classes each claiming the next as its base (deeper than the judge's
+    recursion limit, had it followed them all): the judge still loads the solution and judges it."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    claims = {f"E{i}": [f"E{i}", f"E{i + 1}"] for i in range(999)} | {"E999": ["E999", "ValueError"]}
+    code = _claiming(claims) + "def add(a, b):\n    return a - b\n"
+    result = run_batch([Job(code, ["assert add(2, 2) == 4", "assert add(2, 2) == 0"])], workers=1)[0]
+    assert result.status == "ok" and result.tests == [False, True], result
+
+
+@needs_isolation
 def test_a_mutation_that_escapes_the_argument_is_not_taken():
     """Hostile: the solution fills the test's list with objects that equal anything (a plain harness pays
     for that), or its process answers with states for what the judge did not ask (another argument, a
-    changed type, a value returned beside them): only the test's own mutable arguments are written, with
-    J's decoded data, and a returned value is never mixed with a write-back."""
+    changed type): only the test's own mutable arguments are written, with J's decoded data."""
     from regimen.stages.sandbox import Job, run_batch
 
     always_equal = c("""
@@ -745,6 +819,77 @@ def test_a_mutation_that_escapes_the_argument_is_not_taken():
     eq, spoofed = run_batch([Job(always_equal, tests[:1]), Job(spoof, tests[1:])], workers=1)
     assert plain_harness(always_equal, {"tests": tests[:1]}) == 1.0  # the plain harness is fooled
     assert (eq.passed, spoofed.passed) == (0, 1), (eq, spoofed)
+
+
+@needs_isolation
+def test_a_mutation_of_a_call_that_returns_a_value_cannot_escape_the_argument():
+    """Hostile, with the write-back of a call that returns a value: the solution fills the test's list
+    with objects equal to anything, or grows it past what a message carries so that it would look
+    unchanged: the first arrives as proxies (compared by identity), the second fails the call."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    code = c("""
+        class Eq:
+            def __eq__(self, other):
+                return True
+            __hash__ = object.__hash__
+
+        def sort_count(xs):
+            xs[:] = [Eq() for _ in xs]
+            return 3
+
+        def keeps_input(xs):
+            xs.extend(['x' * 1000] * 10_000)
+            return sum(1 for x in xs if x == 1)
+    """)
+    tests = ["xs = [3, 1, 2]\nassert sort_count(xs) == 3 and xs == [1, 2, 3]",
+             "xs = [1, 2]\nassert keeps_input(xs) == 1 and xs == [1, 2]"]
+    result = run_batch([Job(code, tests)], workers=1, config=sandbox.SandboxConfig(timeout_s=10))[0]
+    assert plain_harness(code, {"tests": tests[:1]}) == 1.0  # the plain harness is fooled by the first
+    assert result.status == "ok" and result.tests == [False, False], result
+    assert "bytes" in (result.test_errors[1] or ""), result
+
+
+@needs_isolation
+def test_a_callable_called_back_with_an_always_equal_object_gains_nothing():
+    """Hostile: the solution calls the test's callables back with an object equal to anything, hands it
+    to the test's own list, returns what the callable returned, or sends a callable number the test
+    never passed. The judge's side gets only decoded data: the object arrives as a proxy (compared by
+    identity, its class the judge's), so each wrong answer stays wrong, where a plain harness pays."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    wrong = c("""
+        class Eq:
+            def __eq__(self, other):
+                return True
+            __ne__ = lambda self, other: False
+            __hash__ = object.__hash__
+
+        def apply(f, x):
+            return f(Eq())
+
+        def each(xs, visit):
+            for _ in xs:
+                visit(Eq())
+
+        def count_if(xs, pred):
+            return 1 if pred(Eq()) else 0
+    """)
+    forged = c("""
+        import sys
+        _callee = [m for m in sys.modules.values() if hasattr(m, 'Callback') and hasattr(m, 'serve')][0]
+
+        def apply(f, x):
+            return _callee.Callback(f.solution, f.number + 7)(x)
+    """)
+    tests = ["assert apply(lambda v: v, 5) == 5",
+             "seen = []\neach([1, 2], seen.append)\nassert seen == [1, 2]",
+             "assert count_if([1, 2, 3], lambda v: v == 2) == 1",
+             "got = []\napply(got.append, 1)\nv = got[0]\nassert type(v).__name__ == 'ObjectProxy' and type(v).__module__ != 'solution' and v != 1 and not (v == 1)"]
+    result, forgery = run_batch([Job(wrong, tests), Job(forged, tests[:1] + ["assert 1 == 1"])], workers=1)
+    assert plain_harness(wrong, {"tests": tests[:3]}) == 1.0  # the plain harness is fooled by each
+    assert result.status == "ok" and result.tests == [False, False, False, True], result
+    assert forgery.tests == [False, True] and "malformed" in str(forgery.test_errors[0]), forgery
 
 
 @needs_isolation
@@ -788,7 +933,7 @@ def test_a_function_the_test_passes_is_the_solutions_own_copy_and_changes_nothin
     """Hostile: a test passes `abs` (by name: the solution's process calls its own); the
     solution patches its own builtins to lie and returns the function back: the lie stays in its own
     process (the sort comes out wrong, as it would), the judge's `abs` is untouched, and what comes back
-    is a proxy, never the judge's function. A lambda still cannot be passed (no call runs in the judge)."""
+    is a proxy, never the judge's function. A lambda is called back in the judge, which the patch does not reach."""
     from regimen.stages.sandbox import Job, run_batch
 
     code = c("""
@@ -804,10 +949,9 @@ def test_a_function_the_test_passes_is_the_solutions_own_copy_and_changes_nothin
     """)
     tests = ["assert sort_by([-3, 1], abs) == [-3, 1]",  # the solution's own patched abs: its sort is stable on 0s
              "assert abs(-2) == 2 and echo(abs) is not abs and echo(abs)(-5) == 0",
-             "sort_by([1], lambda v: v)"]
+             "assert sort_by([-3, 1], lambda v: abs(v)) == [1, -3] and echo(len) is not len"]
     result = run_batch([Job(code, tests)], workers=1)[0]
-    assert result.tests == [True, True, False], result
-    assert "not plain data" in (result.test_errors[2] or ""), result
+    assert result.tests == [True, True, True], result
 
 
 def apps_grader(printed: str, expected: str) -> bool:

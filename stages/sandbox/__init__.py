@@ -26,8 +26,8 @@ and `pool.py` (worker slots, one warm server process each, kept between calls wi
 `shutdown()` closes them, so does exit).
 
 What a test can do with the solution: call its top-level functions with plain-data arguments (copies;
-but after a call that returns None, LeetCode's "modify in place", the final state of the test's list,
-dict, set or bytearray arguments is written back into the test's own objects) and get plain-data
+but after a call, the final state of the test's list, dict, set or bytearray arguments is written back
+into the test's own objects: LeetCode's "modify in place", also by a call that returns a value) and get plain-data
 results (an instance of a subclass of a plain type, such as a Counter, a namedtuple or an IntEnum
 member, arrives as its base type's value; a numpy scalar as its Python value) or its exceptions (as
 J's own class for an exception class the solution defines at top level, which the tests can catch by
@@ -38,7 +38,10 @@ names (J imports its own, from a list of pure computation modules; functions it 
 its process, like its own); call its classes and the methods of its objects through proxies (two
 objects of its dataclasses compare by their fields' decoded values). A test may pass the standard
 library's functions (`len`, `str.upper`, `math.floor`, `int` as a key: they cross by name and S calls
-its own), not a lambda or an object of its own: that call fails. J never calls a function or imports a module that
+its own) and callables of its own (a lambda, a key function, a bound method): those stay in J, and
+when the solution calls one, J calls it with the arguments decoded as ever (an object of the
+solution's as a proxy) and sends back what it returns; an object of the test's that is not callable
+cannot be passed: that call fails. J never calls a function or imports a module that
 the solution's process named: what it reports about its names is a claim, and a claim could name an
 object whose equality lies (`unittest.mock._ANY`).
 

@@ -23,11 +23,14 @@ harness:
    bool, str, repr, iter, getitem, contains), an expression the tests evaluate (`eval`: routed here by
    the judge, never run in its own process), or one run of the program with its stdin. Results go back
    as `("ok", value, printed, consumed)` (`value` encoded with handles for what is not plain data; when
-   the judge asked for the test's mutable arguments back (`writeback`), `(value, their final states)`,
-   the states only when the call returned None;
+   the judge asked for the test's mutable arguments back (`writeback`), `(value, their final states)`
+   (when they do not fit in a message beside the value, the answer is `bad`: the call fails);
    `printed`: what the call printed, when the test had redirected its stdout; `consumed`: how much of
    the stdin the test had set the call read), `("raise", class names, message, printed, consumed)`,
    `("bad", why)`, `("stop",)` at the end of an iterator, or `("ran", stdout bytes, status, truncated)`.
+   A callable of the test's arrives as a `Callback`: the solution's call of it asks the judge to run it
+   (`("callback", ...)`, answered by `("cbok", value)` or `("cbraise", names, message)`, with the judge's
+   own requests served meanwhile).
    A SystemExit (or any other BaseException that is not an Exception) inside a call ends the process
    without an answer: the judge sees the channel close, and that call and every later one fail.
 
@@ -132,11 +135,15 @@ def _mro_names(cls: type) -> list:
 class Handles:
     """The objects the judge holds handles to, by number."""
 
-    def __init__(self) -> None:
+    def __init__(self, solution: object = None) -> None:
         self.objects: dict[int, object] = {}
         self.numbers: dict[int, int] = {}  # id(object) -> number, so one object has one handle
+        self.callbacks: dict[int, Callback] = {}  # the test's callables, by J's number
+        self.solution = solution
 
     def add(self, x: object) -> tuple[str, int, str]:
+        if type(x) is Callback:  # the test's own callable goes back as J's number: J uses its own object
+            return "cb", x.number, "function"
         number = self.numbers.get(id(x))
         if number is None or self.objects.get(number) is not x:
             if len(self.objects) >= HANDLES_LIMIT:
@@ -154,9 +161,45 @@ class Handles:
     def get(self, kind: str, number: int, typename: str) -> object:
         if kind == "builtin":
             return _builtin(typename)
+        if kind == "cb":
+            found = self.callbacks.get(number)
+            if found is None:
+                if len(self.callbacks) >= HANDLES_LIMIT:
+                    raise wire.WireError("too many callables of the test's")
+                found = self.callbacks[number] = Callback(self.solution, number)
+            return found
         if number not in self.objects:
             raise wire.WireError(f"no object {number}")
         return self.objects[number]
+
+
+class Callback:
+    """A callable of the test's (a lambda, a key function), which lives in J: calling it sends
+    `("callback", number, args, kwargs)` and serves J's requests (a nested call of the solution's, a
+    proxy's method) until J answers `("cbok", value)` or `("cbraise", class names, message)`."""
+
+    __slots__ = ("solution", "number", "__weakref__")
+
+    def __init__(self, solution: object, number: int) -> None:
+        self.solution, self.number = solution, number
+
+    def __call__(self, *args, **kwargs):
+        return self.solution.callback(self.number, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<the test's callable {self.number}>"
+
+
+def _raised(names: object, message: object) -> BaseException:
+    """The exception a test's callable raised in J, as the builtin class of that name (else Exception)."""
+    for name in names[:8] if type(names) is list else []:
+        cls = getattr(builtins, name, None) if type(name) is str else None
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            try:
+                return cls(message)
+            except Exception:
+                continue
+    return Exception(message)
 
 
 _BUILTIN_MODULES = ("builtins", "math", "operator", "string")
@@ -262,10 +305,8 @@ def _call(fn, args: tuple, kwargs: dict, io_spec: object) -> tuple:
         sys.stdout, sys.stdin = saved_out, saved_in
     keys = io_spec.get("writeback") if type(io_spec) is dict else None
     if type(keys) is list and exc is None:  # the judge asked for the final state of the test's mutable arguments
-        states = None
-        if value is None:
-            states = [(k, args[k] if type(k) is int else kwargs[k]) for k in keys
-                      if (type(k) is int and 0 <= k < len(args)) or (type(k) is str and k in kwargs)]
+        states = [(k, args[k] if type(k) is int else kwargs[k]) for k in keys
+                  if (type(k) is int and 0 <= k < len(args)) or (type(k) is str and k in kwargs)]
         value = (value, states)
     return value, exc, capture.getvalue() if capture is not None else "", stdin.tell() if stdin is not None else 0
 
@@ -282,7 +323,7 @@ class Solution:
 
     def __init__(self, sock: int, code: str, mode: str) -> None:
         self.sock, self.mode = sock, mode
-        self.handles = Handles()
+        self.handles = Handles(self)
         self.module = type(sys)("solution")
         self.ns = self.module.__dict__
         self.ns["__builtins__"] = builtins
@@ -310,6 +351,42 @@ class Solution:
                 return ("stop",)
             return ("raise", _class_names(exc), _message(exc), printed, consumed)
         return ("ok", value, printed, consumed)
+
+    def reply(self, request: object) -> None:
+        """Answer one request of J's and send the answer; a SystemExit (or any BaseException) of the
+        solution's inside it, or a closed channel, ends the process."""
+        try:
+            reply = self.answer(request)
+        except BaseException:  # SystemExit and the like: the solution ends its own run
+            os._exit(0)
+        try:
+            payload = wire.encode(reply, subclasses=True, handles=self.handles.add, convert=_scalar)
+        except wire.NotPlainData as exc:
+            payload = wire.encode(("bad", str(exc)[:MESSAGE_LIMIT]))
+        except BaseException as exc:
+            payload = wire.encode(("bad", f"its return value could not be encoded ({type(exc).__name__})"))
+        try:
+            wire.send_encoded(self.sock, payload)
+        except BaseException:
+            os._exit(0)
+
+    def callback(self, number: int, args: tuple, kwargs: dict) -> object:
+        """Call the test's callable `number` in J (see `Callback`), serving J's requests meanwhile."""
+        payload = wire.encode(("callback", number, args, kwargs), subclasses=True, handles=self.handles.add, convert=_scalar)
+        try:
+            wire.send_encoded(self.sock, payload)
+        except BaseException:
+            os._exit(0)
+        while True:
+            try:
+                message = wire.recv(self.sock, self.handles.get)
+            except BaseException:
+                os._exit(0)
+            if type(message) is tuple and len(message) == 2 and message[0] == "cbok":
+                return message[1]
+            if type(message) is tuple and len(message) == 3 and message[0] == "cbraise":
+                raise _raised(message[1], message[2])
+            self.reply(message)
 
     def _target(self, request: tuple):
         """(callable, args, kwargs, io) for a request; raises for one that names nothing of ours."""
@@ -341,7 +418,7 @@ class Solution:
 
 def serve(sock: int, code: str, mode: str = "functions") -> None:
     """Load `code` and answer requests on `sock` until the judge closes it. Never returns."""
-    send, send_encoded, recv, encode, _exit = wire.send, wire.send_encoded, wire.recv, wire.encode, os._exit
+    send, recv, _exit = wire.send, wire.recv, os._exit
     _streams()
     _site_builtins()
     solution = Solution(sock, code, mode)
@@ -363,17 +440,4 @@ def serve(sock: int, code: str, mode: str = "functions") -> None:
             request = recv(sock, solution.handles.get)
         except BaseException:  # the judge is done (or sent nonsense, which it does not)
             _exit(0)
-        try:
-            reply = solution.answer(request)
-        except BaseException:  # SystemExit and the like: the solution ends its own run
-            _exit(0)
-        try:
-            payload = encode(reply, subclasses=True, handles=solution.handles.add, convert=_scalar)
-        except wire.NotPlainData as exc:
-            payload = encode(("bad", str(exc)[:MESSAGE_LIMIT]))
-        except BaseException as exc:
-            payload = encode(("bad", f"its return value could not be encoded ({type(exc).__name__})"))
-        try:
-            send_encoded(sock, payload)
-        except BaseException:
-            _exit(0)
+        solution.reply(request)

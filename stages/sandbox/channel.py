@@ -20,6 +20,14 @@ hash is that of those values. Such a comparison only ever involves two objects o
 of them against the test's own data (a tuple, a number) is never equal. A proxy passed back
 as an argument is sent as its handle, and S uses its own object.
 
+A callable of the test's passed as an argument (a lambda, a key function, `seen.append`, one of the
+solution's own functions) stays in J: S gets a `cb` handle, and when the solution calls it S sends
+`("callback", number, args, kwargs)`; J decodes the arguments like any answer (so an object of the
+solution's arrives as a proxy, compared by identity), calls the callable in its own process, and answers
+`("cbok", value)` or `("cbraise", class names, message)`; meanwhile J may make requests of its own (the
+callable calls a proxy's method), which S serves before the answer. A function of the standard
+library's crosses by name instead (S calls its own: no round trip).
+
 A call also carries the test's standard streams where the test set its own: with `sys.stdout`
 redirected (`contextlib.redirect_stdout`), what the call printed comes back and is written to it; with
 `sys.stdin` replaced by a seekable stream, its unread text goes along and the part the call read is
@@ -38,19 +46,12 @@ import sys
 
 try:
     from . import wire
+    from .raised import SolutionEnded, SolutionError, _exception, _exception_names, _text, solution_exceptions  # noqa: F401
 except ImportError:  # imported by the server as a top-level module
     import wire  # type: ignore[no-redef]
+    from raised import SolutionEnded, SolutionError, _exception, _exception_names, _text, solution_exceptions  # type: ignore[no-redef]  # noqa: F401
 
-_NEVER_RAISE = (StopIteration, StopAsyncIteration)
 _ORIGINAL = {"stdout": None, "stdin": None}  # J's own streams, set by the judge before any test runs
-
-
-class SolutionError(Exception):
-    """An exception raised by the solution whose class is not a builtin one, or a failed call."""
-
-
-class SolutionEnded(SolutionError):
-    """The solution's process ended (it exited, crashed, was killed or broke the protocol)."""
 
 
 def original_streams(stdout, stdin) -> None:
@@ -63,6 +64,8 @@ class Channel:
         self.gone: str | None = None
         self.proxies: dict[int, object] = {}
         self.exceptions: dict[str, type] = {}  # J's classes for the solution's exception classes (solution_exceptions)
+        self.callbacks: dict[int, object] = {}  # the test's callables passed to S, by number (`cb` handles)
+        self.callback_numbers: dict[int, int] = {}  # id(callable) -> number
 
     def fail(self, why: str) -> None:
         if self.gone is None:
@@ -74,6 +77,10 @@ class Channel:
 
     def proxy(self, kind: str, number: int, typename: str):
         """J's proxy for a handle S sent (one per handle, so identity holds across answers)."""
+        if kind == "cb":  # a callable of the test's that S hands back: J's own object, or nothing
+            if number not in self.callbacks:
+                raise wire.WireError(f"no callable {number} of the test's")
+            return self.callbacks[number]
         found = self.proxies.get(number)
         if found is None:
             found = (IteratorProxy if kind == "iter" else ObjectProxy)(self, number, typename)
@@ -96,7 +103,7 @@ class Channel:
         if self.gone is not None:
             raise SolutionEnded(self.gone)
         try:
-            payload = wire.encode(message, handles=_handle_of)
+            payload = wire.encode(message, handles=self.handle_of)
         except wire.NotPlainData as exc:
             raise TypeError(f"{what}: an argument is not plain data ({exc}), so it cannot be passed to the solution's process") from None
         try:
@@ -119,6 +126,9 @@ class Channel:
             message = (*message, io_spec)
         self.send(message, what)
         reply = self.recv()
+        while type(reply) is tuple and len(reply) == 4 and reply[0] == "callback":  # the solution calls a callable of the test's
+            self.serve_callback(reply)
+            reply = self.recv()
         if type(reply) is tuple and len(reply) == 4 and reply[0] == "ok" and type(reply[2]) is str and type(reply[3]) is int:
             _after(reply[2], reply[3], stdin)
             if keys and streams:
@@ -126,8 +136,7 @@ class Channel:
                     self.fail("the solution's process sent a malformed answer")
                     raise SolutionEnded(self.gone)
                 value, states = reply[1]
-                if value is None:
-                    _write_back(*writeback, keys, states)  # type: ignore[misc]
+                _write_back(*writeback, keys, states)  # type: ignore[misc]
                 return value
             return reply[1]
         if type(reply) is tuple and len(reply) == 5 and reply[0] == "raise" and type(reply[1]) is list and type(reply[2]) is str:
@@ -140,6 +149,54 @@ class Channel:
             raise StopIteration
         self.fail("the solution's process sent a malformed answer")
         raise SolutionEnded(self.gone)
+
+    def handle_of(self, x: object) -> tuple[str, int, str]:
+        """A proxy goes back to S as its handle; a function of the standard library's (`len`, `str.upper`)
+        as its name (a `builtin` handle: S calls its own); any other callable of the test's (a lambda, a
+        key function, a bound method) as a `cb` handle: S calls it back through J (`serve_callback`).
+        Nothing else of J's crosses."""
+        if isinstance(x, (ObjectProxy, IteratorProxy)):
+            kind = "iter" if isinstance(x, IteratorProxy) else "obj"
+            return kind, object.__getattribute__(x, "_number"), object.__getattribute__(x, "_typename")
+        name = _builtin_name(x)
+        if name is not None:
+            return "builtin", 0, name
+        if callable(x):
+            number = self.callback_numbers.get(id(x))
+            if number is None or self.callbacks.get(number) is not x:
+                if len(self.callbacks) >= CALLBACKS_LIMIT:
+                    raise wire.NotPlainData("too many callables passed to the solution")
+                number = len(self.callbacks) + 1
+                self.callbacks[number] = x
+                self.callback_numbers[id(x)] = number
+            return "cb", number, "function"
+        raise wire.NotPlainData(f"a {type(x).__name__} is not plain data")
+
+    def serve_callback(self, message: tuple) -> None:
+        """S calls the test's callable `number` with arguments J has decoded (plain data, J's own value
+        objects, proxies): J calls it here and answers `("cbok", value)` or `("cbraise", names, message)`.
+        A non-Exception (the test's SystemExit) ends the channel, then goes on up."""
+        _, number, args, kwargs = message
+        fn = self.callbacks.get(number) if type(number) is int else None
+        if fn is None or type(args) is not tuple or type(kwargs) is not dict or not all(type(k) is str for k in kwargs):
+            self.fail("the solution's process sent a malformed callback")
+            raise SolutionEnded(self.gone)
+        try:
+            answer: tuple = ("cbok", fn(*args, **kwargs))
+        except Exception as exc:
+            answer = ("cbraise", _exception_names(exc), _text(exc))
+        except BaseException:
+            self.fail("the test's callable ended the test")
+            raise
+        try:
+            payload = wire.encode(answer, handles=self.handle_of)
+        except wire.NotPlainData as exc:
+            payload = wire.encode(("cbraise", ["TypeError"], f"the test's callable returned something that is not plain data ({exc})"))
+        try:
+            wire.send_encoded(self.fd, payload)
+        except OSError:
+            self.fail("the solution's process ended")
+            raise SolutionEnded(self.gone) from None
 
     def call(self, name: str, args: tuple, kwargs: dict) -> object:
         return self.request(("call", name, args, kwargs), f"{name}()", streams=True, writeback=(args, kwargs))
@@ -188,10 +245,12 @@ def _writeback_keys(args: tuple, kwargs: dict) -> list:
 
 
 def _write_back(args: tuple, kwargs: dict, keys: list, states: object) -> None:
-    """In-place changes: after a call that returned None (LeetCode's `rotate(nums)`: "modify nums in-place"),
-    the final state S reports of each mutable argument, decoded like any answer, is put into the test's
-    own object. Only the arguments J asked about, each keeping its type; nothing else of the test's is
-    reachable, and what comes back is J's decoded data (a handle stays a proxy, compared by identity)."""
+    """In-place changes: after a call (LeetCode's `rotate(nums)`: "modify nums in-place", or a sort in place
+    that returns a count), the final state S reports of each mutable argument, decoded like any answer, is
+    put into the test's own object. Only the arguments J asked about, each keeping its type; nothing else
+    of the test's is reachable, and what comes back is J's decoded data (a handle stays a proxy, compared
+    by identity). Final states that do not fit in a message (MAX_BYTES) fail the call (S answers `bad`),
+    so a solution cannot leave an argument looking unchanged by growing it past the limit."""
     if type(states) is not list:
         return
     for item in states[: len(keys)]:
@@ -232,78 +291,8 @@ def _builtin_name(x: object) -> str | None:
     return f"{module}:{qualname}" if found is x else None
 
 
-def _handle_of(x: object) -> tuple[str, int, str]:
-    """A proxy goes back to S as its handle; a function of the standard library's (`len`, `str.upper`)
-    as its name (a `builtin` handle); J's own objects never cross as handles."""
-    if isinstance(x, (ObjectProxy, IteratorProxy)):
-        kind = "iter" if isinstance(x, IteratorProxy) else "obj"
-        return kind, object.__getattribute__(x, "_number"), object.__getattribute__(x, "_typename")
-    name = _builtin_name(x)
-    if name is not None:
-        return "builtin", 0, name
-    raise wire.NotPlainData(f"a {type(x).__name__} is not plain data")
-
-
-def solution_exceptions(reported: dict) -> dict:
-    """J's own classes for the solution's top-level exception classes, from the names S reported
-    ({name: [its name, its bases' names...]}), so that tests can catch them (`except MyError`,
-    `pytest.raises(MyError)`) and as their builtin bases. Each derives from J's class for the first base
-    that is also reported, else from the first builtin base that is an Exception (never StopIteration,
-    nor anything that is not an Exception: a claim of SystemExit is ignored), else from SolutionError (and
-    is then named SolutionError, as the exception always arrived). Only names are taken from S: the
-    classes, their methods and their hierarchy are J's, so a lie about the bases can make the class no
-    more than an exception S could have raised anyway."""
-    made: dict = {}
-    reported = {k: v for k, v in list(reported.items())[:1000] if type(k) is str and k.isidentifier() and type(v) is list}
-
-    def make(name: str):
-        if name in made:
-            return made[name]  # None while being made: a cycle in the claims
-        made[name] = None
-        parent_cls = builtin_cls = None
-        for parent in reported[name][1:8]:
-            if type(parent) is not str or parent == name:
-                continue
-            if parent in reported:
-                parent_cls = parent_cls or make(parent)
-                continue
-            cls = getattr(builtins, parent, None)
-            if builtin_cls is None and isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
-                builtin_cls = cls
-        bases = tuple(b for b in (parent_cls, builtin_cls) if b is not None)
-        if parent_cls is not None and builtin_cls is not None and issubclass(parent_cls, builtin_cls):
-            bases = (parent_cls,)
-        attrs = {"__module__": "solution", "solution_name": name}
-        if not bases:
-            made[name] = type("SolutionError", (SolutionError,), attrs)
-        else:
-            try:
-                made[name] = type(name, bases, attrs)
-            except TypeError:  # bases whose layouts do not mix (OSError and KeyError): the first one
-                made[name] = type(name, bases[:1], attrs)
-        return made[name]
-
-    for name in reported:
-        make(name)
-    return {k: v for k, v in made.items() if v is not None}
-
-
-def _exception(names: list, message: str, classes: dict | None = None) -> Exception:
-    own = classes.get(names[0]) if classes and names and type(names[0]) is str else None
-    if own is not None:
-        try:
-            return own(f"{names[0][:100]}: {message}" if issubclass(own, SolutionError) and own.__name__ == "SolutionError" else message)
-        except Exception:
-            pass
-    for name in names[:8]:
-        cls = getattr(builtins, name, None) if type(name) is str else None
-        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
-            try:
-                return cls(message)
-            except Exception:  # a constructor that wants other arguments: try the next base
-                continue
-    first = names[0] if names and type(names[0]) is str else "Exception"
-    return SolutionError(f"{first[:100]}: {message}")
+CALLBACKS_LIMIT = 100_000
+"""Callables of the test's a channel may have passed to S."""
 
 
 class FunctionProxy:

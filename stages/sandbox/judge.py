@@ -18,7 +18,7 @@ that are compared by identity only. The namespace the tests run in is J's:
   function of their own (`assert max([1, 2]) == 2`, with no other function of the solution's called
   anywhere in the tests: `under_test`), so a wrong `def max` fails and a solution without it fails too.
   A function becomes a proxy that calls it in S; an exception class becomes a class J makes of its own
-  from the names S reports (`channel.solution_exceptions`: tests catch it, and what S raises of it
+  from the names S reports (`raised.solution_exceptions`: tests catch it, and what S raises of it
   arrives as it); data, a class or an object of the solution's becomes J's decoded copy or proxy; a module becomes J's own import of the standard-library module of that name,
   and only under that name (`import math` binds `math`; `import math as m` binds nothing), and only for
   the pure computation modules in `TEST_MODULES`. J never calls a function, nor imports a module, that

@@ -26,7 +26,11 @@ more. The receiver makes of it what it chooses (`decode(..., handle=)`): J a pro
 the object, compared by identity only; S the object the number names. A `builtin` handle is the other
 way round, from J: a function of the standard library's that a test passes (`len`, `str.upper`,
 `math.sqrt`, `int` as a key) named by its module and qualified name, which S looks up in its own
-interpreter; nothing of J's is called. A message is at most MAX_BYTES
+interpreter; nothing of J's is called. A `cb` handle is a callable of the test's (a lambda, a key
+function) that J passes: S gets an object that, when the solution calls it, asks J to call it with
+the arguments as plain data (J runs it in its own process on J's decoded copies and proxies, and sends
+back what it returns); what S gets back as a `cb` handle J decodes as its own callable, nothing of S's.
+A message is at most MAX_BYTES
 long; a malformed one, a truncated one, an unknown tag, trailing bytes, too deep a nesting or an
 unhashable dict key or set member raise `WireError`.
 
@@ -261,7 +265,7 @@ class _Decoder:
         if tag == _HANDLE:
             kind, _, typename = self.text("handle").partition(" ")
             number = self.dec(depth + 1)
-            if type(number) is not int or kind not in ("obj", "iter", "builtin"):
+            if type(number) is not int or kind not in ("obj", "iter", "builtin", "cb"):
                 raise WireError("bad handle")
             return self.handle(kind, number, typename) if self.handle is not None else Handle(kind, number, typename)
         raise WireError(f"unknown tag {tag!r}")
