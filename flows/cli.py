@@ -1,4 +1,4 @@
-"""The `regimen` command: run, check, reward-check, status, sweep, report, serve. Thin: it parses, calls the
+"""The `regimen` command: run, check, reward-check, status, sweep, report, serve, pool setup. Thin: it parses, calls the
 flow or a helper, prints, and maps failures to exit codes: 0 done, 1 a gate, a stage or the store stopped
 it, 2 bad input, 130 Ctrl-C (or a cancel), 143 SIGTERM. Prefect's own tracebacks of a failure stay in
 Prefect's logs; the terminal gets one line that says what happened and what to do."""
@@ -288,6 +288,39 @@ def serve(
     serve_deployments(config, store=store, cron=cron, timezone=timezone, allow=list(allow or []), configs_dir=configs,
                       allow_unauthenticated=allow_unauthenticated_api,
                       limits={"max_steps": max_steps, "max_checkpoints": max_checkpoints, "max_hours": max_hours, "max_disk_gb": max_disk_gb})
+
+
+pool_app = typer.Typer(no_args_is_help=True, help="Several hosts: a Prefect process work pool, one worker per host.")
+app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("setup")
+def pool_setup(
+    store: Annotated[str, typer.Option("--store", help="the bucket every host shares, e.g. s3://bucket/prefix")],
+    pool: Annotated[str, typer.Option("--pool", help="the process work pool's name")] = "regimen",
+    config: Annotated[str, typer.Option("--config", help="recipe in the configs folder the deployments run by default")] = "configs/default.yaml",
+    configs: Annotated[Optional[str], typer.Option("--configs", help="the folder UI runs choose recipes from (default: ./configs)")] = None,
+    cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly deployment")] = "0 2 * * *",
+    timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
+    allow: Annotated[Optional[list[str]], typer.Option("--allow", help="let UI runs also set this recipe key; repeatable (as serve --allow)")] = None,
+    allow_unauthenticated_api: Annotated[bool, typer.Option("--allow-unauthenticated-api", help="a Prefect API other machines reach without authentication")] = False,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=0, help="as `regimen serve --max-steps`")] = 100_000,
+    max_checkpoints: Annotated[int, typer.Option("--max-checkpoints", min=0, help="as `regimen serve --max-checkpoints`")] = 5,
+    max_hours: Annotated[float, typer.Option("--max-hours", min=0, help="as `regimen serve --max-hours`")] = 24.0,
+    max_disk_gb: Annotated[float, typer.Option("--max-disk-gb", min=0, help="as `regimen serve --max-disk-gb`")] = 50.0,
+    heartbeat_s: Annotated[int, typer.Option("--heartbeat-s", help="seconds between a run's heartbeats (Prefect's least: 30)")] = 30,
+    host_lost_after_s: Annotated[Optional[int], typer.Option("--host-lost-after-s", help="no heartbeat this long: the run's host is lost and the run is scheduled again (default: the store lease's 120 s + a heartbeat)")] = None,
+) -> None:
+    """Create (or update) a process work pool, deploy regimen-cycle/on-demand and /nightly to it, and the automations that redo a run whose host was lost."""
+    from regimen.flows.pool import WORKER_COMMAND, pool_setup as setup
+
+    made = setup(store, pool=pool, config=config, configs_dir=configs, cron=cron, timezone=timezone, allow=list(allow or []),
+                 allow_unauthenticated=allow_unauthenticated_api, heartbeat_s=heartbeat_s, host_lost_after_s=host_lost_after_s,
+                 limits={"max_steps": max_steps, "max_checkpoints": max_checkpoints, "max_hours": max_hours, "max_disk_gb": max_disk_gb})
+    console.print(f"work pool {made['pool']!r}: regimen-cycle/on-demand and /nightly deployed (recipe {made['config']}, store {store}); "
+                  f"a run without a heartbeat for {made['host_lost_after_s']} s is marked Crashed (HostLost) and scheduled again", markup=False, highlight=False)
+    console.print(f"on each host, in this project's folder, with the bucket's AWS_* environment: {WORKER_COMMAND.format(pool=made['pool'])}",
+                  markup=False, highlight=False)
 
 
 @app.command("make-model")

@@ -19,6 +19,10 @@ One device, one training at a time:
   as `AwaitingConcurrencySlot`.
 Two runs of one experiment are refused by the store's lock either way (ExperimentBusy).
 
+`serve` is the one-host path: it is refused at once while another serve serves from the same Prefect
+server (it holds the global concurrency limit `regimen-serve` by a lease it renews) or while the work
+pool's deployments of the same names exist (`regimen pool setup`); `flows/pool.py` says why a lease.
+
 The nightly schedule's on/off state belongs to the server, not to this process. Stopping `serve` (Ctrl-C,
 SIGTERM) does not pause it (`pause_on_shutdown=False`; Prefect's default pauses every served deployment
 on shutdown and deletes its scheduled runs until the next `serve`): runs due while nothing serves them
@@ -155,15 +159,27 @@ def check_api_protected(allow_unauthenticated: bool = False) -> None:
 
 def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None,
                       configs_dir: str | None = None, allow_unauthenticated: bool = False, limits: dict[str, Any] | None = None) -> None:
-    """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped."""
-    import asyncio
-
+    """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped. Refused
+    at once while the pool's deployments exist or another serve serves from the same Prefect server (`pool.py`)."""
     from rich.console import Console
-
-    from regimen.stages.recipe import load_recipe
 
     err = Console(stderr=True, soft_wrap=True)
     check_api_protected(allow_unauthenticated)
+    from regimen.flows import pool
+
+    pool.refuse_serve_beside_a_pool()  # serve is the one-host path: not beside a work pool's deployments of the same names
+    lease = pool.claim_serve()  # ... nor beside another serve (refused at once)
+    try:
+        _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err)
+    finally:
+        pool.release_serve(lease)
+
+
+def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err) -> None:
+    import asyncio
+
+    from regimen.stages.recipe import load_recipe
+
     recipe = load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
     check_schedule(cron, timezone)
     name = operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
@@ -179,7 +195,7 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
     from prefect.exceptions import TerminationSignal
 
     try:
-        asyncio.run(_serve(deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused)))
+        asyncio.run(_serve(deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused), lease))
     except (KeyboardInterrupt, TerminationSignal):
         pass
     err.print(f"serve stopped. The schedule of {FLOW}/{NIGHTLY} is left as it is"
@@ -188,7 +204,7 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
               " (`prefect deployment schedule ls` shows the id).", markup=False, highlight=False)
 
 
-async def _serve(options: dict[str, dict[str, Any]]) -> None:
+async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     """Prefect's `serve`, built from its public parts so that each flow run executes this process's own
     flow object: `Runner.add_flow` registers the flow itself, and its runs start as
     `run_flow_in_subprocess(flow, ...)`, which never reads a deployment's entrypoint, path or pull steps
@@ -215,6 +231,10 @@ async def _serve(options: dict[str, dict[str, Any]]) -> None:
     from regimen.flows.cycle import regimen_cycle
 
     log = logging.getLogger("regimen.serve")
+    if lease is not None:  # serve's claim (`pool.claim_serve`), renewed while this loop serves
+        from regimen.flows.pool import keep_serve_claim
+
+        _renewing = asyncio.ensure_future(keep_serve_claim(lease))  # cancelled with the loop at the end of asyncio.run
     while True:
         runner = Runner(name="regimen", limit=1, pause_on_shutdown=False)
         try:

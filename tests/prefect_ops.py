@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,12 +153,19 @@ class Server:
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory) -> Server:
     """`prefect server start` on 127.0.0.1, a free port, a temporary PREFECT_HOME, basic auth on."""
-    home = tmp_path_factory.mktemp("prefect-home")
+    with prefect_server_in(tmp_path_factory.mktemp("prefect-home")) as server:
+        yield server
+
+
+@contextmanager
+def prefect_server_in(home: Path, **settings: str) -> Iterator[Server]:
+    """A `prefect server start` of its own in `home` (tests that change deployments others rely on, such
+    as the work pool's, use one of their own); `settings`: more PREFECT_* for the server."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_API_AUTH_STRING=AUTH, PREFECT_UI_API_URL=f"{url}/api",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_API_HOST="127.0.0.1")
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_API_HOST="127.0.0.1", **settings)
     log = home / "server.log"
     t0 = time.monotonic()
     with open(log, "wb") as fh:

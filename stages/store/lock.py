@@ -54,7 +54,25 @@ from regimen.stages.core.errors import RegimenError, StoreError
 from regimen.stages.store import files
 
 log = logging.getLogger("regimen.store")
-LEASE_TTL_S = 120.0
+
+
+def _lease_ttl(default: float = 120.0) -> float:
+    """The experiment lease's time to live: REGIMEN_LEASE_TTL_S (at least 10 s) or 120 s. A work pool's
+    automation reschedules a lost host's run only after this long (flows/pool.py), and the tests shorten it."""
+    raw = os.environ.get("REGIMEN_LEASE_TTL_S", "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value >= 10:
+        return value
+    log.warning("REGIMEN_LEASE_TTL_S=%r is not a number of seconds >= 10: the lease lives %.0f s", raw, default)
+    return default
+
+
+LEASE_TTL_S = _lease_ttl()
 
 
 class ExperimentBusy(RegimenError):

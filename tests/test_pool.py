@@ -1,0 +1,245 @@
+"""Several hosts through Prefect, on a Prefect server of this module's own (the pool's deployments take the
+names `regimen serve`'s tests rely on): `regimen serve` is the one-host path (a second serve, or a serve
+beside the pool's deployments, is refused at once, pointing at the pool); `regimen pool setup` is
+idempotent and refuses a store the hosts cannot share; and a worker host SIGKILLed (its whole process tree)
+mid-GRPO has its run marked Crashed (HostLost) by Prefect's automation on the missing heartbeats and done
+again on the other host, which resumes from the bucket's checkpoint, without anyone acting.
+
+Two "hosts" are two `prefect worker start --pool regimen --limit 1` processes with their own HOME,
+PREFECT_HOME, REGIMEN_CACHE, TMPDIR and caches, sharing only the bucket (SeaweedFS) and the Prefect server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.register_assert_rewrite("prefect_ops")
+from prefect_ops import ROOT, TERMINAL, Server, bin_path, prefect_server_in, start_serve, stop, tail  # noqa: E402
+
+pytest_plugins = ["prefect_ops", "s3_server"]
+
+EXP = "hostlost"
+MAX_STEPS, SAVE_STEPS = 240, 20
+LEASE_TTL_S = "15"  # the store lease of a lost host expires before its run is rescheduled (45 s: 15 + a 30 s heartbeat)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # the repossessor frees the lease of a serve that died sooner than its default 15 s loop
+    with prefect_server_in(tmp_path_factory.mktemp("pool-prefect"), PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS="5") as srv:
+        yield srv
+
+
+def regimen(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as fh:
+        return subprocess.Popen([bin_path("regimen"), *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def second_serve(server: Server, tmp: Path, name: str) -> tuple[int, str, float]:
+    log = tmp / f"{name}.log"
+    t0 = time.monotonic()
+    proc = regimen(["serve", "tests/tiny.yaml", "--configs", "tests", "--store", str(tmp / "store")], server.client_env(), log)
+    try:
+        rc = proc.wait(60)
+    finally:
+        stop(proc)
+    return rc, log.read_text(errors="replace"), time.monotonic() - t0
+
+
+def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(server, tmp_path):
+    first = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
+    try:
+        rc, out, wall = second_serve(server, tmp_path, "second")
+        assert rc == 2, out
+        lines = [line for line in out.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: another `regimen serve` is serving"), out
+        assert "regimen pool setup --store s3://bucket/prefix" in out and "prefect worker start --pool regimen --limit 1" in out, out
+        assert first.proc.poll() is None  # the first one serves on, untouched
+        print(f"\nsecond serve refused in {wall:.1f} s (process start included)")
+    finally:
+        stop(first.proc, signal.SIGTERM)
+    # a serve stopped cleanly released its lease: the next one starts at once
+    again = start_serve(server, tmp_path / "store", tmp_path / "serve-again.log")
+    stop(again.proc, signal.SIGTERM)
+
+
+def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_path):
+    dead = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
+    os.killpg(dead.proc.pid, signal.SIGKILL)
+    stop(dead.proc)
+    rc, out, _ = second_serve(server, tmp_path, "right-after")
+    assert rc == 2 and "another `regimen serve`" in out, out  # its lease still holds: refused, not raced
+    t0 = time.monotonic()
+    time.sleep(60)  # Prefect's least lease is 60 s; the repossessor runs every 5 s here
+    later = start_serve(server, tmp_path / "store", tmp_path / "serve-later.log")
+    stop(later.proc, signal.SIGTERM)
+    print(f"\na serve SIGKILLed: the next one started {time.monotonic() - t0:.0f} s later")
+
+
+def pool_setup(server: Server, url: str, s3_server, log: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
+    with open(log, "wb") as fh:
+        return subprocess.run([bin_path("regimen"), "pool", "setup", "--store", url, "--config", "tests/tiny.yaml", "--configs", "tests", *extra],
+                              cwd=ROOT, env=server.client_env(**s3_server.env(), REGIMEN_LEASE_TTL_S=LEASE_TTL_S, **env),
+                              stdout=fh, stderr=subprocess.STDOUT, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def pool(server, s3_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pool")
+    bucket = s3_server.make_bucket()
+    url = f"s3://{bucket}/r"
+    runs = [pool_setup(server, url, s3_server, tmp / f"setup-{i}.log") for i in (1, 2)]  # twice: idempotent
+    for i, r in enumerate(runs, 1):
+        assert r.returncode == 0, tail(tmp / f"setup-{i}.log")
+    return {"tmp": tmp, "bucket": bucket, "url": url}
+
+
+def test_pool_setup_is_idempotent_and_deploys_serves_guarded_parameters(server, pool):
+    deps = server.deployments()
+    assert set(deps) == {"on-demand", "nightly"}
+    for d in deps.values():
+        assert d["work_pool_name"] == "regimen" and d["entrypoint"] == "regimen.flows.cycle.regimen_cycle"
+        assert d["enforce_parameter_schema"] and d["parameter_openapi_schema"]["additionalProperties"] is False
+        env = d["job_variables"]["env"]
+        assert env["REGIMEN_STORE"] == pool["url"] and Path(env["REGIMEN_CONFIGS"]) == ROOT / "tests"
+        assert json.loads(env["REGIMEN_UI_LIMITS"])["max_steps"] == 100_000 and env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+        assert not any("AWS_" in k for k in env)  # credentials stay on the hosts
+        assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+    assert len(deps["nightly"]["schedules"]) == 1
+    automations = server.post("/automations/filter", {}).json()
+    names = sorted(a["name"] for a in automations)
+    assert names == ["regimen-host-lost", "regimen-host-lost-rerun"]  # once each, after two setups
+    crash = next(a for a in automations if a["name"] == "regimen-host-lost")
+    assert crash["trigger"]["posture"] == "Proactive" and crash["trigger"]["within"] == 45.0  # the lease's 15 s + a 30 s heartbeat
+    r = server.post("/work_pools/filter", {})
+    assert [p["type"] for p in r.json() if p["name"] == "regimen"] == ["process"]
+    # a UI run still cannot choose the store: the guarded overrides are the flow's own
+    assert server.create_run("on-demand", {"config": "tiny.yaml", "nope": 1}).status_code == 409
+
+
+def test_serve_beside_the_pool_is_refused_pointing_at_it(server, pool, tmp_path):
+    rc, out, _ = second_serve(server, tmp_path, "beside")
+    assert rc == 2, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and "belong to the work pool 'regimen'" in out and "prefect worker start --pool regimen --limit 1" in out, out
+
+
+@pytest.mark.parametrize("url, says", [("artifacts", "a folder or memory:// is this host's alone"), ("s3://", "no bucket name"),
+                                       ("s3://regimen-no-such-bucket-x/r", "the bucket does not exist")])
+def test_a_bad_store_is_one_line(server, s3_server, tmp_path, url, says):
+    log = tmp_path / "setup.log"
+    assert pool_setup(server, url, s3_server, log).returncode == 2
+    out = log.read_text()
+    assert len(out.strip().splitlines()) == 1 and says in out, out
+
+
+# -- a host lost mid-GRPO ------------------------------------------------------------------------------
+
+def host_env(server: Server, s3_server, tmp: Path, name: str) -> dict[str, str]:
+    dirs = {k: tmp / name / k for k in ("home", "prefect", "cache", "tmp", "xdg", "hf")}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return server.client_env(HOME=str(dirs["home"]), PREFECT_HOME=str(dirs["prefect"]), REGIMEN_CACHE=str(dirs["cache"]), TMPDIR=str(dirs["tmp"]),
+                             XDG_CACHE_HOME=str(dirs["xdg"]), HF_DATASETS_CACHE=str(dirs["hf"]), REGIMEN_LEASE_TTL_S=LEASE_TTL_S,
+                             PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_HEARTBEAT_SECONDS="5", **s3_server.env())
+
+
+def worker(env: dict, name: str, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as fh:
+        return subprocess.Popen([bin_path("prefect"), "worker", "start", "--pool", "regimen", "--limit", "1", "--name", name],
+                                cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def checkpoints(fs, bucket: str) -> list[int]:
+    from regimen.stages.training.checkpoints import MARKER
+
+    return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in fs.glob("/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", MARKER])))
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def states(server: Server, run_id: str) -> list[str]:
+    r = server.get("/flow_run_states/", params={"flow_run_id": run_id})
+    r.raise_for_status()
+    return [s["name"] for s in sorted(r.json(), key=lambda s: s["timestamp"])]
+
+
+@pytest.fixture(scope="module")
+def host_lost(server, s3_server, pool):
+    tmp, bucket = pool["tmp"], pool["bucket"]
+    fs = s3_server.client()
+    hosts = {name: worker(host_env(server, s3_server, tmp, name), f"host-{name}", tmp / f"worker-{name}.log") for name in ("a", "b")}
+    logs = [tmp / "worker-a.log", tmp / "worker-b.log"]
+    info: dict = {"tmp": tmp}
+    try:
+        r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": EXP,
+                                            "overrides": {"grpo.max_steps": MAX_STEPS, "grpo.save_steps": SAVE_STEPS}})
+        assert r.status_code == 201, r.text
+        run_id = info["run_id"] = r.json()["id"]
+        t0 = time.monotonic()
+        while not checkpoints(fs, bucket):  # mid-GRPO, with a checkpoint in the bucket
+            run = server.run(run_id)
+            assert run["state"]["type"] not in TERMINAL, f"{run['state']}\n" + "\n".join(tail(p) for p in logs)
+            assert time.monotonic() - t0 < 400, "no GRPO checkpoint in the bucket after 400 s\n" + "\n".join(tail(p) for p in logs)
+            time.sleep(0.05)
+        lost = next(name for name, proc in hosts.items() if len(tree(proc.pid)) > 1)  # the worker with a flow run under it
+        procs = tree(hosts[lost].pid)
+        for p in procs:  # the host dies: its worker, the flow run and whatever they started, at once
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        killed_at = time.monotonic()
+        info.update(lost=lost, at_kill=checkpoints(fs, bucket), killed=len(procs))
+        hosts[lost].wait(30)
+        other = "b" if lost == "a" else "a"
+        while server.run(run_id)["state"]["type"] != "RUNNING" or "HostLost" not in states(server, run_id):
+            assert time.monotonic() - killed_at < 600, f"not running again 600 s after the kill: {server.run(run_id)['state']}\n{tail(tmp / f'worker-{other}.log')}"
+            time.sleep(0.5)
+        info["to_running_again_s"] = time.monotonic() - killed_at
+        info["final"] = server.wait_run(run_id, timeout=600, logs=[tmp / f"worker-{other}.log"])
+        info["states"] = states(server, run_id)
+        info["other"] = other
+        info["other_log"] = (tmp / f"worker-{other}.log").read_text(errors="replace")
+        info["other_cache"] = list((tmp / other / "cache").rglob("checkpoint-*"))
+    finally:
+        for proc in hosts.values():
+            stop(proc)
+    from regimen.stages.store import Store
+
+    store = Store(pool["url"], cache_dir=tmp / "reader")
+    info["grpo"] = store.versions(EXP, "grpo")
+    info["champion"] = [json.loads(fs.cat_file(k)) for k in fs.glob(f"{bucket}/r/{EXP}/champion.json")]
+    return info
+
+
+@pytest.mark.slow
+def test_a_worker_host_killed_mid_grpo_has_its_run_done_on_the_other_host_from_the_bucket(host_lost, s3_env):
+    info = host_lost
+    assert info["final"]["state"]["type"] == "COMPLETED", info["final"]["state"]
+    assert info["states"].count("HostLost") == 1 and info["states"][-1] == "Completed", info["states"]
+    assert info["states"][info["states"].index("HostLost") + 1] == "Scheduled", info["states"]  # rescheduled by the automation
+    assert info["run_id"] in info["other_log"]  # the live host ran it
+    [grpo] = info["grpo"]
+    assert grpo["resumed_from_step"] > 0 and grpo["resumed_from_step"] in info["at_kill"], (grpo.get("resumed_from_step"), info["at_kill"])
+    assert grpo["metrics"]["steps"] == MAX_STEPS
+    [champion] = info["champion"]  # decided once
+    assert champion["champion"] is not None and len(champion["history"]) == 1, champion["history"]
+    assert info["to_running_again_s"] < 600
+    print(f"\nhost {info['lost']} SIGKILLed ({info['killed']} processes) with GRPO checkpoints {info['at_kill']} in the bucket; the run was "
+          f"Running again on host {info['other']} {info['to_running_again_s']:.0f} s later and resumed from step {grpo['resumed_from_step']}; "
+          f"states: {' > '.join(info['states'])}")
