@@ -1,5 +1,6 @@
 """Code rewards: code extraction, the gameable code_block, unit_tests through the sandbox, and the
-shipped problem set (every reference solution passes its own tests; a wrong one does not)."""
+shipped problem set (loaded by the code task; every reference solution passes its own tests; a wrong
+one does not)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from regimen.stages import sandbox
 from regimen.stages.rewards import code as code_rewards
-from regimen.stages.rewards.code import PROBLEMS_PATH, extract_code, has_code_block, humaneval_snippet, load_code_problems, mbpp_snippets, unit_tests_reward
+from regimen.stages.rewards.code import UnitTestsReward, extract_code, has_code_block, humaneval_snippet, mbpp_snippets, unit_tests_reward
+from regimen.stages.tasks.code import PROBLEMS_PATH, load_code_problems
 from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import get_reward, is_gameable, known_rewards
 
@@ -140,3 +142,20 @@ def test_load_code_problems_names_line_and_field(tmp_path):
         with pytest.raises(InputError, match=f"problems.jsonl:2: field '{field}'"):
             load_code_problems(path)
     assert PROBLEMS_PATH.is_file()
+
+
+def test_the_reward_is_a_class_whose_steps_are_methods_and_the_factory_keeps_its_name():
+    """Issue 28: `unit_tests_reward(...)` (what the registry and recipes call) builds a `UnitTestsReward`
+    whose baseline, batch and scoring are methods; the problem loading lives with the code task."""
+    import inspect
+
+    reward = get_reward("unit_tests", all_or_nothing=True, case_timeout_s=1.0)
+    assert isinstance(reward, UnitTestsReward) and reward.__name__ == "unit_tests" and not is_gameable(reward)
+    assert unit_tests_reward(name="pass_at_1").__name__ == "pass_at_1"
+    assert all(callable(getattr(reward, step)) for step in ("jobs", "baseline", "batch", "score", "door"))
+    assert not hasattr(code_rewards, "load_code_problems") and not hasattr(code_rewards, "PROBLEMS_PATH")
+    longest = max(len(inspect.getsource(fn).splitlines()) for _, fn in inspect.getmembers(UnitTestsReward, inspect.isfunction))
+    assert longest <= 80
+    ok = sandbox.SandboxResult(passed=2, total=4, error=None, status="ok")
+    assert (reward.score(ok, 0), unit_tests_reward().score(ok, 0)) == (0.0, 0.5)
+    assert reward.score(sandbox.SandboxResult(passed=0, total=1, error="boom", status="infra"), 0) is None

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from regimen.stages import sandbox
-from regimen.stages.rewards.code import PROBLEMS_PATH
+from regimen.stages.tasks.code import PROBLEMS_PATH
 from regimen.stages.sandbox import Job, SandboxConfig, SandboxResult, SandboxUnavailable, run_batch, run_tests
 from regimen.stages.sandbox.sample import verdict
 from regimen.stages.sandbox.slot import WORKDIR

@@ -46,9 +46,6 @@ from regimen.stages.sandbox.harness import needs_fixtures
 
 log = logging.getLogger("regimen.rewards")
 
-PROBLEMS_PATH = Path(__file__).parent.parent / "tasks" / "problems" / "code_problems.jsonl"
-"""The small code-problem set shipped with Regimen (prompt, answer, tests, entry_point)."""
-
 # A complete fenced block whose info string is python, python3, py or empty (code_block's notion of a block).
 _FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE | re.IGNORECASE)
 
@@ -143,22 +140,9 @@ class BaselineCache:
             log.warning("unit_tests: the baseline cache %s could not be written (%s)", self.path, exc)
 
 
-def unit_tests_reward(
-    *,
-    timeout_s: float = sandbox.SandboxConfig.timeout_s,
-    memory_mb: int = sandbox.SandboxConfig.memory_mb,
-    workers: int | None = None,
-    allow_unisolated: bool = False,
-    all_or_nothing: bool = False,
-    case_timeout_s: float = 2.0,
-    float_tolerance: float | None = None,
-    max_cases: int | None = None,
-    allow_eval: bool = False,
-    baseline_cache: str | bool = True,
-    packages: list[str] | tuple[str, ...] = (),
-    name: str = "unit_tests",
-) -> RewardFn:
-    """A `unit_tests` reward with its own options (the registered one uses the defaults).
+class UnitTestsReward:
+    """The `unit_tests` reward with its options (the registered one uses the defaults): a reward function
+    with TRL's signature, `reward(prompts, completions, **columns)`, built by `unit_tests_reward(...)`.
 
     Scores each completion with the fraction of its row's tests (or stdin/stdout cases) that pass, the
     whole batch in parallel (`workers`, default one per CPU); `all_or_nothing`: 1.0 only when all pass.
@@ -179,108 +163,143 @@ def unit_tests_reward(
     Not gameable because the judge runs the tests in its own process and sees only data decoded into
     its own objects from the solution's (tests/test_sandbox.py and tests/test_judge_*.py attack it in
     every way we know).
+
+    The steps, as methods: `jobs` (each row's job, checked at the door once per row content: `refuse`),
+    `baseline` (what an empty program passes, once per row content: `pays_anything`, kept on disk),
+    `batch` (the solutions judged in the sandbox) and `score` (one result's value); `door` runs the
+    checks and the baseline on a whole dataset before a run starts.
     """
-    if isinstance(packages, str) or not all(isinstance(p, str) and p.isidentifier() for p in packages):
-        raise InputError(f"{name}: packages must be a list of top-level import names (such as numpy), got {packages!r}")
-    config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated, packages=tuple(packages))
-    options = dict(case_timeout_s=case_timeout_s, float_tolerance=float_tolerance, max_cases=max_cases)
-    pays_anything: dict[str, float] = {}  # job key -> share of its tests an empty program passes
-    disk = BaselineCache(baseline_cache if isinstance(baseline_cache, str) else None, f"{timeout_s}/{memory_mb}/{sorted(packages)}/") if baseline_cache else None
 
-    def jobs_of(prompts: list[Any] | None, n: int, columns: dict[str, Any]) -> list[sandbox.Job | None]:
-        jobs = []
-        for i in range(n):
-            job = row_job(i, columns, prompts[i] if prompts is not None and i < len(prompts) else None, **options)
-            if job is not None:
-                refuse(job, f"row {i}")
-            jobs.append(job)
-        return jobs
+    gameable = False
 
-    checked: set[str] = set()  # job keys already let through the door's checks (GRPO sees each row many times)
+    def __init__(
+        self,
+        *,
+        timeout_s: float = sandbox.SandboxConfig.timeout_s,
+        memory_mb: int = sandbox.SandboxConfig.memory_mb,
+        workers: int | None = None,
+        allow_unisolated: bool = False,
+        all_or_nothing: bool = False,
+        case_timeout_s: float = 2.0,
+        float_tolerance: float | None = None,
+        max_cases: int | None = None,
+        allow_eval: bool = False,
+        baseline_cache: str | bool = True,
+        packages: list[str] | tuple[str, ...] = (),
+        name: str = "unit_tests",
+    ) -> None:
+        if isinstance(packages, str) or not all(isinstance(p, str) and p.isidentifier() for p in packages):
+            raise InputError(f"{name}: packages must be a list of top-level import names (such as numpy), got {packages!r}")
+        self.__name__ = name  # TRL logs rewards by __name__
+        self.workers, self.all_or_nothing, self.allow_eval = workers, all_or_nothing, allow_eval
+        self.config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated, packages=tuple(packages))
+        self.options = dict(case_timeout_s=case_timeout_s, float_tolerance=float_tolerance, max_cases=max_cases)
+        self.pays_anything: dict[str, float] = {}  # job key -> share of its tests an empty program passes
+        self.checked: set[str] = set()  # job keys already let through the door's checks (GRPO sees each row many times)
+        self.disk = (BaselineCache(baseline_cache if isinstance(baseline_cache, str) else None, f"{timeout_s}/{memory_mb}/{sorted(packages)}/")
+                     if baseline_cache else None)
 
-    def refuse(job: sandbox.Job, where: str) -> None:
-        key = _key(job)
-        if key in checked:
-            return
-        if not allow_eval and (found := evaluates(job.tests + [job.setup or ""])):
-            raise InputError(f"{name}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text would run as the "
-                             "judge; refused (the reward's `allow_eval: true` runs such strings in the solution's process instead)")
-        if fixture := needs_fixtures(job.tests):
-            raise InputError(f"{name}: {where}: its test {fixture}() takes arguments (pytest fixtures other than capsys, or parameters no parametrize mark gives), "
-                             "which only pytest can supply; refused")
-        checked.add(key)
-
-    def baseline(jobs: list[sandbox.Job]) -> None:
-        """How much of each new row's tests an empty program passes (`pays_anything`)."""
-        new = {_key(j): j for j in jobs if _key(j) not in pays_anything}
-        if disk is not None and new:
-            known = disk.known()
-            for key, job in list(new.items()):
-                if (share := known.get(disk.key(job))) is not None:
-                    pays_anything[key] = share
-                    del new[key]
-        if new:
-            results = sandbox.run_batch(list(new.values()), workers=workers, config=config)
-            for key, r in zip(new, results):
-                pays_anything[key] = r.fraction if r.status == "ok" else 0.0
-            if disk is not None:
-                disk.add({disk.key(j): r.fraction for j, r in zip(new.values(), results) if r.status == "ok"})
-
-    def unit_tests(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         scores: list[float | None] = [None] * len(completions)
-        jobs = jobs_of(prompts, len(completions), columns)
+        jobs = self.jobs(prompts, len(completions), columns)
         rows = [i for i, j in enumerate(jobs) if j is not None]
         if not rows:
             return scores
-        try:
-            baseline([jobs[i] for i in rows])  # type: ignore[misc]
-            rows = [i for i in rows if pays_anything[_key(jobs[i])] < 1.0]  # type: ignore[arg-type]
-            items = [dataclasses.replace(jobs[i], code=solution_for(completions[i], jobs[i], prompts[i] if prompts is not None else None))  # type: ignore[arg-type]
-                     for i in rows]
-            results = sandbox.run_batch(items, workers=workers, config=config) if items else []
-        except sandbox.SandboxUnavailable as exc:
-            raise InputError(str(exc)) from None
-        for i, result in zip(rows, results):
-            if result.status == "infra":
-                log.warning("%s: sample %d not scored (None): %s", name, i, result.error)
-            elif all_or_nothing:
-                scores[i] = float(result.total > 0 and result.passed == result.total)
-            else:
-                scores[i] = result.passed / result.total if result.total else None
+        self.baseline([jobs[i] for i in rows])  # type: ignore[misc]
+        rows = [i for i in rows if self.pays_anything[_key(jobs[i])] < 1.0]  # type: ignore[arg-type]
+        items = [dataclasses.replace(jobs[i], code=solution_for(completions[i], jobs[i], prompts[i] if prompts is not None else None))  # type: ignore[arg-type]
+                 for i in rows]
+        for i, result in zip(rows, self.batch(items)):
+            scores[i] = self.score(result, i)
         return scores
 
-    def door(rows: list[dict[str, Any]], where: list[str]) -> dict[str, list[str]]:
+    def jobs(self, prompts: list[Any] | None, n: int, columns: dict[str, Any]) -> list[sandbox.Job | None]:
+        """Each row's job (None for a row without tests), each let through the door's checks."""
+        jobs = []
+        for i in range(n):
+            job = row_job(i, columns, prompts[i] if prompts is not None and i < len(prompts) else None, **self.options)
+            if job is not None:
+                self.refuse(job, f"row {i}")
+            jobs.append(job)
+        return jobs
+
+    def refuse(self, job: sandbox.Job, where: str) -> None:
+        """Raise InputError for a row the judge refuses (strings evaluated as code, pytest fixtures)."""
+        key = _key(job)
+        if key in self.checked:
+            return
+        if not self.allow_eval and (found := evaluates(job.tests + [job.setup or ""])):
+            raise InputError(f"{self.__name__}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text would run as the "
+                             "judge; refused (the reward's `allow_eval: true` runs such strings in the solution's process instead)")
+        if fixture := needs_fixtures(job.tests):
+            raise InputError(f"{self.__name__}: {where}: its test {fixture}() takes arguments (pytest fixtures other than capsys, or parameters no "
+                             "parametrize mark gives), which only pytest can supply; refused")
+        self.checked.add(key)
+
+    def baseline(self, jobs: list[sandbox.Job]) -> None:
+        """How much of each new row's tests an empty program passes (`pays_anything`): from this reward's
+        memory, else the disk cache, else judged now (and kept)."""
+        new = {_key(j): j for j in jobs if _key(j) not in self.pays_anything}
+        if self.disk is not None and new:
+            known = self.disk.known()
+            for key, job in list(new.items()):
+                if (share := known.get(self.disk.key(job))) is not None:
+                    self.pays_anything[key] = share
+                    del new[key]
+        if not new:
+            return
+        results = self.batch(list(new.values()))
+        for key, r in zip(new, results):
+            self.pays_anything[key] = r.fraction if r.status == "ok" else 0.0
+        if self.disk is not None:
+            self.disk.add({self.disk.key(j): r.fraction for j, r in zip(new.values(), results) if r.status == "ok"})
+
+    def batch(self, items: list[sandbox.Job]) -> list[sandbox.SandboxResult]:
+        """Judge `items` in the sandbox, in parallel; InputError when isolation is unavailable."""
+        if not items:
+            return []
+        try:
+            return sandbox.run_batch(items, workers=self.workers, config=self.config)
+        except sandbox.SandboxUnavailable as exc:
+            raise InputError(str(exc)) from None
+
+    def score(self, result: sandbox.SandboxResult, row: int) -> float | None:
+        """One sample's value: the fraction of its tests passed (all or nothing if asked); None, logged,
+        for a failure of the sandbox or of the row's set-up code."""
+        if result.status == "infra":
+            log.warning("%s: sample %d not scored (None): %s", self.__name__, row, result.error)
+            return None
+        if self.all_or_nothing:
+            return float(result.total > 0 and result.passed == result.total)
+        return result.passed / result.total if result.total else None
+
+    def door(self, rows: list[dict[str, Any]], where: list[str]) -> dict[str, list[str]]:
         """The checks at the door on every row (see `code_rows.py`): raises InputError naming the first
         refused row; returns {"pays_anything": [...], "pays_some": [...]}, rows named by `where`."""
         columns = {k: [r.get(k) for r in rows] for k in {k for r in rows for k in r}}
-        prompts = [r.get("prompt") for r in rows]
         jobs: list[tuple[str, sandbox.Job]] = []
-        for i in range(len(rows)):
+        for i, row in enumerate(rows):
             try:
-                job = row_job(i, columns, prompts[i], **options)
+                job = row_job(i, columns, row.get("prompt"), **self.options)
             except InputError as exc:
                 raise InputError(f"{where[i]}: {str(exc).split(': ', 2)[-1]}") from None
             if job is not None:
-                refuse(job, where[i])
+                self.refuse(job, where[i])
                 jobs.append((where[i], job))
-        try:
-            baseline([j for _, j in jobs])
-        except sandbox.SandboxUnavailable as exc:
-            raise InputError(str(exc)) from None
+        self.baseline([j for _, j in jobs])
         report: dict[str, list[str]] = {"pays_anything": [], "pays_some": []}
         for label, job in jobs:
-            share = pays_anything[_key(job)]
+            share = self.pays_anything[_key(job)]
             if share >= 1.0:
                 report["pays_anything"].append(label)
             elif share > 0:
                 report["pays_some"].append(f"{label} ({share:.0%})")
         return report
 
-    unit_tests.__name__ = name
-    unit_tests.__doc__ = unit_tests_reward.__doc__
-    unit_tests.gameable = False  # type: ignore[attr-defined]
-    unit_tests.door = door  # type: ignore[attr-defined]
-    return unit_tests
+
+def unit_tests_reward(**options: Any) -> RewardFn:
+    """A `unit_tests` reward with its own options (see `UnitTestsReward` for them and what it scores)."""
+    return UnitTestsReward(**options)
 
 
 _default_unit_tests = unit_tests_reward()
@@ -305,24 +324,3 @@ def code_block(prompts: list[Any], completions: list[Any], **_: Any) -> list[flo
     in it works or not. It is the classic reward whose training curve climbs to its ceiling while
     held-out quality does not move; use it to see the reward-hacking guard fire, never to train."""
     return [1.0 if has_code_block(completion_text(c)) else 0.0 for c in completions]
-
-
-def load_code_problems(path: str | Path | None = None) -> list[dict[str, Any]]:
-    """Read a JSONL file of code problems (default: the set shipped with Regimen). Each line is an
-    object with `prompt` (str), `tests` (a non-empty list of snippets) and optionally `answer` (a
-    reference solution) and `entry_point`. Raises InputError naming the file, line and field."""
-    from regimen.stages.tasks import read_jsonl
-
-    path = Path(path) if path is not None else PROBLEMS_PATH
-    rows = []
-    for line_no, row in read_jsonl(path):
-        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-            raise InputError(f"{path}:{line_no}: field 'prompt' must be a non-empty string")
-        tests = row.get("tests")
-        if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
-            raise InputError(f"{path}:{line_no}: field 'tests' must be a non-empty list of Python snippets (strings)")
-        for key in ("answer", "entry_point"):
-            if key in row and not isinstance(row[key], str):
-                raise InputError(f"{path}:{line_no}: field {key!r} must be a string")
-        rows.append(row)
-    return rows

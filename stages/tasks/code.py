@@ -30,13 +30,18 @@ import hashlib
 import json
 import random
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from regimen.stages.tasks import Task, TaskOptions, check_split
+from regimen.stages.core.errors import InputError
+from regimen.stages.tasks import Task, TaskOptions, check_split, read_jsonl
 
 NAME = "code"
+PROBLEMS_PATH = Path(__file__).parent / "problems" / "code_problems.jsonl"
+"""The small code-problem set shipped with Regimen (prompt, answer, tests, entry_point): the recipes'
+`train_file` for the `unit_tests` reward."""
 TEST_POINTS = (4, 5, 7, 9, 12)
 SHOWN = (0, 1, 2, 3)
 _EXAMPLE = re.compile(r"^f\((-?\d+)\)=(-?\d+)$")
@@ -108,3 +113,22 @@ def load(opts: Options) -> Task:
 
 def identity(opts: Options) -> dict[str, Any]:
     return opts.model_dump(mode="json")
+
+
+def load_code_problems(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Read a JSONL file of code problems (default: the set shipped with Regimen). Each line is an
+    object with `prompt` (str), `tests` (a non-empty list of snippets) and optionally `answer` (a
+    reference solution) and `entry_point`. Raises InputError naming the file, line and field."""
+    path = Path(path) if path is not None else PROBLEMS_PATH
+    rows = []
+    for line_no, row in read_jsonl(path):
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise InputError(f"{path}:{line_no}: field 'prompt' must be a non-empty string")
+        tests = row.get("tests")
+        if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+            raise InputError(f"{path}:{line_no}: field 'tests' must be a non-empty list of Python snippets (strings)")
+        for key in ("answer", "entry_point"):
+            if key in row and not isinstance(row[key], str):
+                raise InputError(f"{path}:{line_no}: field {key!r} must be a string")
+        rows.append(row)
+    return rows
