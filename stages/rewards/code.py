@@ -80,8 +80,19 @@ def solution_for(completion: Any, job: sandbox.Job, prompt: Any = None) -> str:
     return solution
 
 
+_KEYS: dict[int, tuple[sandbox.Job, str]] = {}  # id(job) -> (job, its key): a call asks a job's key up to five times
+
+
 def _key(job: sandbox.Job) -> str:
-    return hashlib.sha256(json.dumps(dataclasses.asdict(job), sort_keys=True, default=str).encode()).hexdigest()
+    """The digest of a row's job (its tests, set-up, cases, limits), computed once per job object."""
+    found = _KEYS.get(id(job))
+    if found is not None and found[0] is job:
+        return found[1]
+    key = hashlib.sha256(json.dumps(dataclasses.asdict(job), sort_keys=True, default=str).encode()).hexdigest()
+    if len(_KEYS) >= 4096:
+        _KEYS.clear()
+    _KEYS[id(job)] = (job, key)
+    return key
 
 
 @functools.cache

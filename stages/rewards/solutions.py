@@ -149,8 +149,13 @@ def _names(code: str) -> tuple[frozenset[str], frozenset[str]] | None:
                     bound.add(sub.name)
                 elif isinstance(sub, (ast.Import, ast.ImportFrom)):
                     bound.update((a.asname or a.name).split(".")[0] for a in sub.names)
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    used: set[str] = set()
+    for n in ast.walk(tree):  # one walk: names read, and the names whose attributes are read
+        if type(n) is ast.Name:
+            if type(n.ctx) is ast.Load:
+                used.add(n.id)
+        elif type(n) is ast.Attribute and type(n.value) is ast.Name:
+            used.add(n.value.id)
     return frozenset(bound), frozenset(used)
 
 
