@@ -11,6 +11,7 @@ interpreter, or `python solution.py < input` per case. The two scores must be eq
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -512,6 +513,24 @@ def test_the_no_solution_baseline_is_judged_once_per_row_content_across_processe
     code_rewards.unit_tests_reward(baseline_cache=str(tmp_path), timeout_s=7)(["", ""], completions, **rows)
     code_rewards.unit_tests_reward(baseline_cache=False)(["", ""], completions, **rows)
     assert batches == [2, 1, 2, 2, 2, 2]
+
+
+@needs_isolation
+def test_a_job_with_no_solution_is_judged_as_against_an_empty_solutions_process():
+    """The no-solution baseline runs without a solution's process (`sample._alone`): its verdicts are
+    those of an empty solution's process (here "\\n", which still gets one), for tests that pass with no
+    solution, call a missing entry point or name, import the solution as a module, use the set-up, and
+    evaluate strings (those keep the process, which evaluates them)."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    tests = ["assert True", "f(1)", "from solution import f", "import solution\nnames = dir(solution)\nassert 'f' not in names",
+             "try:\n    f(1)\nexcept NameError:\n    pass", "assert helper() == 2", "import sys\nsys.exit(0)"]
+    jobs = [Job("", tests, setup="def helper():\n    return 2\n"), Job("", ["def check(candidate):\n    assert candidate(1) == 1\ncheck(f)"], entry_point="f"),
+            Job("", ["x = eval('1 + 1')\nassert x == 2", "assert True"])]
+    alone = run_batch(jobs, workers=1)
+    with_process = run_batch([dataclasses.replace(j, code="\n") for j in jobs], workers=1)
+    assert [r.tests for r in alone] == [r.tests for r in with_process] == [[True, False, False, True, True, True, False], [False], [True, True]], alone
+    assert {r.status for r in alone + with_process} == {"ok"}
 
 
 def test_a_torn_or_foreign_line_in_the_baseline_cache_is_skipped(tmp_path):

@@ -21,6 +21,10 @@
                 the output pipe and the result pipe, same confinement; then `judge.run`, which reports
                 pass/fail on the result pipe. )
 
+A job with no solution at all (a row's no-solution baseline, `alone`: see `sample._alone`) has no S: B
+writes the greeting an empty solution sends (`("ready", [])`) into the socket, closes S's end and
+becomes J, so the tests run against nothing, as against an empty solution, without its process.
+
 S is forked before B reads the tests, and never holds the result pipe or anything of J's; only J and
 the trusted set-up side (Z, B) write results, so nothing S does can forge a verdict or an `infra`.
 (Earlier versions had a process A between Z and B only to enter the new pid namespace; Z does that
@@ -159,7 +163,7 @@ def _zygote(slot: Slot, zsock: socket.socket) -> None:
             leave()
         if not msg or len(fds) != 5:
             leave()
-        _start_job(slot, zsock, msg == b"i", fds, own_pidns, children)
+        _start_job(slot, zsock, msg in (b"i", b"I"), fds, own_pidns, children, alone=msg in (b"I", b"U"))
 
 
 def _isolate_zygote(slot: Slot) -> int | None:
@@ -182,7 +186,7 @@ def _isolate_zygote(slot: Slot) -> int | None:
     return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _start_job(slot: Slot, zsock: socket.socket, isolated: bool, fds: list[int], own_pidns: int | None, children: dict) -> None:
+def _start_job(slot: Slot, zsock: socket.socket, isolated: bool, fds: list[int], own_pidns: int | None, children: dict, alone: bool = False) -> None:
     code_fd, job_fd, out_w, res_w, ctl = fds
     try:
         if isolated:  # the next child is pid 1 of a new pid namespace; Z itself stays where it is
@@ -197,7 +201,7 @@ def _start_job(slot: Slot, zsock: socket.socket, isolated: bool, fds: list[int],
         signal.set_wakeup_fd(-1)
         zsock.close()
         os.close(ctl)
-        _job_b(slot, isolated, code_fd, job_fd, out_w, res_w)
+        _job_b(slot, isolated, code_fd, job_fd, out_w, res_w, alone)
     if isolated and own_pidns is not None:
         _check(_c().setns(own_pidns, CLONE_NEWPID), "setns")  # back to Z's own, for the next unshare
     pidfd = None
@@ -230,10 +234,10 @@ def _reap(children: dict) -> None:
                 os.close(pidfd)
 
 
-def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, res_w: int) -> None:
+def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, res_w: int, alone: bool = False) -> None:
     """B: never returns. Unshares the rest of its namespaces (mount, IPC, network: its pid namespace is
-    new already, B is its pid 1), builds the root, forks S, then becomes J (pid 1: when J ends, every
-    process of the namespace is killed)."""
+    new already, B is its pid 1), builds the root, forks S (unless `alone`: no solution), then becomes J
+    (pid 1: when J ends, every process of the namespace is killed)."""
     try:
         os.setsid()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -241,6 +245,11 @@ def _job_b(slot: Slot, isolated: bool, code_fd: int, job_fd: int, out_w: int, re
             _check(_c().unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
             slot.build_root()
         s_sock, j_sock = (end.detach() for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+        if alone:  # no solution (a row's baseline): no process for it; its greeting is that it defines nothing
+            callee.wire.send(s_sock, ("ready", []))
+            os.close(s_sock)
+            os.close(code_fd)
+            _role_j(slot, job_fd, j_sock, out_w, res_w)
         st_r, st_w = os.pipe()
         s = os.fork()  # before anything of the job's tests is read into this process
         if s == 0:
