@@ -92,10 +92,10 @@ def header(title: str) -> None:
 
 def stage_run(recipe, name: str, inputs: dict, store):
     """One stage through the runner (the code the flow runs); (its result, wall seconds)."""
-    from regimen.stages.run.runner import execute
+    from regimen.stages.run.runner import StageCall, execute
 
     t0 = time.perf_counter()
-    result = execute(name, recipe, inputs, store, experiment=recipe.experiment)
+    result = execute(StageCall(name, recipe, inputs, experiment=recipe.experiment), store)
     return result, time.perf_counter() - t0
 
 

@@ -28,17 +28,21 @@ def direct(config: str, store: str) -> None:
     """The stages of one cycle, called as plain functions (no Prefect), in the flow's order."""
     sys.path.insert(0, str(ROOT))
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.run.runner import execute
+    from regimen.stages.run.runner import StageCall, execute
     from regimen.stages.store import Store
     from regimen.stages.training.policy import base_policy
 
     recipe = load_recipe(config, [f"store={store}", "cycle.max_cycles=1"])
-    st = Store(recipe.store)
-    sft = execute("sft", recipe, {"policy": base_policy(recipe, st), "cycle": 1}, st)
-    execute("reward-dry-run", recipe, {"policy": sft.ref}, st)
-    execute("grpo-smoke", recipe, {"policy": sft.ref}, st)
-    grpo = execute("grpo", recipe, {"policy": sft.ref}, st, round_=1)
-    execute("eval", recipe, {"policy": grpo.ref}, st, round_=1)
+    st, exp = Store(recipe.store), recipe.experiment  # the recipe's own experiment, chosen here as a CLI run would
+
+    def run(stage: str, inputs: dict):
+        return execute(StageCall(stage, recipe, inputs, experiment=exp), st)
+
+    sft = run("sft", {"policy": base_policy(recipe, st), "cycle": 1})
+    run("reward-dry-run", {"policy": sft.ref})
+    run("grpo-smoke", {"policy": sft.ref})
+    grpo = run("grpo", {"policy": sft.ref})
+    run("eval", {"policy": grpo.ref})
 
 
 def stages_s(store: Path, experiment: str) -> float:

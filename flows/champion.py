@@ -27,11 +27,11 @@ log = logging.getLogger("regimen.run")
 def record(store: Store, experiment: str) -> dict[str, Any]:
     """The experiment's champion record (empty when it has none). An unreadable one stops whoever reads it:
     treating it as empty would write a fresh history over the old one."""
-    return _parsed(store, experiment, store.read_record(experiment, rule.RECORD))
+    return _parsed(store, experiment, store.ledger.read(experiment, rule.RECORD))
 
 
 def _parsed(store: Store, experiment: str, found: Any) -> dict[str, Any]:
-    if found is None and not store.has_record(experiment, rule.RECORD):
+    if found is None and not store.ledger.has(experiment, rule.RECORD):
         return rule.empty()
     if not (isinstance(found, dict) and isinstance(found.get("history"), list)):
         raise StoreError(f"{store.join(experiment, rule.RECORD)}: unreadable (not the record the store wrote); restore it from a backup "
@@ -79,7 +79,7 @@ def measured(policy: dict[str, Any], ev: dict[str, Any], heldout: dict[str, Any]
 DECIDE_ATTEMPTS = 5
 
 
-def conclude(store: Store, recipe, *, challenger: rule.Measured | None, champion_eval, stopped: str | None,
+def conclude(store: Store, recipe, experiment: str, *, challenger: rule.Measured | None, champion_eval, stopped: str | None,
              trained_from: dict[str, Any] | None, data_digest: str | None) -> dict[str, Any]:
     """Decide, record, and return the history entry. `champion_eval(policy)` evaluates the current champion
     on the frozen set (a judge stage call: reused when nothing changed) and returns its summary.
@@ -89,26 +89,26 @@ def conclude(store: Store, recipe, *, challenger: rule.Measured | None, champion
     meanwhile, the flow decides again on the new record (their line and their veto stand), and its own
     line says how often it had to (`redone`)."""
     for attempt in range(DECIDE_ATTEMPTS):
-        rec = record(store, recipe.experiment)
+        rec = record(store, experiment)
         decision, event = _decision(store, recipe, rec, challenger=challenger, champion_eval=champion_eval, stopped=stopped)
         line = rule.entry(event, challenger, by="flow", reason=decision.reason, at=now_iso(),
                           extra={"figures": decision.figures, **({"redone": attempt} if attempt else {})})
 
         def apply(current: Any, line=line, event=event) -> dict[str, Any]:
-            new = _parsed(store, recipe.experiment, current)
+            new = _parsed(store, experiment, current)
             if event == "promoted":
                 new["champion"] = rule.champion_entry(new, challenger, trained_from=trained_from, data=data_digest)
             new["history"].append(line)
             return new
 
         try:
-            store.update_record(recipe.experiment, rule.RECORD, apply, expect=rec.get("revision", 0))
+            store.ledger.update(experiment, rule.RECORD, apply, expect=rec.get("revision", 0))
         except StaleRecord as exc:
             log.warning("champion: %s (a person's move, most likely): deciding again on the record as it is now", exc)
             continue
         log.info("champion: %s — %s", "challenger promoted" if event == "promoted" else "champion kept", decision.reason)
         return line
-    raise StoreError(f"{recipe.experiment}/{rule.RECORD} changed {DECIDE_ATTEMPTS} times while this run decided; nothing recorded by the run "
+    raise StoreError(f"{experiment}/{rule.RECORD} changed {DECIDE_ATTEMPTS} times while this run decided; nothing recorded by the run "
                      "(the people's moves stand); the next run decides again")
 
 
@@ -183,7 +183,7 @@ def person_promotes(store: Store, experiment: str, spec: str, reason: str) -> di
         rec["history"].append(rule.entry("promoted", m, by="person", reason=reason or "promoted by a person", at=now_iso()))
         return rec
 
-    return store.update_record(experiment, rule.RECORD, apply)["history"][-1]
+    return store.ledger.update(experiment, rule.RECORD, apply)["history"][-1]
 
 
 def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, Any]:
@@ -211,7 +211,7 @@ def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, A
                                          extra={"from": champ["policy"], "from_ref": {k: champ["policy_ref"].get(k) for k in ("stage", "version", "fingerprint", "content")}}))
         return rec
 
-    return store.update_record(experiment, rule.RECORD, apply)["history"][-1]
+    return store.ledger.update(experiment, rule.RECORD, apply)["history"][-1]
 
 
 def export(store: Store, experiment: str, out: str) -> Path:

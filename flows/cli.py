@@ -100,11 +100,16 @@ def run(
 
     parse_set(set_ or [])
     read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
+    if experiment:
+        from regimen.stages.store import check_name
+
+        check_name(experiment)  # the run's experiment: data handed to the flow, not put into the recipe
     from regimen.flows.present.terminal import terminal
     from regimen.flows.server import api_for_this_run
 
     with api_for_this_run() as api_ready:  # a temporary server boots while the recipe is validated
-        recipe = resolve(config, set_, experiment, store)  # validated and resolved once: exit 2, nothing written
+        recipe = resolve(config, set_, None, store)  # validated and resolved once: exit 2, nothing written
+        experiment = experiment or recipe.experiment  # else the recipe's own `experiment:`
         from regimen.flows.cycle import RunResult, regimen_cycle_recipe
 
         api_ready()
@@ -112,8 +117,8 @@ def run(
 
         orchestrator.on_finish_while_down(lambda outcome: _present_and_say(outcome, started))
         with terminal(console, verbose=verbose):
-            console.print(f"experiment [bold]{recipe.experiment}[/] in store {recipe.store}")
-            state = regimen_cycle_recipe(recipe, return_state=True)
+            console.print(f"experiment [bold]{experiment}[/] in store {recipe.store}")
+            state = regimen_cycle_recipe(recipe, experiment, return_state=True)
             _flush_prefect_logs()
     outcome = state.result(raise_on_failure=False)
     if not isinstance(outcome, RunResult):  # an unexpected crash: one line, Prefect's log has the traceback

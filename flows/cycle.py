@@ -4,7 +4,9 @@ stages' roles in the registry (teach, gate, train, judge), so a new stage needs 
 
 Two entries run the same cycles: `regimen_cycle(config, experiment, overrides)` is what deployments and the
 UI start (parameters checked against the allow-list in `boundary.py`, the recipe resolved once at the start
-of the run); `regimen_cycle_recipe(recipe)` is what the CLI starts with the recipe it already resolved.
+of the run); `regimen_cycle_recipe(recipe, experiment)` is what the CLI starts with the recipe it already
+resolved. The experiment is data of the run (`Run.experiment`, handed to the runner in each `StageCall`),
+chosen where the run starts: the caller's name, else the recipe's `experiment:` (its default).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from regimen.stages import registry
 from regimen.stages.decide.verdicts import BACK_TO_SFT, CONTINUE, OVERFITTING_VERDICT, REWARD_HACKING, Evaluation, decide
 from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
 from regimen.stages.recipe import Recipe, load_recipe
-from regimen.stages.run.runner import StageResult, execute
-from regimen.stages.store import Store
+from regimen.stages.run.runner import StageCall, StageResult, execute
+from regimen.stages.store import Store, check_name
 from regimen.stages.store.lock import machine_slot
 from regimen.stages.training.pass_rates import FILE as PASS_RATES
 from regimen.stages.training.policy import base_policy, latest_policy
@@ -66,11 +68,12 @@ def key_figures(out: dict[str, Any]) -> str:
 
 @dataclass
 class Run:
-    """What the stages of one run share: one Store, one Presenter (publishing off the critical path), and
-    the summaries of the stages so far."""
+    """What the stages of one run share: one Store, one Presenter (publishing off the critical path), the
+    experiment it runs, and the summaries of the stages so far."""
 
     store: Store
     presenter: Presenter
+    experiment: str
     results: list[dict[str, Any]] = field(default_factory=list)
     heldout: dict[str, Any] | None = None  # the experiment's frozen held-out set: an input of every stage
     data: dict[str, Any] = field(default_factory=dict)  # tonight's training data next to its last version
@@ -84,16 +87,16 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycl
     one place that decides reuse; the task run then ends as *Cached*) or runs the stage and commits it;
     then its artifacts. A stage that computes holds this machine's compute slot, so two runs take turns."""
     logger = get_run_logger()
-    store = run.store
+    store, experiment = run.store, run.experiment
 
     def progress(event: str, data: dict[str, Any]) -> None:  # the probe curve, live in the UI while GRPO trains
         if event == "probe":
-            run.presenter.submit_latest("curves", publish_curves, recipe.experiment, {f"{stage} (running, cycle {cycle}.{round})": data["log_history"]},
-                                        store.experiment_dir(recipe.experiment, "plots") / "grpo_running.png",
+            run.presenter.submit_latest("curves", publish_curves, experiment, {f"{stage} (running, cycle {cycle}.{round})": data["log_history"]},
+                                        store.experiment_dir(experiment, "plots") / "grpo_running.png",
                                         f"{stage} cycle {cycle}.{round}: training reward and held-out probe, step {data['step']}", key="curves")
 
-    result = execute(stage, recipe, inputs, store, cycle=cycle, round_=round,
-                     slot=lambda: machine_slot(f"{recipe.experiment}/{stage}", say=logger.warning), progress=progress)
+    result = execute(StageCall(stage, recipe, inputs, experiment, cycle=cycle, round=round,
+                               slot=lambda: machine_slot(f"{experiment}/{stage}", say=logger.warning), progress=progress), store)
     run.presenter.submit(publish, result, store)
     out = summary(result)
     return Completed(name="Cached", data=out) if result.reused else out  # how Prefect names a reused result in the UI
@@ -118,8 +121,8 @@ def record_verdict(run: Run, recipe: Recipe, history: list[dict[str, Any]], eval
     decision = decide([Evaluation.from_dict(e) for e in history], recipe.cycle).as_dict()
     record = {"eval_version": eval_result["version"], "eval_fingerprint": eval_result["ref"]["fingerprint"], "cycle": cycle, "round": round,
               "cycle_settings": recipe.cycle.model_dump(mode="json"), "history": history, **decision}
-    run.store.record_decision(recipe.experiment, record)
-    run.presenter.submit(publish_verdict, recipe.experiment, record, eval_result["path"])
+    run.store.ledger.record_decision(run.experiment, record)
+    run.presenter.submit(publish_verdict, run.experiment, record, eval_result["path"])
     return record
 
 
@@ -162,14 +165,19 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
         get_run_logger().error("refused: %s", refused)
         _tampered_event(refused)
         return Failed(message=f"refused: {refused}")
+    return run_cycles(resolve_ui_recipe(config, overrides), experiment)
+
+
+def resolve_ui_recipe(config: Any, overrides: Any) -> Recipe:
+    """The door of a run started from the UI or the API: the overrides against the allow-list, then the
+    operator's limits (after them: `limits.*` is the operator's), then the recipe resolved and bounded."""
+    from regimen.flows import boundary
+
     extra = dict(boundary.check_overrides(overrides))
-    extra.update(boundary.operator_limits())  # after the UI's overrides: `limits.*` is the operator's
-    if experiment is not None:
-        extra["experiment"] = experiment
+    extra.update(boundary.operator_limits())
     if os.environ.get("REGIMEN_STORE") and "store" not in extra:
         extra["store"] = os.environ["REGIMEN_STORE"]
-    recipe = load_recipe(boundary.resolve_config(config), extra)
-    return run_cycles(recipe)
+    return load_recipe(boundary.resolve_config(config), extra)
 
 
 def _tampered_event(reason: str, run=None) -> None:
@@ -183,9 +191,9 @@ def _tampered_event(reason: str, run=None) -> None:
 
 
 @flow(name="regimen-cycle", validate_parameters=False, persist_result=False)
-def regimen_cycle_recipe(recipe: Recipe):
+def regimen_cycle_recipe(recipe: Recipe, experiment: str | None = None):
     """The same cycles for a recipe the caller (the CLI) has already resolved."""
-    return run_cycles(recipe)
+    return run_cycles(recipe, experiment)
 
 
 @task(name="preflight", cache_policy=NO_CACHE, persist_result=False)
@@ -198,39 +206,41 @@ def preflight(recipe: Recipe) -> dict[str, Any]:
     return summary
 
 
-def run_cycles(recipe: Recipe):
-    """The cycles under the experiment's lock, with one Store for the whole run. Returns a RunResult; a run
-    that a gate, the guard, a stage or the store stopped ends as Failed, an interrupted one (Ctrl-C,
-    SIGTERM, a cancel) as Cancelled, each with its message and the RunResult as the state's data."""
+def run_cycles(recipe: Recipe, experiment: str | None = None):
+    """The cycles of `experiment` (None: the recipe's `experiment:`) under its lock, with one Store for the
+    whole run. Returns a RunResult; a run that a gate, the guard, a stage or the store stopped ends as
+    Failed, an interrupted one (Ctrl-C, SIGTERM, a cancel) as Cancelled, each with its message and the
+    RunResult as the state's data."""
     from regimen.flows import orchestrator
 
     with orchestrator.watching():
-        outcome = _run_cycles(recipe)
+        outcome = _run_cycles(recipe, experiment or recipe.experiment)
     result = outcome.data if hasattr(outcome, "data") and isinstance(outcome.data, RunResult) else outcome
     if isinstance(result, RunResult):
         orchestrator.finish(result)
     return outcome
 
 
-def _run_cycles(recipe: Recipe):
+def _run_cycles(recipe: Recipe, experiment: str):
     results: list[dict[str, Any]] = []
     presenter = Presenter()
     try:
+        check_name(experiment)  # a deployment's parameter: bad input (exit 2) before anything runs
         preflight(recipe)
-        run = Run(Store(recipe.store), presenter, results)
-        with run.store.lock(recipe.experiment):
+        run = Run(Store(recipe.store), presenter, experiment, results)
+        with run.store.lock(experiment):
             try:
                 prepare_data(recipe, run)
                 cycles(recipe, run)
                 crown(recipe, run, stopped=None)
             except StageStopped as exc:
                 if exc.stage in registry.in_role("train") and str(exc.reason).startswith((REWARD_HACKING, OVERFITTING_VERDICT)):
-                    presenter.submit(_publish_stopped, recipe, run.store, exc)
+                    presenter.submit(_publish_stopped, experiment, run.store, exc)
                 crown(recipe, run, stopped=str(exc.reason).split(":")[0] if exc.reason else exc.stage)
                 raise
             finally:
                 if results:
-                    presenter.submit(publish_report, run.store, recipe)
+                    presenter.submit(publish_report, run.store, recipe, experiment)
                 interrupted = isinstance(sys.exc_info()[1], StageInterrupted)  # a person asked to stop: not long
                 presenter.close(patience=5.0 if interrupted else None)  # what is still queued is published before the run ends
     except StageInterrupted as exc:
@@ -242,14 +252,14 @@ def _run_cycles(recipe: Recipe):
     return RunResult(results)
 
 
-def _publish_stopped(recipe: Recipe, st: Store, exc: StageStopped) -> None:
-    failures = st.failures(recipe.experiment, exc.stage)
+def _publish_stopped(experiment: str, st: Store, exc: StageStopped) -> None:
+    failures = st.ledger.failures(experiment, exc.stage)
     attempt = None
     if failures:
-        attempt = str(Path(st.stage_path(recipe.experiment, exc.stage)) / "failed")
+        attempt = str(Path(st.backend.stage_path(experiment, exc.stage)) / "failed")
         found = sorted(Path(attempt).glob("*/trajectories.jsonl"))
         attempt = str(found[-1].parent) if found else None
-    publish_stopped(recipe.experiment, exc.stage, exc.reason, attempt)
+    publish_stopped(experiment, exc.stage, exc.reason, attempt)
 
 
 def teach(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> tuple[dict[str, Any], float]:
@@ -293,9 +303,9 @@ def prepare_data(recipe: Recipe, run: Run) -> None:
     from regimen.stages.records import datasets as data_records
     from regimen.stages.tasks.registry import load_task
 
-    run.heldout, frozen_now = data_records.resolve(run.store, recipe.experiment, load_task(recipe.data).heldout)
+    run.heldout, frozen_now = data_records.resolve(run.store, run.experiment, load_task(recipe.data).heldout)
     task = load_task(recipe.data, run.heldout)
-    run.data = data_records.record_training_data(run.store, recipe.experiment, task.train, task.dropped_heldout)
+    run.data = data_records.record_training_data(run.store, run.experiment, task.train, task.dropped_heldout)
     d = run.data
     log.info("data: %d training rows (%d new since data v%s%s%s); held-out set v%d, %d prompts%s", d["rows"], d["new"], d["version"] - 1 if d["changed"] else d["version"],
              f", {d['gone']} gone" if d["gone"] else "", f", {d['dropped_heldout']} dropped as held-out prompts" if d["dropped_heldout"] else "",
@@ -309,13 +319,13 @@ def starting_policy(recipe: Recipe, run: Run) -> dict[str, Any]:
 
     st = run.store
     if recipe.cycle.start_from == "champion":
-        found = champion.start_policy(st, recipe.experiment, _data_digest(run))
+        found = champion.start_policy(st, run.experiment, _data_digest(run))
         if found and found.get("stage") == "base":
             return base_policy(recipe, st)
         if found:
             return found
     if recipe.cycle.start_from == "latest":
-        found = latest_policy(st, recipe.experiment, registry.judge(), registry.in_role("train"))
+        found = latest_policy(st, run.experiment, registry.judge(), registry.in_role("train"))
         if found:
             return found
     return base_policy(recipe, st)
@@ -335,14 +345,14 @@ def crown(recipe: Recipe, run: Run, stopped: str | None) -> None:
         return
     measured = champion.measured(run.challenger[0], run.challenger[1], run.heldout) if run.challenger else None
     try:
-        line = champion.conclude(run.store, recipe, challenger=measured, stopped=stopped, trained_from=run.started_from, data_digest=_data_digest(run),
+        line = champion.conclude(run.store, recipe, run.experiment, challenger=measured, stopped=stopped, trained_from=run.started_from, data_digest=_data_digest(run),
                                  champion_eval=lambda policy: stage(registry.judge(), recipe, {"policy": policy}, run, 0, 0))
     except RegimenError as exc:
         if stopped:
             log.warning("champion: not decided (%s)", exc)
             return
         raise
-    run.presenter.submit(publish_champion, recipe.experiment, champion.record(run.store, recipe.experiment), line)
+    run.presenter.submit(publish_champion, run.experiment, champion.record(run.store, run.experiment), line)
 
 
 def cycles(recipe: Recipe, run: Run) -> None:

@@ -243,16 +243,16 @@ def hacked_trajectories_markdown(path: Path, limit: int = 12, training: bool = F
     return f"### High reward, wrong answer ({len(rows)} {where})\n\n{head}\n" + "\n".join(lines)
 
 
-def publish_report(store, recipe) -> None:
+def publish_report(store, recipe, experiment: str) -> None:
     """Regenerate the experiment's plots and show them (and the history table) in Prefect."""
     from regimen.flows.present import plots
     from regimen.flows.present.report import history, make_plots
 
-    for png in make_plots(store, recipe.experiment, recipe.cycle.target):
-        title = f"{recipe.experiment}: {png.stem.replace('_', ' ')}"
+    for png in make_plots(store, experiment, recipe.cycle.target):
+        title = f"{experiment}: {png.stem.replace('_', ' ')}"
         create_markdown_artifact(markdown=f"### {title}\n\n![{png.stem}]({plots.data_uri(png)})",
-                                 key=artifact_key(recipe.experiment, "plot", png.stem), description=title)
+                                 key=artifact_key(experiment, "plot", png.stem), description=title)
     rows = [{k: rounded(v) for k, v in r.items() if k in ("label", "heldout_accuracy", "train_reward", "verdict", "kl", "frac_reward_zero_std", "best_step")}
-            for r in history(store, recipe.experiment)]
+            for r in history(store, experiment)]
     if rows:
-        create_table_artifact(table=rows, key=artifact_key(recipe.experiment, "history"), description=f"{recipe.experiment}: evaluations across cycles")
+        create_table_artifact(table=rows, key=artifact_key(experiment, "history"), description=f"{experiment}: evaluations across cycles")

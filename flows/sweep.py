@@ -26,7 +26,7 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
     """Compare values of one recipe field (e.g. grpo.num_generations=[2, 8, 16]) from the same SFT policy."""
     preflight(recipe)
     st = Store(recipe.store)
-    run = Run(st, Presenter())
+    run = Run(st, Presenter(), recipe.experiment)  # the CLI's --experiment, resolved into the sweep's recipe
     results = run.results
     rows, logs = [], {}
     with st.lock(recipe.experiment), closing(run.presenter):

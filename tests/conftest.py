@@ -62,9 +62,7 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
 
     extra = dict(overrides or {})
     extra["store"] = str(store)
-    if experiment:
-        extra["experiment"] = experiment
-    state = regimen_cycle_recipe(load_recipe(config, extra), return_state=True)
+    state = regimen_cycle_recipe(load_recipe(config, extra), experiment, return_state=True)  # the experiment: data of the run
     outcome = state.result(raise_on_failure=False)
     if not isinstance(outcome, RunResult):
         raise outcome

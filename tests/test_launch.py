@@ -43,6 +43,6 @@ def test_a_failing_rank_fails_the_stage_with_its_last_lines(tmp_path, monkeypatc
     with pytest.raises(StageStopped, match="accelerate launch .2 processes. exited with code") as exc:
         run_flow(TINY, tmp_path, overrides={"launcher": "accelerate", "accelerate.num_processes": 2})
     assert "injected fault" in str(exc.value)
-    [fail] = Store(tmp_path).failures("tiny-test", "grpo")
+    [fail] = Store(tmp_path).ledger.failures("tiny-test", "grpo")
     assert "injected fault" in fail["error"]
     assert Store(tmp_path).versions("tiny-test", "grpo") == []

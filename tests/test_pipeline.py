@@ -50,7 +50,7 @@ def test_all_five_stages_complete_with_intact_files(first_run):
     assert any(h.get("reward") is not None for h in log)
     assert all(h["wall_s"] >= 0 for h in log if "reward" in h)  # the curve against time, for resume figures
     ev = s.latest("tiny-test", "eval")
-    [decision] = s.decisions("tiny-test")  # the flow decides; the verdict is kept beside the evaluation
+    [decision] = s.ledger.decisions("tiny-test")  # the flow decides; the verdict is kept beside the evaluation
     assert decision["eval_version"] == ev["version"] and decision["verdict"] in ("target-reached", "budget-spent", "stalled")
     assert "cycle" not in ev["config"]  # evaluation measures: its fingerprint knows nothing of cycle settings
     assert [p["step"] for p in grpo["heldout_probe"]][0] == 0 and grpo["best_step"] in [p["step"] for p in grpo["heldout_probe"]]
@@ -76,7 +76,7 @@ def test_changing_only_the_cycle_target_reruns_nothing_and_records_a_new_verdict
     results = run_flow(TINY, store, overrides={"cycle.target": 0.0, "cycle.stop_when_taught": False})
     assert all(r["reused"] for r in results)
     assert versions(store) == before
-    latest = Store(store).decisions("tiny-test")[-1]
+    latest = Store(store).ledger.decisions("tiny-test")[-1]
     assert latest["verdict"] == "target-reached" and latest["cycle_settings"]["target"] == 0.0
 
 
@@ -88,7 +88,7 @@ def test_a_cycle_whose_sft_meets_the_target_runs_no_grpo(tmp_path):
     assert ran == ["sft", "eval"], ran
     ev = next(r for r in results if r["stage"] == "eval" and r.get("cycle"))
     assert ev["round"] == 0 and ev["verdict"] == "target-reached"
-    assert Store(tmp_path).decisions("tiny-test")[-1]["verdict"] == "target-reached"
+    assert Store(tmp_path).ledger.decisions("tiny-test")[-1]["verdict"] == "target-reached"
 
 
 def test_a_truncated_file_is_not_reused_the_stage_runs_again_and_status_names_it(first_run, capsys):
@@ -126,7 +126,7 @@ def test_gate_failure_exits_1_records_attempt_and_writes_no_version(first_run, c
     assert "reward-dry-run" in err and "too hard" in err and "more SFT" in err
     s = Store(store)
     assert s.versions("gate", "reward-dry-run") == []
-    [fail] = s.failures("gate", "reward-dry-run")
+    [fail] = s.ledger.failures("gate", "reward-dry-run")
     assert "too hard" in fail["error"]
     assert s.versions("gate", "sft")  # the stage before the gate completed and is kept
     code, out, _ = run_cli(["status", "gate", "--store", str(store)], capsys)

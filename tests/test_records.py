@@ -67,7 +67,7 @@ def evaluate(st: Store, exp: str = EXP):
 
 
 def conclude(st: Store, v: int, champion_eval=None, exp: str = EXP) -> dict:
-    return champion.conclude(st, recipe(exp), challenger=challenger(st, v, exp), champion_eval=champion_eval or evaluate(st, exp),
+    return champion.conclude(st, recipe(exp), exp, challenger=challenger(st, v, exp), champion_eval=champion_eval or evaluate(st, exp),
                              stopped=None, trained_from=None, data_digest=None)
 
 
@@ -207,7 +207,7 @@ def test_a_damaged_or_missing_frozen_set_stops_the_run_naming_the_file_and_the_w
     store = tmp_path / "store"
     _tiny_experiment(store)
     st = Store(store)  # a champion measured on set v1 (its record names the set)
-    st.update_record("tiny-test", "champion.json", lambda _: {"champion": None, "history": [{"event": "kept", "by": "flow", "reason": "-", "heldout_set": 1}]})
+    st.ledger.update("tiny-test", "champion.json", lambda _: {"champion": None, "history": [{"event": "kept", "by": "flow", "reason": "-", "heldout_set": 1}]})
     v1 = store / "tiny-test" / "heldout" / "v1"
     rows = v1 / "rows.jsonl"
     if damage == "edited":

@@ -152,7 +152,7 @@ def test_last_checkpoint_at_max_steps_finishes_the_stage_without_an_extra_step(c
     from safetensors.torch import load_file
 
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.run.runner import StageResult, execute, stage_key
+    from regimen.stages.run.runner import StageCall, StageResult, execute, stage_key
 
     store = Store(crash["store"])
     step = crash["good_step"]
@@ -160,10 +160,10 @@ def test_last_checkpoint_at_max_steps_finishes_the_stage_without_an_extra_step(c
     sft = store.latest(EXP, "sft")
     inputs = {"policy": StageResult(sft, True, 0.0, store.local_path(sft)).ref}
     key, _ = stage_key("grpo", recipe, inputs)
-    work = store.work_dir(EXP, "grpo", key)
+    work = store.workspace.work_dir(EXP, "grpo", key)
     shutil.copytree(crash["tmp"] / "good-checkpoint", work / f"checkpoint-{step}")
 
-    result = execute("grpo", recipe, inputs, store)
+    result = execute(StageCall("grpo", recipe, inputs, experiment=EXP), store)
     m = result.manifest
     assert not result.reused and m["resumed_from_step"] == step
     assert m["metrics"]["steps"] == step and m["metrics"]["steps_run"] == 0

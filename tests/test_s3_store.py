@@ -54,7 +54,7 @@ def test_commit_reuse_and_the_cache_checked_against_the_manifest(s3_env, bucket,
     assert fs.exists(f"{bucket}/regimen/exp/sft/v1/.claim")  # the number stays taken
     # another host (its own cache) finds the version by fingerprint and reads it through its cache
     other = Store(url, cache_dir=tmp_path / "b")
-    found, damaged = other.find_intact("exp", "sft", "k1")
+    found, damaged = other.catalog.find_intact("exp", "sft", "k1")
     assert found["version"] == 1 and damaged == []
     local = other.local_path(found)
     assert str(local).startswith(str(tmp_path / "b")) and (local / "model" / "w0.bin").read_text().startswith("a-0")
@@ -73,7 +73,7 @@ def test_a_tampered_object_in_the_bucket_makes_the_version_damaged_on_a_fresh_ho
     body = fs.cat_file(key)
     fs.pipe_file(key, b"X" * len(body))  # same size: only the sha256 can tell
     fresh = Store(url, cache_dir=tmp_path / "fresh")
-    found, damaged = fresh.find_intact("exp", "sft", "same")
+    found, damaged = fresh.catalog.find_intact("exp", "sft", "same")
     assert found is None and damaged[0]["version"] == 1 and "model/w0.bin: sha256 differs" in damaged[0]["problems"][0]
     with pytest.raises(StoreError, match=r"v1 is damaged .*model/w0.bin"):
         fresh.local_path(store.versions("exp", "sft")[0])
@@ -119,7 +119,7 @@ def test_a_claim_left_by_a_killed_writer_is_never_a_version_and_is_swept_under_t
     fs.pipe_file(f"{bucket}/r/exp/sft/v1/.claim", b"{}")  # a writer killed after claiming and uploading one file
     fs.pipe_file(f"{bucket}/r/exp/sft/v1/model/w0.bin", b"half")
     store = Store(url, cache_dir=tmp_path / "a")
-    assert store.versions("exp", "sft") == [] and store.malformed("exp", "sft") == []
+    assert store.versions("exp", "sft") == [] and store.catalog.malformed("exp", "sft") == []
     assert store.commit(staged(store), manifest())["version"] == 2  # the claimed number is not reused
     with store.lock("exp"):
         pass
@@ -143,15 +143,15 @@ def test_failed_attempts_decisions_and_records_in_the_bucket(s3_env, bucket, tmp
     store = Store(url, cache_dir=tmp_path / "a")
     d = staged(store)
     (d / "trajectories.jsonl").write_text('{"step": 1}\n')
-    where = store.record_failure(d, manifest(), "boom")
-    store.record_failure(None, manifest(), "no files")
-    assert sorted(f["error"] for f in store.failures("exp", "sft")) == ["boom", "no files"]
+    where = store.ledger.record_failure(d, manifest(), "boom")
+    store.ledger.record_failure(None, manifest(), "no files")
+    assert sorted(f["error"] for f in store.ledger.failures("exp", "sft")) == ["boom", "no files"]
     assert s3_env.client().cat_file(f"{where}/trajectories.jsonl") == b'{"step": 1}\n'
     assert store.versions("exp", "sft") == []
-    store.record_decision("exp", {"eval_version": 3, "verdict": "keep", "cycle": 1})
-    assert [(d["eval_version"], d["verdict"]) for d in store.decisions("exp")] == [(3, "keep")]
-    rec = store.update_record("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), "a"]})
-    assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b").read_record("exp", "champion.json")["history"] == ["a"]
+    store.ledger.record_decision("exp", {"eval_version": 3, "verdict": "keep", "cycle": 1})
+    assert [(d["eval_version"], d["verdict"]) for d in store.ledger.decisions("exp")] == [(3, "keep")]
+    rec = store.ledger.update("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), "a"]})
+    assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b").ledger.read("exp", "champion.json")["history"] == ["a"]
 
 
 WORK = "work"  # a stage's work folder in the store (Trainer checkpoints)
@@ -162,9 +162,9 @@ from regimen.stages.store import StaleRecord, Store
 store = Store(sys.argv[1])
 for i in range(int(sys.argv[3])):
     while True:  # as a run decides: read, judge on what was read, write only if nobody moved meanwhile
-        seen = store.read_record("exp", "champion.json") or {}
+        seen = store.ledger.read("exp", "champion.json") or {}
         try:
-            store.update_record("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), f"{sys.argv[2]}-{i}"]},
+            store.ledger.update("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), f"{sys.argv[2]}-{i}"]},
                                 expect=seen.get("revision", 0))
             break
         except StaleRecord:
@@ -278,7 +278,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     from regimen.stages.training.checkpoints import MARKER, complete_checkpoints, fetch_remote
 
     url = f"s3://{bucket}/r"
-    a = Store(url, cache_dir=tmp_path / "host-a").work_dir("exp", "grpo", "f" * 64)
+    a = Store(url, cache_dir=tmp_path / "host-a").workspace.work_dir("exp", "grpo", "f" * 64)
     for step in (10, 20, 30):
         assert mirror.push(a, fake_checkpoint(a, step), MARKER, keep=2)
     fs = s3_env.client()
@@ -288,7 +288,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     fs.pipe_file(f"{key}/checkpoint-40/model.safetensors", b"torn upload: no marker")  # a host killed mid-upload
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([20, 30], [40])
 
-    b = Store(url, cache_dir=tmp_path / "host-b").work_dir("exp", "grpo", "f" * 64)  # a host that has never seen the run
+    b = Store(url, cache_dir=tmp_path / "host-b").workspace.work_dir("exp", "grpo", "f" * 64)  # a host that has never seen the run
     assert complete_checkpoints(b) == []
     assert fetch_remote(b) == 30
     assert [s for s, _ in complete_checkpoints(b)] == [30]
@@ -296,7 +296,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     assert fetch_remote(b) is None  # nothing newer in the bucket
 
     fs.pipe_file(f"{key}/checkpoint-30/model.safetensors", b"X" * 3000)  # damaged in the bucket: the one before is used
-    c = Store(url, cache_dir=tmp_path / "host-c").work_dir("exp", "grpo", "f" * 64)
+    c = Store(url, cache_dir=tmp_path / "host-c").workspace.work_dir("exp", "grpo", "f" * 64)
     assert fetch_remote(c) == 20 and [s for s, _ in complete_checkpoints(c)] == [20]
     assert not list(c.glob(".pull-*"))
 
@@ -309,7 +309,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
         lost_lease(url, "exp").clear()
     assert 50 not in mirror.remote_checkpoints(fs, key, MARKER)[0]
 
-    Store(url, cache_dir=tmp_path / "host-c").drop_work("exp", "grpo", "f" * 64)  # the committed stage's work goes
+    Store(url, cache_dir=tmp_path / "host-c").workspace.drop_work("exp", "grpo", "f" * 64)  # the committed stage's work goes
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([], []) and not c.exists()
 
 

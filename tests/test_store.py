@@ -48,10 +48,10 @@ def test_versions_are_never_overwritten_and_count_up(tmp_path):
 def test_find_reuses_by_fingerprint_and_ignores_damaged_versions(tmp_path):
     store = Store(tmp_path)
     store.commit(stage_files(store), manifest(key="same"))
-    assert store.find("exp", "sft", "same")["version"] == 1
-    assert store.find("exp", "sft", "other") is None
+    assert store.catalog.find("exp", "sft", "same")["version"] == 1
+    assert store.catalog.find("exp", "sft", "other") is None
     os.remove(tmp_path / "exp/sft/v1/model/w.bin")
-    assert store.find("exp", "sft", "same") is None
+    assert store.catalog.find("exp", "sft", "same") is None
 
 
 def test_tampered_file_is_detected(tmp_path):
@@ -66,17 +66,17 @@ def test_half_written_staging_is_not_a_version(tmp_path):
     stage_files(store)  # a crash before commit leaves only a staging folder
     (tmp_path / "exp/sft/v7").mkdir()  # and a folder without a manifest is not a version either
     assert store.versions("exp", "sft") == []
-    assert store.find("exp", "sft", "k1") is None
+    assert store.catalog.find("exp", "sft", "k1") is None
 
 
 def test_failed_attempt_is_recorded_beside_versions_not_as_one(tmp_path):
     store = Store(tmp_path)
     d = stage_files(store)
-    store.record_failure(d, manifest(), "boom")
+    store.ledger.record_failure(d, manifest(), "boom")
     assert store.versions("exp", "sft") == []
-    [fail] = store.failures("exp", "sft")
+    [fail] = store.ledger.failures("exp", "sft")
     assert fail["error"] == "boom" and fail["status"] == "failed"
-    assert store.next_version("exp", "sft") == 1
+    assert store.catalog.next_version("exp", "sft") == 1
 
 
 def test_lock_refuses_a_second_run_of_the_same_experiment(tmp_path):
@@ -101,13 +101,13 @@ def test_fsspec_memory_store_keeps_the_same_contract(tmp_path):
     m = store.commit(stage_files(store, "remote"), manifest(key="r"))
     assert m["version"] == 1
     assert store.fs.exists("/regimen-test/exp/sft/v1/manifest.json")
-    assert store.find("exp", "sft", "r")["files"] == m["files"]
+    assert store.catalog.find("exp", "sft", "r")["files"] == m["files"]
     assert store.verify(m) == []
     local = store.local_path(m)
     assert (local / "model" / "w.bin").read_text() == "remote"
     assert {p.relative_to(local).as_posix(): sha256_file(p) for p in local.rglob('*') if p.is_file() and p.name != MANIFEST} == m["files"]
-    store.record_failure(stage_files(store), manifest(key="f"), "nope")
-    assert store.failures("exp", "sft")[0]["error"] == "nope"
+    store.ledger.record_failure(stage_files(store), manifest(key="f"), "nope")
+    assert store.ledger.failures("exp", "sft")[0]["error"] == "nope"
     m2 = store.commit(stage_files(store, "two"), manifest(key="r2"))
     assert m2["version"] == 2 and [v["version"] for v in store.versions("exp", "sft")] == [1, 2]
 
@@ -121,7 +121,7 @@ def test_a_remote_commit_never_reuses_a_claimed_number_and_a_claim_without_manif
     with store.fs.open("/regimen-claims/exp/sft/v1/.claim", "xb") as fh:  # a writer killed after claiming v1
         fh.write(b"{}")
     store.fs.pipe_file("/regimen-claims/exp/sft/v1/model/w.bin", b"half")
-    assert store.versions("exp", "sft") == [] and store.malformed("exp", "sft") == []
+    assert store.versions("exp", "sft") == [] and store.catalog.malformed("exp", "sft") == []
     m = store.commit(stage_files(store, "whole"), manifest(key="k"))
     assert m["version"] == 2 and store.fs.exists("/regimen-claims/exp/sft/v2/.claim")
     with store.lock("exp"):
@@ -151,7 +151,7 @@ def test_latest_policy_skips_evaluations_that_suspected_hacking(tmp_path):
         e = store.staging_dir("exp", "eval")
         (e / "metrics.json").write_text("{}")
         ev = store.commit(e, manifest(stage="eval", key="e" + key, inputs={"policy": {"stage": "grpo", "fingerprint": key}}))
-        store.record_decision("exp", {"eval_version": ev["version"], "verdict": verdict})
+        store.ledger.record_decision("exp", {"eval_version": ev["version"], "verdict": verdict})
     assert good["version"] == 1
     assert latest_policy(store, "exp", "eval", ("grpo",))["fingerprint"] == "g1"
 
@@ -162,7 +162,7 @@ def test_truncated_file_makes_a_version_damaged_and_not_reused(tmp_path):
     assert store.check(m) == []
     with open(tmp_path / "exp/sft/v1/model/w.bin", "r+b") as fh:
         fh.truncate(10)
-    found, damaged = store.find_intact("exp", "sft", "same")
+    found, damaged = store.catalog.find_intact("exp", "sft", "same")
     assert found is None
     assert damaged[0]["version"] == 1 and "model/w.bin" in damaged[0]["problems"][0]
 
@@ -184,19 +184,19 @@ def test_malformed_manifest_is_reported_not_a_crash(tmp_path):
     store.commit(stage_files(store), manifest(key="k"))
     (tmp_path / "exp/sft/v1" / MANIFEST).write_text('{"status": "completed"}')
     assert store.versions("exp", "sft") == []
-    assert store.malformed("exp", "sft") == [str(tmp_path / "exp/sft/v1" / MANIFEST)]
+    assert store.catalog.malformed("exp", "sft") == [str(tmp_path / "exp/sft/v1" / MANIFEST)]
     (tmp_path / "exp/sft/v1" / MANIFEST).write_text("not json")
-    assert store.versions("exp", "sft") == [] and store.malformed("exp", "sft")
+    assert store.versions("exp", "sft") == [] and store.catalog.malformed("exp", "sft")
 
 
 def test_a_planted_symlink_in_the_store_is_refused_and_its_target_untouched(tmp_path):
     target = tmp_path / "victim.txt"
     target.write_text("precious")
     store = Store(tmp_path / "store")
-    store.local_stage_dir("exp", "sft")
+    store.workspace.stage_dir("exp", "sft")
     (tmp_path / "store/exp/sft/running.json").symlink_to(target)
     with pytest.raises(StoreError, match="symbolic link"):
-        with store.running("exp", "sft", {"x": 1}):
+        with store.workspace.running("exp", "sft", {"x": 1}):
             pass
     assert target.read_text() == "precious"
     # a linked stage folder is refused before anything is written through it
@@ -300,7 +300,7 @@ def test_latest_policy_takes_the_intact_version_with_the_weights_that_were_evalu
     e = store.staging_dir("exp", "eval")
     (e / "metrics.json").write_text("{}")
     ev = store.commit(e, manifest(stage="eval", key="e", inputs={"policy": ref}))
-    store.record_decision("exp", {"eval_version": ev["version"], "verdict": "back-to-sft"})
+    store.ledger.record_decision("exp", {"eval_version": ev["version"], "verdict": "back-to-sft"})
     (store.local_path(versions[0]) / "model" / "w.bin").write_text("damaged")
     found = latest_policy(store, "exp", "eval", ("grpo",))
     assert found["version"] == 2 and found["content"] == ref["content"]

@@ -18,7 +18,7 @@ def history(store: Store, experiment: str) -> list[dict[str, Any]]:
     rows = [m for stage in (*teach, *train, judge) for m in store.versions(experiment, stage)]
     rows.sort(key=lambda m: m.get("finished_at", ""))
     by_fp = {m["fingerprint"]: m for m in rows if m["stage"] in train}
-    verdicts = store.verdicts_by_eval(experiment)
+    verdicts = store.ledger.verdicts_by_eval(experiment)
     out = []
     for m in rows:
         met = m.get("metrics", {})

@@ -14,16 +14,16 @@ from regimen.stages.training.checkpoints import last_checkpoint
 def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
     check_name(experiment)
     store = Store(store_url)
-    if not store.has_experiment(experiment):
+    if not store.workspace.has_experiment(experiment):
         raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
-    verdicts = store.verdicts_by_eval(experiment)
+    verdicts = store.ledger.verdicts_by_eval(experiment)
     rows = [heldout_row(store, experiment)]
     for stage in registry.NAMES:
-        versions, malformed = store.scan(experiment, stage)
-        failures = store.failures(experiment, stage)
-        running = store.running_info(experiment, stage)
+        versions, malformed = store.catalog.scan(experiment, stage)
+        failures = store.ledger.failures(experiment, stage)
+        running = store.workspace.running_info(experiment, stage)
         damaged = [f"v{m['version']} ({'; '.join(p)})" for m in versions if (p := store.check(m))]
-        ckpts = [c for d in store.work_dirs(experiment, stage) if (c := last_checkpoint(d))]
+        ckpts = [c for d in store.workspace.work_dirs(experiment, stage) if (c := last_checkpoint(d))]
         latest = versions[-1] if versions else None
         last_fail = failures[-1] if failures else None
         if running and not running.get("stale"):

@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +24,7 @@ from regimen.stages import registry
 from regimen.stages.core.contract import StageDirs, StageOutput
 from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
 from regimen.stages.core.fingerprint import code_version, content_digest, cpu_capability, digest, environment, input_digests
-from regimen.stages.store import Store, now_iso
+from regimen.stages.store import StageHandle, Store, now_iso
 
 log = logging.getLogger("regimen.runner")
 
@@ -78,65 +78,65 @@ def _takes_inputs(fn) -> bool:
     return len(inspect.signature(fn).parameters) >= 2
 
 
-def execute(
-    stage: str,
-    recipe,
-    inputs: dict[str, Any],
-    store: Store,
-    *,
-    key: tuple[str, dict[str, Any]] | None = None,
-    experiment: str | None = None,
-    cycle: int = 1,
-    round_: int = 1,
-    reuse: bool = True,
-    slot: Callable[[], Any] | None = None,
-    progress: Callable[[str, dict[str, Any]], None] | None = None,
-) -> StageResult:
-    """Reuse or run `stage`; raise StageStopped when a gate fails or the stage raises. `slot`, when given,
-    makes a context manager held while the stage computes (never while it is reused)."""
+@dataclass(frozen=True)
+class StageCall:
+    """What the runner is asked to do: reuse or run `stage` of `experiment` on these inputs. The experiment
+    comes from whoever started the run (the CLI, a deployment's parameters), never from the recipe."""
+
+    stage: str
+    recipe: Any
+    inputs: dict[str, Any]
+    experiment: str
+    cycle: int = 1
+    round: int = 1
+    reuse: bool = True
+    key: tuple[str, dict[str, Any]] | None = None  # (fingerprint, config section), when the caller computed it
+    slot: Callable[[], Any] | None = field(default=None, compare=False, repr=False)  # held while the stage computes
+    progress: Callable[[str, dict[str, Any]], None] | None = field(default=None, compare=False, repr=False)
+
+    def manifest(self, fp: str, section: dict[str, Any]) -> dict[str, Any]:
+        """The manifest's first part, as it is before the stage runs."""
+        return {"experiment": self.experiment, "stage": self.stage, "cycle": self.cycle, "round": self.round, "fingerprint": fp,
+                "inputs": self.inputs, "config": section, "launch": launch_info(self.stage, self.recipe),
+                "code_version": code_version(registry.get(self.stage).__name__),
+                "libraries": environment(),  # the resolved versions (those that compute results are in code_version too)
+                "started_at": now_iso()}
+
+
+def execute(call: StageCall, store: Store) -> StageResult:
+    """Reuse or run `call.stage` through the store's handle on it; raise StageStopped when a gate fails or
+    the stage raises. `call.slot`, when given, makes a context manager held while the stage computes
+    (never while it is reused)."""
     t0 = time.perf_counter()
-    experiment = experiment or recipe.experiment
-    fp, section = key or stage_key(stage, recipe, inputs)
+    fp, section = call.key or stage_key(call.stage, call.recipe, call.inputs)
+    handle = store.stage(call.experiment, call.stage)
     damaged: list[dict[str, Any]] = []
-    if reuse:
-        found, damaged = store.find_intact(experiment, stage, fp)
+    if call.reuse:
+        found, damaged = handle.find_intact(fp)
         for d in damaged:
-            log.warning("%s v%s is damaged (%s): not reused; the stage runs again", stage, d["version"], ", ".join(d["problems"][:3]))
+            log.warning("%s v%s is damaged (%s): not reused; the stage runs again", call.stage, d["version"], ", ".join(d["problems"][:3]))
         if found:
-            return StageResult(found, True, time.perf_counter() - t0, store.local_path(found))
+            return StageResult(found, True, time.perf_counter() - t0, handle.local_path(found))
 
     with contextlib.ExitStack() as held:
-        if slot:
+        if call.slot:
             try:
-                held.enter_context(slot())
+                held.enter_context(call.slot())
             except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel while waiting: say so, exit 130/143
                 if how := interruption(exc):
-                    _record_failure(store, None, {
-                        "experiment": experiment, "stage": stage, "cycle": cycle, "round": round_, "fingerprint": fp,
+                    _record_failure(handle, None, {
+                        "experiment": call.experiment, "stage": call.stage, "cycle": call.cycle, "round": call.round, "fingerprint": fp,
                         "started_at": now_iso(), "finished_at": now_iso(), "interrupted": True},
                         f"interrupted ({how}) while waiting for this machine's compute slot")
-                    raise StageInterrupted(stage, how, "interrupted while waiting for this machine's compute slot: nothing of the stage ran") from exc
+                    raise StageInterrupted(call.stage, how, "interrupted while waiting for this machine's compute slot: nothing of the stage ran") from exc
                 raise
-        return _run(stage, recipe, inputs, store, experiment, fp, section, cycle, round_, damaged, t0, progress)
+        return _run(call, handle, call.manifest(fp, section), damaged, t0)
 
 
-def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: str, fp: str, section: dict[str, Any],
-         cycle: int, round_: int, damaged: list[dict[str, Any]], t0: float, progress) -> StageResult:
+def _run(call: StageCall, handle: StageHandle, manifest: dict[str, Any], damaged: list[dict[str, Any]], t0: float) -> StageResult:
+    stage, recipe, fp = call.stage, call.recipe, manifest["fingerprint"]
     module = registry.get(stage)
-    manifest: dict[str, Any] = {
-        "experiment": experiment,
-        "stage": stage,
-        "cycle": cycle,
-        "round": round_,
-        "fingerprint": fp,
-        "inputs": inputs,
-        "config": section,
-        "launch": launch_info(stage, recipe),
-        "code_version": code_version(module.__name__),
-        "libraries": environment(),  # the resolved versions (those that compute results are in code_version too)
-        "started_at": now_iso(),
-    }
-    dirs = StageDirs(out=store.staging_dir(experiment, stage), checkpoints=store.work_dir(experiment, stage, fp), progress=progress)
+    dirs = StageDirs(out=handle.staging_dir(), checkpoints=handle.work_dir(fp), progress=call.progress)
     if module.TRAINS:  # a remote store's newest checkpoint, when this host has nothing as new (another host trained)
         from regimen.stages.training.checkpoints import fetch_remote
 
@@ -144,25 +144,8 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
     device = _device(recipe, module)
     manifest["device"] = device["device"]
     manifest["torch_cpu_capability"] = cpu_capability()  # which float kernels torch chose: a tiny model's training depends on it
-    with store.running(experiment, stage, {"fingerprint": fp, "cycle": cycle, "round": round_, "checkpoints": str(dirs.checkpoints)}):
-        try:
-            output: StageOutput = _launch(stage, module, recipe, inputs, dirs)
-        except RegimenError as exc:
-            _record_failure(store, dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
-            raise
-        except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised as the stage's failure
-            detail = _out_of_space(dirs, store) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            interrupted = interruption(exc)
-            if interrupted:
-                detail = f"interrupted ({interrupted})"
-            _record_failure(store, dirs.out, {**manifest, "finished_at": now_iso(), "interrupted": bool(interrupted)}, detail)
-            if interrupted:
-                raise StageInterrupted(stage, interrupted, resume_hint(dirs.checkpoints)) from exc
-            if isinstance(exc, SystemExit):
-                raise
-            if detail.startswith("no space left"):
-                raise StageStopped(stage, detail) from exc
-            raise StageStopped(stage, f"the stage raised {detail}") from exc
+    with handle.running({"fingerprint": fp, "cycle": call.cycle, "round": call.round, "checkpoints": str(dirs.checkpoints)}):
+        output = _launch_recorded(call, module, dirs, handle, manifest)
     wall = time.perf_counter() - t0
     (dirs.out / "metrics.json").write_text(json.dumps(output.metrics, indent=1))
     manifest.update(output.extra)
@@ -172,11 +155,34 @@ def _run(stage: str, recipe, inputs: dict[str, Any], store: Store, experiment: s
 
         manifest["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     if output.status != "completed":
-        _record_failure(store, dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
+        _record_failure(handle, dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
         raise StageStopped(stage, output.diagnosis or "the stage reported failure")
-    committed = store.commit(dirs.out, manifest)
-    store.drop_work(experiment, stage, fp)  # checkpoints are only for resuming (here and in a remote store's bucket)
-    return StageResult(committed, False, wall, store.local_path(committed), damaged or None)
+    committed = handle.commit(dirs.out, manifest)
+    handle.drop_work(fp)  # checkpoints are only for resuming (here and in a remote store's bucket)
+    return StageResult(committed, False, wall, handle.local_path(committed), damaged or None)
+
+
+def _launch_recorded(call: StageCall, module, dirs: StageDirs, handle: StageHandle, manifest: dict[str, Any]) -> StageOutput:
+    """The stage's output; when it raises, the failed attempt is recorded and the error said as the
+    stage's: StageInterrupted (Ctrl-C, SIGTERM, cancel), StageStopped (anything else), SystemExit as is."""
+    try:
+        return _launch(call.stage, module, call.recipe, call.inputs, dirs)
+    except RegimenError as exc:
+        _record_failure(handle, dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
+        raise
+    except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised as the stage's failure
+        detail = _out_of_space(dirs, handle.workspace.b.cache) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        interrupted = interruption(exc)
+        if interrupted:
+            detail = f"interrupted ({interrupted})"
+        _record_failure(handle, dirs.out, {**manifest, "finished_at": now_iso(), "interrupted": bool(interrupted)}, detail)
+        if interrupted:
+            raise StageInterrupted(call.stage, interrupted, resume_hint(dirs.checkpoints)) from exc
+        if isinstance(exc, SystemExit):
+            raise
+        if detail.startswith("no space left"):
+            raise StageStopped(call.stage, detail) from exc
+        raise StageStopped(call.stage, f"the stage raised {detail}") from exc
 
 
 def _device(recipe, module) -> dict[str, Any]:
@@ -205,9 +211,9 @@ def interruption(exc: BaseException) -> str | None:
     return None
 
 
-def _out_of_space(dirs: StageDirs, store: Store) -> str | None:
+def _out_of_space(dirs: StageDirs, cache: Path) -> str | None:
     """A write failure is often the disk (torch reports it as 'file write failed'): say so plainly."""
-    for path in (dirs.checkpoints, dirs.out, store.cache):
+    for path in (dirs.checkpoints, dirs.out, cache):
         try:
             if shutil.disk_usage(path).free < 256 * 1024:
                 return f"no space left on the device holding {path} (free some space; a rerun resumes from the last complete checkpoint)"
@@ -223,10 +229,10 @@ def resume_hint(checkpoints: Path) -> str:
     return f"rerun resumes from step {last[0]}" if last else "rerun starts the stage over (no checkpoint yet)"
 
 
-def _record_failure(store: Store, staging: Path, manifest: dict[str, Any], error: str) -> None:
+def _record_failure(handle: StageHandle, staging: Path | None, manifest: dict[str, Any], error: str) -> None:
     """Keep the failed attempt; recording is best-effort and never hides the stage's own error."""
     try:
-        store.record_failure(staging, manifest, error)
+        handle.record_failure(staging, manifest, error)
     except Exception as exc:  # noqa: BLE001 - e.g. a read-only store or a full disk: keep the record elsewhere, keep the real error
         kept = _record_elsewhere(manifest, error)
         log.error("could not record the failed attempt of %s in the store (%s); %s; the stage's error was: %s", manifest["stage"],

@@ -67,7 +67,7 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     evaluations)."""
     from regimen.stages.decide.verdicts import OVERFITTING_VERDICT, REWARD_HACKING
 
-    verdicts = store.verdicts_by_eval(experiment)
+    verdicts = store.ledger.verdicts_by_eval(experiment)
     ev = next((m for m in reversed(store.versions(experiment, judge))
                if verdicts.get(m["version"], {}).get("verdict") not in (REWARD_HACKING, OVERFITTING_VERDICT, None)), None)
     if not ev:

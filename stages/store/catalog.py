@@ -1,0 +1,201 @@
+"""A stage's versions in the store: scan, find (by fingerprint, intact only), check, verify, read, commit.
+
+A folder counts as a version only when its manifest is well-formed and says `completed`. Reuse checks
+integrity: `find_intact` returns a version only when its files match the manifest (size and mtime
+first; the full sha256 when either differs), and reports damaged ones. A remote store's versions are read
+through the local cache (`copies.py`); commit there claims `v<N>` by an exclusive create and writes the
+manifest last (see the package's docstring).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from regimen.stages.core.errors import RegimenError, StoreError
+from regimen.stages.store import files
+from regimen.stages.store.backend import CLAIM, MANIFEST, VERSION, Backend, now_iso, sha256_file, well_formed
+from regimen.stages.store.copies import RemoteCopies
+from regimen.stages.store.lock import exclusive_create, lost_lease
+
+
+def _stats(root: Path) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """Relative path → sha256, and → [size, mtime_ns], for every file under `root` but the manifest."""
+    digests, stats = {}, {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_symlink():
+            raise StoreError(f"{p}: a stage wrote a symbolic link into its version folder; versions hold plain files only")
+        if p.is_file() and p.name != MANIFEST:
+            rel = p.relative_to(root).as_posix()
+            st = p.stat()
+            digests[rel] = sha256_file(p)
+            stats[rel] = [st.st_size, st.st_mtime_ns]
+    return digests, stats
+
+
+class Catalog:
+    """The versions of every stage of every experiment in one store."""
+
+    def __init__(self, backend: Backend):
+        self.b = backend
+        self.copies = RemoteCopies(backend)
+
+    # -- reading -----------------------------------------------------------------------------
+    def scan(self, experiment: str, stage: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """Completed versions' manifests (oldest first) and folders whose manifest is malformed."""
+        found, malformed = [], []
+        for entry in self.b.entries(self.b.stage_path(experiment, stage)):
+            m = VERSION.match(entry.rsplit("/", 1)[-1])
+            if not m:
+                continue
+            if self.b.local and Path(entry).is_symlink():
+                malformed.append(f"{entry} (a symbolic link)")
+                continue
+            manifest = self.b.read_json(f"{entry}/{MANIFEST}")
+            if manifest is None and not self.b.fs.exists(f"{entry}/{MANIFEST}"):
+                continue  # a version being moved into place
+            if not well_formed(manifest) or manifest["version"] != int(m.group(1)) or manifest["stage"] != stage:
+                malformed.append(f"{entry}/{MANIFEST}")
+                continue
+            if manifest["status"] == "completed":
+                found.append(manifest)
+        return sorted(found, key=lambda m: m["version"]), malformed
+
+    def versions(self, experiment: str, stage: str) -> list[dict[str, Any]]:
+        """Completed versions' manifests, oldest first (malformed ones are left out; see `malformed`)."""
+        return self.scan(experiment, stage)[0]
+
+    def malformed(self, experiment: str, stage: str) -> list[str]:
+        return self.scan(experiment, stage)[1]
+
+    def latest(self, experiment: str, stage: str) -> dict[str, Any] | None:
+        versions = self.versions(experiment, stage)
+        return versions[-1] if versions else None
+
+    def find_intact(self, experiment: str, stage: str, key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The newest completed version with this fingerprint whose files match the manifest, and the
+        damaged ones passed over on the way ({version, problems})."""
+        damaged = []
+        for manifest in reversed(self.versions(experiment, stage)):
+            if manifest.get("fingerprint") != key:
+                continue
+            problems = self.check(manifest)
+            if not problems and not self.b.local:
+                problems = self.copies.fetch(manifest)[1]  # the files as they arrive, by sha256: reuse reads them next anyway
+            if not problems:
+                return manifest, damaged
+            damaged.append({"version": manifest["version"], "problems": problems})
+        return None, damaged
+
+    def find(self, experiment: str, stage: str, key: str) -> dict[str, Any] | None:
+        return self.find_intact(experiment, stage, key)[0]
+
+    def check(self, manifest: dict[str, Any]) -> list[str]:
+        """Problems with a version's files (empty: intact). Fast path: size and mtime as recorded at
+        commit; a file whose size differs is damaged; one whose mtime differs is hashed. In a remote
+        store: sizes in the bucket, and the local cache's copy (when there is one) by its own fast path;
+        the sha256 of what the bucket holds is checked as it comes into the cache (`local_path`)."""
+        if not self.b.local:
+            return self.copies.check(manifest)
+        base = self.b.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        stats = manifest.get("file_stats") or {}
+        problems = []
+        for rel, digest in manifest["files"].items():
+            p = Path(f"{base}/{rel}")
+            try:
+                if p.is_symlink():
+                    problems.append(f"{rel}: replaced by a symbolic link")
+                    continue
+                st = p.stat()
+            except (FileNotFoundError, NotADirectoryError):
+                problems.append(f"{rel}: missing")
+                continue
+            expected = stats.get(rel)
+            if expected and st.st_size != expected[0]:
+                problems.append(f"{rel}: size {st.st_size} != {expected[0]} recorded")
+                continue
+            if expected and st.st_mtime_ns == expected[1]:
+                continue
+            if self._sha256(str(p)) != digest:
+                problems.append(f"{rel}: sha256 differs from the manifest")
+        return problems
+
+    def _sha256(self, path: str) -> str:
+        h = hashlib.sha256()
+        with self.b.fs.open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+        return h.hexdigest()
+
+    def verify(self, manifest: dict[str, Any]) -> list[str]:
+        """Files whose sha256 no longer matches the manifest (empty list: intact); always hashes."""
+        base = self.b.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        bad = []
+        for rel, digest in manifest.get("files", {}).items():
+            try:
+                if self._sha256(f"{base}/{rel}") != digest:
+                    bad.append(rel)
+            except (FileNotFoundError, NotADirectoryError):
+                bad.append(rel)
+        return bad
+
+    def local_path(self, manifest: dict[str, Any]) -> Path:
+        """A local folder holding this version's files: the version itself in a local store; in a remote
+        one, the local cache's copy, downloaded once and checked file by file against the manifest's
+        sha256 (StoreError naming the files when the bucket's copy does not match: a damaged version)."""
+        remote = self.b.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
+        if self.b.local:
+            return Path(remote)
+        target, problems = self.copies.fetch(manifest)
+        if problems:
+            raise StoreError(f"{remote} is damaged ({'; '.join(problems[:3])}); it is not used")
+        return target
+
+    # -- writing -----------------------------------------------------------------------------
+    def next_version(self, experiment: str, stage: str) -> int:
+        names = [e.rsplit("/", 1)[-1] for e in self.b.entries(self.b.stage_path(experiment, stage))]
+        used = [int(m.group(1)) for n in names if (m := VERSION.match(n))]
+        return max(used, default=0) + 1
+
+    def commit(self, staging: Path, manifest: dict[str, Any], *, min_version: int = 1) -> dict[str, Any]:
+        """Digest the staged files, write the manifest last, and move the folder into place as v<N>
+        (N at least `min_version`: a number records elsewhere still name is never given to new content)."""
+        experiment, stage = manifest["experiment"], manifest["stage"]
+        if lost_lease(self.b.url, experiment).is_set():
+            raise StoreError(f"{experiment}/{stage}: this run lost the experiment's lease in {self.b.url} (another run may hold it); nothing committed")
+        digests, stats = _stats(staging)
+        manifest = {**manifest, "status": "completed", "files": digests, "file_stats": stats}
+        try:
+            for _ in range(100):
+                version = max(self.next_version(experiment, stage), min_version)
+                manifest["version"] = version
+                (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False, default=str))
+                target = self.b.version_path(experiment, stage, version)
+                if self.b.local:
+                    files.check_no_links(Path(self.b.root), Path(target).parent)
+                    try:
+                        os.rename(staging, target)  # atomic; fails if target exists (as a folder with content)
+                        return manifest
+                    except OSError:
+                        if not os.path.lexists(target):
+                            raise
+                        continue
+                if not self._claim(target):
+                    continue  # another writer has this number: take the next
+                self.b.upload(staging, target, [*digests, MANIFEST])
+                shutil.rmtree(staging, ignore_errors=True)
+                return manifest
+        except RegimenError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot commit {experiment}/{stage}: {files.describe_os_error(exc, staging)}") from None
+        raise StoreError(f"could not allocate a version for {experiment}/{stage}")
+
+    def _claim(self, target: str) -> bool:
+        """Claim a remote version folder (exclusive create of `v<N>/.claim`): False when another writer has it."""
+        with self.b.answers(f"claiming {target}"):
+            return exclusive_create(self.b.fs, f"{target}/{CLAIM}", json.dumps({"by": f"pid {os.getpid()}", "at": now_iso()}).encode())
