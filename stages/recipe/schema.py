@@ -231,18 +231,80 @@ class LimitsSection(Section):
 
 
 ACCELERATE_FLAGS = {
-    "--mixed_precision", "--gpu_ids", "--num_machines", "--machine_rank", "--main_process_ip", "--dynamo_backend",
+    "--mixed_precision", "--gpu_ids", "--dynamo_backend",
     "--same_network", "--rdzv_backend", "--max_restarts", "--monitor_interval", "--deepspeed_config_file",
     "--zero_stage", "--gradient_accumulation_steps", "--use_fsdp", "--use_deepspeed", "--fsdp_version",
     "--num_cpu_threads_per_process", "--debug", "--quiet", "-q",
 }
+# accelerate launch options that are the section's own fields (typed and checked), never extra_args
+ACCELERATE_FIELDS = {"--num_processes": "num_processes", "--num_machines": "num_machines", "--machine_rank": "machine_rank",
+                     "--main_process_ip": "main_process_ip", "--main_process_port": "main_process_port", "--config_file": "config_file"}
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
 class AccelerateSection(Section):
-    num_processes: int = Field(2, ge=1, le=4096)
+    """`launcher: accelerate`. One machine: `num_processes` ranks there. Several machines (`num_machines` > 1):
+    the same recipe is launched on each, differing only in `machine_rank`; `num_processes` counts the whole
+    job's processes (accelerate's own meaning: each machine starts num_processes / num_machines), and every
+    machine meets machine 0 at `main_process_ip:main_process_port`. Only global rank 0 (on machine_rank 0)
+    writes the stage's outputs; a machine of rank >= 1 lends its processes and commits nothing
+    (`run/launcher.py`). `num_machines`, `machine_rank` and the address do not enter fingerprints: where the
+    processes run does not change what they compute (`tests/test_launch.py`)."""
+
+    num_processes: int = Field(2, ge=1, le=4096, description="processes of the whole job, across all machines (accelerate's --num_processes)")
+    num_machines: int = Field(1, ge=1, le=1024, description="machines the job spans (accelerate's --num_machines)")
+    machine_rank: int = Field(0, ge=0, le=1023, description="this machine's rank, below num_machines; 0 writes the stage's outputs")
+    main_process_ip: str | None = Field(None, max_length=253, validate_default=True,
+                                        description="address (IP or host name) of machine_rank 0, which every machine reaches; needed when num_machines > 1")
+    main_process_port: int = Field(0, ge=0, le=65535, validate_default=True, description="its port (0: a free one, only on one machine)")
     config_file: str | None = None
-    main_process_port: int = Field(0, ge=0, le=65535)
     extra_args: list[str] = Field([], description="more `accelerate launch` options (only known ones: no program or script)")
+
+    @field_validator("num_machines")
+    @classmethod
+    def _whole_processes(cls, v: int, info) -> int:
+        n = info.data.get("num_processes")
+        if n is not None and n % v:
+            raise ValueError(f"{n} processes (accelerate.num_processes, the whole job's) do not split evenly over {v} machines; "
+                             f"give each machine the same number")
+        return v
+
+    @field_validator("machine_rank")
+    @classmethod
+    def _rank_below_machines(cls, v: int, info) -> int:
+        machines = info.data.get("num_machines")
+        if machines is not None and v >= machines:
+            raise ValueError(f"{v} must be below accelerate.num_machines ({machines}): machines are ranked 0..{machines - 1}")
+        return v
+
+    @field_validator("main_process_ip")
+    @classmethod
+    def _address(cls, v: str | None, info) -> str | None:
+        machines = info.data.get("num_machines") or 1
+        if v is None:
+            if machines > 1:
+                raise ValueError(f"required with accelerate.num_machines {machines}: the address of machine_rank 0 that every machine reaches")
+            return v
+        import ipaddress
+
+        try:
+            ip = ipaddress.ip_address(v)
+        except ValueError:
+            if not _HOSTNAME.match(v):
+                raise ValueError(f"{v!r} is neither an IP address nor a host name") from None
+            return v
+        if ip.is_unspecified or ip.is_multicast:
+            raise ValueError(f"{v!r} is not an address another machine can connect to (give machine_rank 0's own address)")
+        return v
+
+    @field_validator("main_process_port")
+    @classmethod
+    def _port(cls, v: int, info) -> int:
+        machines = info.data.get("num_machines") or 1
+        if machines > 1 and v == 0:
+            raise ValueError(f"set a port with accelerate.num_machines {machines}: 0 picks a free port on each machine separately, "
+                             "so they would never meet; every machine gives the same port, free on machine_rank 0")
+        return v
 
     @field_validator("config_file")
     @classmethod
@@ -255,15 +317,17 @@ class AccelerateSection(Section):
     @classmethod
     def _known_flags(cls, v: list[str]) -> list[str]:
         """Only `--flag` / `--flag=value` / `--flag value` of accelerate's own launch options: nothing that
-        could name another program (`--no_python`, `-m`, a script path)."""
+        could name another program (`--no_python`, `-m`, a script path), nor one of the section's fields."""
         expect_value = False
         for arg in v:
             if expect_value and not arg.startswith("-"):
                 expect_value = False
                 continue
             flag = arg.split("=", 1)[0]
+            if flag in ACCELERATE_FIELDS:
+                raise ValueError(f"{flag} is a field of the section: set accelerate.{ACCELERATE_FIELDS[flag]}")
             if flag not in ACCELERATE_FLAGS:
-                raise ValueError(f"accelerate.extra_args: {arg!r} is not an allowed accelerate launch option (allowed: {', '.join(sorted(ACCELERATE_FLAGS))})")
+                raise ValueError(f"{arg!r} is not an allowed accelerate launch option (allowed: {', '.join(sorted(ACCELERATE_FLAGS))})")
             expect_value = "=" not in arg and flag not in ("--debug", "--quiet", "-q", "--same_network", "--use_fsdp", "--use_deepspeed")
         return v
 

@@ -1,4 +1,8 @@
-"""Entry point of one rank under `accelerate launch`: run the stage, rank 0 reports its output."""
+"""Entry point of one rank under `accelerate launch`: run the stage, global rank 0 reports its output.
+
+`RANK` is the job's global rank under torchrun (machine after machine); `LOCAL_RANK` is the rank on this
+machine and picks only the device. So with several machines exactly one process of the whole job, rank 0 on
+machine_rank 0, writes the staging folder and the output; a machine's local rank 0 elsewhere writes nothing."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ def main(spec_path: str) -> None:
     die_with_parent()
     spec = json.loads(Path(spec_path).read_text())
     work = Path(spec["checkpoints"])
-    rank = int(os.environ.get("RANK", "0"))
+    rank = global_rank()
     record_rank(work, rank)
 
     from regimen.stages import registry
@@ -28,12 +32,19 @@ def main(spec_path: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     output = registry.get(spec["stage"]).run(recipe, spec["inputs"], StageDirs(out=out, checkpoints=work))
     if rank == 0:
-        output.extra["launch"] = {"launcher": "accelerate", "num_processes": int(os.environ.get("WORLD_SIZE", "1")),
-                                  "backend": _backend()}
+        world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        output.extra["launch"] = {"launcher": "accelerate", "num_processes": world, "backend": _backend()}
+        if local and world // local > 1:
+            output.extra["launch"]["num_machines"] = world // local
         from regimen.stages.store import files
 
         files.write_text(work, work / "launch_output.json", json.dumps(asdict(output), default=str))
     _close_process_group()
+
+
+def global_rank() -> int:
+    """This process's rank in the whole job (torchrun's RANK), never the per-machine LOCAL_RANK."""
+    return int(os.environ.get("RANK", "0"))
 
 
 def _close_process_group() -> None:
