@@ -912,6 +912,25 @@ def test_a_callable_called_back_with_an_always_equal_object_gains_nothing():
 
 
 @needs_isolation
+def test_a_callable_whose_call_ends_the_solutions_process_fails_that_test_only():
+    """The test's callable calls the solution again, which exits inside that nested call: the callable's
+    test fails (the channel is gone, nothing more is written to it), tests that need no solution still run."""
+    from regimen.stages.sandbox import Job, run_batch
+
+    code = c("""
+        def apply(f):
+            return f()
+
+        def die():
+            raise SystemExit(3)
+    """)
+    tests = ["assert apply(lambda: 1) == 1", "apply(lambda: die())", "assert apply(lambda: 1) == 1", "assert [1][0] == 1"]
+    result = run_batch([Job(code, tests)], workers=1)[0]
+    assert result.status == "ok" and result.tests == [True, False, False, True], result
+    assert "ended" in (result.test_errors[1] or "") + (result.error or ""), result
+
+
+@needs_isolation
 def test_a_dataclass_field_that_equals_anything_is_still_a_proxy():
     """Hostile: a dataclass whose field is an object equal to anything (a plain harness pays): the field
     crosses as a handle, so the judge's comparison of the fields is by identity there."""

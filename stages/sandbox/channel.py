@@ -188,6 +188,8 @@ class Channel:
         except BaseException:
             self.fail("the test's callable ended the test")
             raise
+        if self.gone is not None:  # the channel failed inside the callable (its fd is closed, maybe reused)
+            raise SolutionEnded(self.gone)
         try:
             payload = wire.encode(answer, handles=self.handle_of)
         except wire.NotPlainData as exc:
