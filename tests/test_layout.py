@@ -392,3 +392,57 @@ def test_architecture_md_draws_the_same_rooms_as_the_rule():
             shown = path.parent.name + "/" if path.name == "__init__.py" else path.name
             if prefix != "regimen.stages":
                 assert shown in tour, (name, shown)
+
+
+LONGEST = 80
+"""Lines a function may have: a longer one is split into named steps."""
+LONG_ALLOWED = {"stages/sandbox/syscalls.py"}
+"""The sandbox's syscall tables: data laid out as code, read as a table rather than as steps."""
+
+
+def long_functions(paths: list[Path]) -> list[str]:
+    """`path:line name (n lines)` for every function or method over LONGEST lines in `paths`."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := node.end_lineno - node.lineno + 1) > LONGEST:
+                found.append(f"{path.name}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_no_function_is_over_80_lines_outside_the_sandboxs_syscall_tables():
+    paths = [p for folder in ("stages", "flows", "bench") for p in sorted((ROOT / folder).rglob("*.py"))
+             if p.relative_to(ROOT).as_posix() not in LONG_ALLOWED]
+    assert all((ROOT / p).is_file() for p in LONG_ALLOWED)  # the allowance names a file that exists
+    assert long_functions(paths) == []
+
+
+def test_the_rule_on_long_functions_would_catch_one(tmp_path):
+    path = tmp_path / "long.py"
+    path.write_text("class A:\n    def fine(self):\n        return 1\n\n    def long(self):\n" + "        x = 1\n" * LONGEST + "        return x\n")
+    assert long_functions([path]) == ["long.py:5 long (82 lines)"]
+
+
+def methods(cls: type) -> list[str]:
+    """Every `def` in the class's body, private and nested ones included."""
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    return [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_stores_parts_each_have_under_20_methods():
+    """`Store` is a small facade over parts split by responsibility (versions, records, this machine's work
+    folders and locks), and the handle a run works through; none grows past 20 methods."""
+    import importlib
+    import inspect
+
+    classes = []
+    for path in sorted((ROOT / "stages" / "store").glob("*.py")):
+        name = "regimen.stages.store" if path.stem == "__init__" else f"regimen.stages.store.{path.stem}"
+        module = importlib.import_module(name)
+        classes += [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == name]
+    counts = {c.__qualname__: len(methods(c)) for c in classes}
+    assert {"Store", "Backend", "Catalog", "Ledger", "Workspace", "StageHandle"} <= set(counts)
+    assert {name: n for name, n in counts.items() if n >= 20} == {}

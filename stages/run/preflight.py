@@ -70,7 +70,7 @@ def check(recipe) -> dict[str, Any]:
 
 
 def check_store(url: str) -> None:
-    """A remote store (`s3://...`) is reachable and honours conditional writes (`Store.probe`); StoreError
+    """A remote store (`s3://...`) is reachable and honours conditional writes (`Store.probe`, `Backend.probe`); StoreError
     or InputError naming the bucket otherwise. A local folder is not touched here."""
     from fsspec.core import split_protocol
 

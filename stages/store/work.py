@@ -1,13 +1,13 @@
 """A training stage's work folder mirrored in a remote store, so any host can resume the stage.
 
-In a remote store (a bucket) the stage still trains in a local work folder (`Store.work_dir`), which then
+In a remote store (a bucket) the stage still trains in a local work folder (`Workspace.work_dir`), which then
 holds a link file (`.regimen-remote.json`: the store's URL and the folder's key in it,
 the stage's `work` folder under `<experiment>/<stage>`, named by `<fingerprint[:16]>`). Then:
 - push (the Trainer's main process, after each save: `training/checkpoints.MarkComplete.on_save`): the
   checkpoint's files go up, then its marker, last, holding every file's sha256, so a checkpoint in the
   bucket counts only once all of it is there; older ones are pruned as the Trainer's `save_total_limit`
   says (marker first, so a half-pruned one never counts), as are torn uploads older than the newest.
-- pull (`Store.work_dir`, before the stage runs): when the bucket has a complete checkpoint newer than the
+- pull (`Workspace.work_dir`, before the stage runs): when the bucket has a complete checkpoint newer than the
   newest one here (a host that has never seen the run: none here), it is downloaded beside the work
   folder's checkpoints, checked file by file against its marker's digests, and renamed into place; a
   checkpoint that does not match is skipped for the one before it.
