@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,19 +55,40 @@ def barrier(trainer) -> None:
         accelerator.wait_for_everyone()
 
 
+@dataclass
+class Built:
+    """What `build` makes and the later steps read: the trainer and what watches and feeds it."""
+
+    trainer: Any
+    fns: list[Any]  # the reward functions, as TRL calls them
+    probe: Any  # training/probe.HeldoutProbe: the held-out curve, the guard, the best-probing policy
+    recorder: Any  # training/trajectories.Recorder: the batches TRL scored
+    pacing: Any  # training/curriculum.Curriculum, or None
+    seen: Any  # training/pass_rates.PassRates read from the inputs, or None
+    one_process: bool
+
+
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
-    from regimen.stages.decide.verdicts import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
-    from regimen.stages.rewards import GAMEABLE_WARNING, gameable_names
+    """Build the trainer, train (resuming), measure, hear the guard's verdict, keep the best policy."""
+    built = build(recipe, inputs, dirs)
+    resumed, train_s = train(built, dirs)
+    metrics, extra = measure(recipe, built, resumed, train_s)
+    write_logs(built, dirs)
+    if stopped := guard_verdict(built, metrics, extra):
+        return stopped
+    keep_best(recipe, built, dirs, metrics, extra)
+    return StageOutput(metrics, extra=extra)
+
+
+def build(recipe, inputs: dict[str, Any], dirs) -> Built:
+    """The task's rows (as chats for an environment), the held-out probe, the curriculum, the trainer."""
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import trajectories
-    from regimen.stages.training.checkpoints import train_resumable
-    from regimen.stages.training.grpo_trainer import build_trainer, curve_metrics
-    from regimen.stages.training.model import load_tokenizer
-    from regimen.stages.training.policy import is_main_process, save_policy
-    from regimen.stages.training.probe import HeldoutProbe, probe_rows, restore_best
-
     from regimen.stages.training.curriculum import Curriculum
+    from regimen.stages.training.grpo_trainer import build_trainer
+    from regimen.stages.training.model import load_tokenizer
     from regimen.stages.training.pass_rates import PassRates
+    from regimen.stages.training.probe import HeldoutProbe, probe_rows
 
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder()
@@ -74,21 +96,38 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     probe = HeldoutProbe(recipe, probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed), load_tokenizer(policy), dirs.checkpoints,
                           progress=getattr(dirs, "progress", None), train_rows=probe_rows(task.train, recipe.probe.train_prompts, recipe.data.seed + 1))
     seen = PassRates.read((inputs.get("pass_rates") or {}).get("path"))  # the dry run's (or the round before's) table
-    train = task.train
+    train_rows = task.train
     if recipe.environment is not None:
         from regimen.stages.training.episodes import chat_rows
 
-        train = chat_rows(train)
-    pacing = Curriculum(train, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen) if curriculum_on(recipe) else None
+        train_rows = chat_rows(train_rows)
+    pacing = Curriculum(train_rows, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen) if curriculum_on(recipe) else None
     one_process = recipe.num_processes() == 1  # pass rates from the trainer's rewards need whole groups: one process sees them
     trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe], heldout=inputs.get("heldout"),
                                  curriculum=pacing, rates=None if pacing or not one_process else seen)
     probe.trainer = trainer
+    return Built(trainer, fns, probe, recorder, pacing, seen, one_process)
+
+
+def train(built: Built, dirs) -> tuple[int, float]:
+    """Train from the last good checkpoint (if any): (the step it resumed from, seconds spent)."""
+    from regimen.stages.training.checkpoints import train_resumable
+
+    trainer, probe = built.trainer, built.probe
     t0 = time.perf_counter()
     keepers = [cb for cb in trainer.callback_handler.callbacks if callable(getattr(cb, "restore", None))]
     resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps, on_finished=probe.recheck,
                               restore=lambda path: [cb.restore(path) for cb in keepers])
-    train_s = time.perf_counter() - t0
+    return resumed, time.perf_counter() - t0
+
+
+def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[str, float], dict[str, Any]]:
+    """The stage's metrics (the curves', the pace's, the probe's, the curriculum's) and its manifest extras."""
+    from regimen.stages.rewards import GAMEABLE_WARNING, gameable_names
+    from regimen.stages.training.grpo_trainer import curve_metrics
+    from regimen.stages.training.probe import HeldoutProbe
+
+    trainer, probe, pacing = built.trainer, built.probe, built.pacing
     history = trainer.state.log_history
     curve = HeldoutProbe.curve(history)
     last_step = trainer.state.global_step
@@ -106,7 +145,6 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if curve:
         metrics["probe_first"] = curve[0]["heldout_accuracy"]
         metrics["probe_last"] = curve[-1]["heldout_accuracy"]
-    rates = pacing.rates if pacing else (seen if one_process else None)
     if probe.stopped_at_target is not None:
         extra["stopped_at_target"] = probe.stopped_at_target
         metrics["stopped_at_target"] = float(probe.stopped_at_target)
@@ -116,18 +154,34 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         metrics.update({f"curriculum_{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         metrics.update({f"curriculum_band_{k}": float(v) for k, v in summary["bands"].items()})
     elif recipe.curriculum.enabled:
-        extra["note"] = ("curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)" if not one_process
+        extra["note"] = ("curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)" if not built.one_process
                          else "curriculum off: it needs grpo.max_steps (training by epochs has no end for its stream)")
-    if is_main_process(trainer):
+    if gameable := gameable_names(built.fns):
+        extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
+    return metrics, extra
+
+
+def write_logs(built: Built, dirs) -> None:
+    """The training curve, the scored batches and the pass rates, written by the main process."""
+    from regimen.stages.training import trajectories
+    from regimen.stages.training.policy import is_main_process
+
+    rates = built.pacing.rates if built.pacing else (built.seen if built.one_process else None)
+    if is_main_process(built.trainer):
         with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
-            for h in history:
+            for h in built.trainer.state.log_history:
                 fh.write(json.dumps(h) + "\n")
-        trajectories.write(dirs.out, recorder.rows())
+        trajectories.write(dirs.out, built.recorder.rows())
         if rates is not None:
             rates.write(dirs.out)
-    if gameable := gameable_names(fns):
-        extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
-    found = probe.fired or probe.final_look(history) or probe.warned or probe.noted  # what stopped it, else the whole curves' reading
+
+
+def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]) -> StageOutput | None:
+    """What the reward-hacking guard found, into the manifest; the stage's failure when a finding stopped it."""
+    from regimen.stages.decide.verdicts import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
+
+    probe = built.probe
+    found = probe.fired or probe.final_look(built.trainer.state.log_history) or probe.warned or probe.noted  # what stopped it, else the whole curves' reading
     if found:
         extra["guard_finding"] = found["finding"]  # hacking, overfitting or sharpening: what the evaluation's verdict is told
         extra["guard_evidence"] = found
@@ -136,21 +190,33 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if probe.warned and not probe.fired:
         extra["guard_warning"] = probe.warning
         extra["guard_warned_at_step"] = probe.warned["step"]
-    if probe.fired:  # a finding that stops the stage (hacking by default)
-        extra["guard_fired_at_step"] = probe.fired["step"]
-        metrics["guard_fired_at_step"] = float(probe.fired["step"])
-        if probe.fired_and_stopped():
-            kind = probe.fired["finding"]
-            verdict = REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT
-            reason = (f"{verdict}: at GRPO step {probe.fired['step']} of {trainer.state.max_steps} the training reward had risen "
-                      f"{probe.fired['train_reward_rise']:+.3f} (from {probe.fired['train_reward_start']:.3f} to {probe.fired['train_reward_now']:.3f}) "
-                      f"while held-out probe accuracy changed {probe.fired['heldout_gain']:+.3f} (from {probe.fired['heldout_accuracy_start']:.3f} "
-                      f"to {probe.fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
-                      + (" (the high-reward wrong answers are in the failed attempt's trajectories)" if kind == HACKING else ""))
-            return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
+    if not probe.fired:
+        return None
+    extra["guard_fired_at_step"] = probe.fired["step"]  # a finding that stops the stage (hacking by default)
+    metrics["guard_fired_at_step"] = float(probe.fired["step"])
+    if not probe.fired_and_stopped():
+        return None
+    fired, kind = probe.fired, probe.fired["finding"]
+    verdict = REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT
+    reason = (f"{verdict}: at GRPO step {fired['step']} of {built.trainer.state.max_steps} the training reward had risen "
+              f"{fired['train_reward_rise']:+.3f} (from {fired['train_reward_start']:.3f} to {fired['train_reward_now']:.3f}) "
+              f"while held-out probe accuracy changed {fired['heldout_gain']:+.3f} (from {fired['heldout_accuracy_start']:.3f} "
+              f"to {fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
+              + (" (the high-reward wrong answers are in the failed attempt's trajectories)" if kind == HACKING else ""))
+    return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
+
+
+def keep_best(recipe, built: Built, dirs, metrics: dict[str, float], extra: dict[str, Any]) -> None:
+    """Save the best-probing policy (`probe.keep: best`, when the probe's curve vouches for it and the
+    model is whole on each rank), else the last one, as the version's model."""
+    from regimen.stages.training.policy import is_main_process, save_policy
+    from regimen.stages.training.probe import restore_best
+
+    trainer, probe = built.trainer, built.probe
+    last_step = trainer.state.global_step
     barrier(trainer)  # every rank reads best/ only once rank 0 has finished writing it
     best = probe.best()
-    if best is not None and {"step": best["step"], "heldout_accuracy": best["heldout_accuracy"]} not in curve:
+    if best is not None and {"step": best["step"], "heldout_accuracy": best["heldout_accuracy"]} not in extra["heldout_probe"]:
         best = None  # a best/ this run's probe curve does not vouch for is never loaded
     kept = "last"
     if recipe.probe.keep == "best" and best is not None and not probe.sharded:
@@ -169,4 +235,3 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         metrics["best_step"] = float(best["step"])
         metrics["best_probe_accuracy"] = float(best["heldout_accuracy"])
         extra.update({"best_step": best["step"], "best_probe_accuracy": best["heldout_accuracy"]})
-    return StageOutput(metrics, extra=extra)
