@@ -5,7 +5,7 @@ import pytest
 
 from conftest import TINY, run_flow
 from regimen.stages.recipe import load_recipe
-from regimen.stages.run.launcher import accelerate_command
+from regimen.stages.run.launcher import accelerate_command, local_processes
 from regimen.stages.store import Store
 
 
@@ -46,3 +46,120 @@ def test_a_failing_rank_fails_the_stage_with_its_last_lines(tmp_path, monkeypatc
     [fail] = Store(tmp_path).ledger.failures("tiny-test", "grpo")
     assert "injected fault" in fail["error"]
     assert Store(tmp_path).versions("tiny-test", "grpo") == []
+
+
+def test_command_for_two_machines_passes_accelerates_own_flags(tmp_path):
+    r = load_recipe(TINY, {"launcher": "accelerate", "accelerate.num_processes": 4, "accelerate.num_machines": 2, "accelerate.machine_rank": 1,
+                           "accelerate.main_process_ip": "10.0.0.5", "accelerate.main_process_port": 29512})
+    cmd = accelerate_command(r, tmp_path / "spec.json")
+    flag = {f: cmd[cmd.index(f) + 1] for f in ("--num_processes", "--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port")}
+    assert flag == {"--num_processes": "4", "--num_machines": "2", "--machine_rank": "1", "--main_process_ip": "10.0.0.5", "--main_process_port": "29512"}
+    assert "--multi_gpu" in cmd and local_processes(r) == 2  # --num_processes is the whole job's, as accelerate expects
+    one = accelerate_command(load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"]), tmp_path / "spec.json")
+    assert "--num_machines" not in one and "--machine_rank" not in one
+
+
+@pytest.mark.parametrize("overrides, error", [
+    ({"accelerate.num_machines": 2, "accelerate.main_process_port": 29500}, "accelerate.main_process_ip: required with accelerate.num_machines 2"),
+    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "127.0.0.1"}, "accelerate.main_process_port: set a port"),
+    ({"accelerate.num_machines": 2, "accelerate.machine_rank": 2, "accelerate.main_process_ip": "h", "accelerate.main_process_port": 1},
+     "accelerate.machine_rank: 2 must be below accelerate.num_machines"),
+    ({"accelerate.machine_rank": 1}, "accelerate.machine_rank: 1 must be below accelerate.num_machines .1."),
+    ({"accelerate.num_machines": 2, "accelerate.num_processes": 3, "accelerate.main_process_ip": "h", "accelerate.main_process_port": 1},
+     "accelerate.num_machines: 3 processes .* do not split evenly over 2 machines"),
+    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "0.0.0.0", "accelerate.main_process_port": 1}, "accelerate.main_process_ip: '0.0.0.0' is not an address"),
+    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "a b", "accelerate.main_process_port": 1}, "accelerate.main_process_ip: 'a b' is neither"),
+    ({"accelerate.main_process_port": 70000}, "accelerate.main_process_port: Input should be less than or equal to 65535"),
+    ({"accelerate.extra_args": ["--machine_rank", "1"]}, "accelerate.extra_args: --machine_rank is a field of the section: set accelerate.machine_rank"),
+])
+def test_machines_fields_are_checked_in_one_line_naming_the_field(overrides, error):
+    from regimen.stages.core.errors import InputError
+
+    with pytest.raises(InputError, match=error) as exc:
+        load_recipe(TINY, {"launcher": "accelerate", **overrides})
+    assert "\n" not in str(exc.value)
+
+
+SHORT = {"launcher": "accelerate", "accelerate.num_processes": 2, "sft.max_steps": 10, "sft.save_steps": 5, "sft.logging_steps": 5,
+         "grpo.max_steps": 4, "grpo.save_steps": 2, "grpo.logging_steps": 2}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _machine(stage: str, recipe, root, policy: str):
+    """One machine's side of a stage, as its runner starts it: its own staging folder (the version to be),
+    its own work folder, the policy from its own store (a second host has its own disk)."""
+    from regimen.stages.core.contract import StageDirs
+    from regimen.stages.run.launcher import run_with_accelerate
+
+    dirs = StageDirs(out=root / stage / "staging", checkpoints=root / stage / "work")
+    dirs.out.mkdir(parents=True)
+    dirs.checkpoints.mkdir(parents=True)
+    return run_with_accelerate(stage, recipe, {"policy": {"stage": "base", "model": policy}, "cycle": 1}, dirs)
+
+
+def _logged(work, key: str) -> dict[int, float]:
+    """The trainer's logged `key` by step, from the last checkpoint's trainer_state.json."""
+    import json
+
+    from regimen.stages.training.checkpoints import last_checkpoint
+
+    _, ckpt = last_checkpoint(work)
+    return {h["step"]: h[key] for h in json.loads((ckpt / "trainer_state.json").read_text())["log_history"] if key in h}
+
+
+def _written(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_two_machines_write_once_and_match_one_machine(tmp_path, monkeypatch):
+    """Two local "machines" (machine_rank 0 and 1 on 127.0.0.1, one gloo process each, separate stores and
+    work folders) through SFT then GRPO: global rank 0 alone writes checkpoints, output and the staging
+    folder; machine 1 raises LentToMachineZero (nothing to commit); the losses match 2 processes on one machine."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from regimen.stages.run.launcher import LentToMachineZero
+    from regimen.stages.training.policy import base_policy
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same threads in every run (and 2 cores here)
+    one = load_recipe(TINY, SHORT)
+    port = _free_port()
+    two = [load_recipe(TINY, {**SHORT, "accelerate.num_machines": 2, "accelerate.machine_rank": rank,
+                              "accelerate.main_process_ip": "127.0.0.1", "accelerate.main_process_port": port}) for rank in (0, 1)]
+    roots = [tmp_path / "machine0", tmp_path / "machine1"]
+    base = [base_policy(one, Store(root / "store"))["model"] for root in roots]
+
+    single = {"sft": _machine("sft", one, tmp_path / "one", base[0])}
+    single["grpo"] = _machine("grpo", one, tmp_path / "one", str(tmp_path / "one" / "sft" / "staging" / "model"))
+
+    policy = list(base)
+    for stage in ("sft", "grpo"):
+        with ThreadPoolExecutor(2) as pool:
+            jobs = [pool.submit(_machine, stage, two[m], roots[m], policy[m]) for m in (0, 1)]
+            out = jobs[0].result(timeout=900)
+            with pytest.raises(LentToMachineZero, match=f"{stage}: machine_rank 1 of 2 .* nothing is committed here"):
+                jobs[1].result(timeout=900)
+        assert out.status == "completed" and out.extra["launch"] == {"launcher": "accelerate", "num_processes": 2, "backend": "gloo", "num_machines": 2}
+        assert out.metrics["steps"] == single[stage].metrics["steps"]
+        # machine 0 wrote the version and the checkpoints; machine 1 wrote no file of them
+        assert (roots[0] / stage / "staging" / "model").is_dir() and (roots[0] / stage / "work" / "launch_output.json").is_file()
+        assert _written(roots[1] / stage / "staging") == []
+        left = [f for f in _written(roots[1] / stage / "work") if f != "launch.json" and not f.startswith("traces-cycle")]
+        # each rank's RNG state is its own part of a checkpoint (transformers' rng_state_<global rank>.pth): no weights, state or marker
+        assert left and all(f.startswith("checkpoint-") and f.endswith("/rng_state_1.pth") for f in left), left
+        for key in ("loss",) + (("reward",) if stage == "grpo" else ()):
+            got, want = _logged(roots[0] / stage / "work", key), _logged(tmp_path / "one" / stage / "work", key)
+            assert got.keys() == want.keys() and got, (stage, key, got, want)
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-6), (stage, key, got, want)
+        print(stage, "loss by step: two machines", _logged(roots[0] / stage / "work", "loss"), "one machine", _logged(tmp_path / "one" / stage / "work", "loss"))
+        # the next stage starts from machine 0's version, which machine 1 reads from its own copy (as from a shared bucket)
+        shutil.copytree(roots[0] / stage / "staging" / "model", roots[1] / f"{stage}-model")
+        policy = [str(roots[0] / stage / "staging" / "model"), str(roots[1] / f"{stage}-model")]
