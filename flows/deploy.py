@@ -168,6 +168,14 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
     from regimen.flows import pool
 
     pool.refuse_serve_beside_a_pool()  # serve is the one-host path: not beside a work pool's deployments of the same names
+    import signal
+
+    from prefect.exceptions import TerminationSignal
+
+    def _terminate(signum, frame):  # until Prefect's runner installs its own: a SIGTERM while starting still releases the claim
+        raise TerminationSignal(signal=signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
     lease = pool.claim_serve()  # ... nor beside another serve (refused at once)
     try:
         _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err)
