@@ -56,7 +56,7 @@ def test_command_for_two_machines_passes_accelerates_own_flags(tmp_path):
     assert flag == {"--num_processes": "4", "--num_machines": "2", "--machine_rank": "1", "--main_process_ip": "10.0.0.5", "--main_process_port": "29512"}
     assert "--multi_gpu" in cmd and local_processes(r) == 2  # --num_processes is the whole job's, as accelerate expects
     one = accelerate_command(load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"]), tmp_path / "spec.json")
-    assert "--num_machines" not in one and "--machine_rank" not in one
+    assert one[one.index("--num_machines") + 1] == "1" and one[one.index("--machine_rank") + 1] == "0" and "--main_process_ip" not in one
 
 
 @pytest.mark.parametrize("overrides, error", [

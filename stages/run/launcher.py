@@ -101,9 +101,10 @@ def accelerate_command(recipe, spec: Path) -> list[str]:
         cmd += ["--config_file", acc.config_file]
     elif acc.num_processes > 1:
         cmd += ["--multi_gpu"]
-    cmd += ["--num_processes", str(acc.num_processes), "--main_process_port", str(acc.main_process_port)]
+    cmd += ["--num_processes", str(acc.num_processes), "--main_process_port", str(acc.main_process_port),
+            "--num_machines", str(acc.num_machines), "--machine_rank", str(acc.machine_rank)]  # the recipe's, over a config file's
     if acc.num_machines > 1:
-        cmd += ["--num_machines", str(acc.num_machines), "--machine_rank", str(acc.machine_rank), "--main_process_ip", str(acc.main_process_ip)]
+        cmd += ["--main_process_ip", str(acc.main_process_ip)]
     cmd += list(acc.extra_args)
     return cmd + ["-m", "regimen.stages.run.launch_entry", str(spec)]
 
