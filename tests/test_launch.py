@@ -163,3 +163,18 @@ def test_two_machines_write_once_and_match_one_machine(tmp_path, monkeypatch):
         # the next stage starts from machine 0's version, which machine 1 reads from its own copy (as from a shared bucket)
         shutil.copytree(roots[0] / stage / "staging" / "model", roots[1] / f"{stage}-model")
         policy = [str(roots[0] / stage / "staging" / "model"), str(roots[1] / f"{stage}-model")]
+
+
+def test_where_the_processes_run_does_not_enter_the_fingerprint():
+    """Machine 0, machine 1 and one machine with the same number of processes name one version: the one
+    global rank 0 writes (machine 1 finds it by fingerprint in a store both reach)."""
+    from regimen.stages.run.runner import stage_key
+
+    base = {"launcher": "accelerate", "accelerate.num_processes": 2}
+    recipes = [load_recipe(TINY, base)] + [load_recipe(TINY, {**base, "accelerate.num_machines": 2, "accelerate.machine_rank": rank,
+                                                                 "accelerate.main_process_ip": f"10.0.0.{rank + 1}", "accelerate.main_process_port": 29500 + rank})
+                                           for rank in (0, 1)]
+    inputs = {"policy": {"stage": "base", "model": "m", "fingerprint": "tiny-0"}, "cycle": 1}
+    for stage in ("sft", "grpo"):
+        assert len({stage_key(stage, r, inputs)[0] for r in recipes}) == 1, stage
+    assert stage_key("sft", load_recipe(TINY, {**base, "accelerate.num_processes": 4}), inputs)[0] != stage_key("sft", recipes[0], inputs)[0]
