@@ -21,7 +21,7 @@ Two runs of one experiment are refused by the store's lock either way (Experimen
 
 `serve` is the one-host path: it is refused at once while another serve serves from the same Prefect
 server (it holds the global concurrency limit `regimen-serve` by a lease it renews) or while the work
-pool's deployments of the same names exist (`regimen pool setup`); `flows/pool.py` says why a lease.
+pool's deployments of the same names exist (`regimen pool setup`); `claim_serve` says why a lease.
 
 The nightly schedule's on/off state belongs to the server, not to this process. Stopping `serve` (Ctrl-C,
 SIGTERM) does not pause it (`pause_on_shutdown=False`; Prefect's default pauses every served deployment
@@ -33,12 +33,16 @@ paused again.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+from uuid import UUID
 
 from prefect.client.schemas.actions import DeploymentScheduleCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.deployments.runner import EntrypointType
+
+from regimen.stages.core.errors import InputError
 
 FLOW = "regimen-cycle"
 ON_DEMAND = "on-demand"
@@ -160,14 +164,12 @@ def check_api_protected(allow_unauthenticated: bool = False) -> None:
 def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None,
                       configs_dir: str | None = None, allow_unauthenticated: bool = False, limits: dict[str, Any] | None = None) -> None:
     """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped. Refused
-    at once while the pool's deployments exist or another serve serves from the same Prefect server (`pool.py`)."""
+    at once while the pool's deployments exist or another serve serves from the same Prefect server (`claim_serve`)."""
     from rich.console import Console
 
     err = Console(stderr=True, soft_wrap=True)
     check_api_protected(allow_unauthenticated)
-    from regimen.flows import pool
-
-    pool.refuse_serve_beside_a_pool()  # serve is the one-host path: not beside a work pool's deployments of the same names
+    refuse_serve_beside_a_pool()  # serve is the one-host path: not beside a work pool's deployments of the same names
     import signal
 
     from prefect.exceptions import TerminationSignal
@@ -176,11 +178,11 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
         raise TerminationSignal(signal=signum)
 
     signal.signal(signal.SIGTERM, _terminate)
-    lease = pool.claim_serve()  # ... nor beside another serve (refused at once)
+    lease = claim_serve()  # ... nor beside another serve (refused at once)
     try:
         _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err)
     finally:
-        pool.release_serve(lease)
+        release_serve(lease)
 
 
 def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err) -> None:
@@ -239,9 +241,7 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     from regimen.flows.cycle import regimen_cycle
 
     log = logging.getLogger("regimen.serve")
-    if lease is not None:  # serve's claim (`pool.claim_serve`), renewed while this loop serves
-        from regimen.flows.pool import keep_serve_claim
-
+    if lease is not None:  # serve's claim (`claim_serve`), renewed while this loop serves
         _renewing = asyncio.ensure_future(keep_serve_claim(lease))  # cancelled with the loop at the end of asyncio.run
     while True:
         runner = Runner(name="regimen", limit=1, pause_on_shutdown=False)
@@ -276,8 +276,12 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
 
 
 def _api_unreachable(exc: BaseException) -> bool:
+    """The API went away: a transport error, or the runner's loops giving up on it, also when anyio's task
+    groups wrap them in exception groups (seen: "unhandled errors in a TaskGroup" around the threshold)."""
     import httpx
 
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_api_unreachable(e) for e in exc.exceptions)
     return isinstance(exc, (httpx.TransportError, ConnectionError)) or "error threshold" in str(exc) or isinstance(exc.__cause__, httpx.TransportError)
 
 
@@ -289,3 +293,165 @@ async def _api_answers() -> bool:
             return (await client.api_healthcheck()) is None
     except Exception:  # noqa: BLE001 - any failure means: not yet
         return False
+
+
+# -- serve is the one-host path (flows/pool.py makes the several-hosts path) ------------------------------
+
+SERVE_LIMIT = "regimen-serve"
+SERVE_LEASE_S = 60.0  # the least Prefect's server takes; renewed every third of it
+DEFAULT_POOL = "regimen"
+WORKER_COMMAND = "prefect worker start --pool {pool} --limit 1"
+_HELD: dict[str, Any] = {}  # serve's current lease (taken anew if the server lost it), released when serve stops
+
+
+def pool_deployments() -> dict[str, str]:
+    """`on-demand`/`nightly` of regimen-cycle as the server holds them, that belong to a work pool: name -> pool."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    found = {}
+    with get_client(sync_client=True) as client:
+        for name in (ON_DEMAND, NIGHTLY):
+            try:
+                d = client.read_deployment_by_name(f"{FLOW}/{name}")
+            except ObjectNotFound:
+                continue
+            if d.work_pool_name:
+                found[name] = d.work_pool_name
+    return found
+
+
+def refuse_serve_beside_a_pool() -> None:
+    found = pool_deployments()
+    if found:
+        pool = sorted(set(found.values()))[0]
+        raise InputError(f"regimen-cycle/{', /'.join(sorted(found))} belong to the work pool {pool!r} (`regimen pool setup`): their runs go to "
+                         f"that pool's workers (`{WORKER_COMMAND.format(pool=pool)}` on each host), so `regimen serve` is refused here; to "
+                         "serve on one host instead, delete them first (`prefect deployment delete regimen-cycle/on-demand`, and /nightly)")
+
+
+def claim_serve() -> UUID:
+    """Take the one slot of the global concurrency limit `regimen-serve` with a lease of 60 s, or refuse.
+
+    Why a concurrency lease: it is Prefect's own object for "one holder at a time", taken atomically by
+    the server, so two serves starting in the same second cannot both get it. The holder renews it every
+    20 s (`keep_serve_claim`) and releases it when it stops (Ctrl-C, SIGTERM): a serve restarted at once
+    is not refused. A serve that died (SIGKILL, its machine gone) stops renewing; Prefect's repossessor
+    frees the slot once the lease expires, within 75 s. A slot left taken with no lease behind it (a
+    server restarted with its leases in memory) is told apart from a live serve by the deployments'
+    `last_polled`, which a live serve's runner updates every PREFECT_RUNNER_POLL_FREQUENCY seconds: a slot
+    whose deployments nobody polled for 2 minutes is reset and taken. The deployments' `last_polled` alone
+    would refuse a serve restarted right after a clean stop for a minute and more."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(SERVE_LIMIT, 1)
+    for attempt in (1, 2):
+        lease = asyncio.run(take_serve_slot())
+        if lease is not None:
+            _HELD["lease"] = lease
+            return lease
+        if attempt == 1 and not served_lately():
+            _reset_stale_slot()
+            continue
+        raise InputError("another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
+                         f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool setup "
+                         f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve that died "
+                         f"frees it within {SERVE_LEASE_S + 15:.0f} s)")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def take_serve_slot() -> UUID | None:
+    import httpx
+    from prefect import get_client
+
+    async with get_client() as client:
+        try:
+            response = await client.increment_concurrency_slots_with_lease([SERVE_LIMIT], 1, "concurrency", SERVE_LEASE_S)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 423:  # Locked: the slot is taken
+                return None
+            raise
+    return UUID(response.json()["lease_id"])
+
+
+def served_lately(within_s: float = 120.0) -> bool:
+    from datetime import datetime, timezone
+
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for name in (ON_DEMAND, NIGHTLY):
+            try:
+                d = client.read_deployment_by_name(f"{FLOW}/{name}")
+            except ObjectNotFound:
+                continue
+            if d.last_polled and (datetime.now(timezone.utc) - d.last_polled).total_seconds() < within_s:
+                return True
+    return False
+
+
+def _reset_stale_slot() -> None:
+    from prefect import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
+
+
+async def keep_serve_claim(lease: UUID, period_s: float = SERVE_LEASE_S / 3) -> None:
+    """Renew serve's lease until cancelled; a lease the server no longer knows (it restarted) is taken anew."""
+    import logging
+
+    from prefect import get_client
+
+    log = logging.getLogger("regimen.serve")
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            async with get_client() as client:
+                await client.renew_concurrency_lease(lease, SERVE_LEASE_S)
+        except Exception as exc:  # noqa: BLE001 - the API is down (serve waits for it) or the lease is gone
+            if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+                # the server lost its leases (restarted; they live in its memory) but not the slot they held,
+                # which is this serve's own: free it and take it again, so a later serve is not refused
+                lease = await _retake() or lease
+                _HELD["lease"] = lease
+            else:
+                log.debug("renewing serve's lease failed: %s", exc)
+
+
+async def _retake() -> UUID | None:
+    from prefect import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    lease = await take_serve_slot()
+    if lease is None:
+        async with get_client() as client:
+            await client.update_global_concurrency_limit(SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
+        lease = await take_serve_slot()
+    return lease
+
+
+def release_serve(lease: UUID) -> None:
+    from prefect import get_client
+
+    lease = _HELD.pop("lease", lease)
+    try:
+        with get_client(sync_client=True) as client:
+            client.release_concurrency_slots_with_lease(lease)
+    except Exception:  # noqa: BLE001 - the server is gone: the lease expires on its own
+        pass
+
+
+def serve_limit_exists() -> bool:
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(SERVE_LIMIT)
+            return True
+        except ObjectNotFound:
+            return False

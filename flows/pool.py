@@ -33,7 +33,7 @@ take before it expires: `host_lost_after_s` is at least the lease's time to live
 120 s by default) plus a heartbeat, so by the time the run is rescheduled the lease has expired.
 
 `regimen serve` and the pool's deployments have the same names: serve is refused while the pool's exist,
-and pool setup while a serve serves (`claim_serve`).
+and pool setup while a serve serves (`deploy.claim_serve`, which says why a lease).
 """
 
 from __future__ import annotations
@@ -45,192 +45,33 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from regimen.flows.deploy import DEFAULT_POOL, WORKER_COMMAND
 from regimen.stages.core.errors import InputError
 
-SERVE_LIMIT = "regimen-serve"
-SERVE_LEASE_S = 60.0  # the least Prefect's server takes; renewed every third of it
 HOST_LOST = "HostLost"
 AUTOMATION_CRASH = "regimen-host-lost"
 AUTOMATION_RERUN = "regimen-host-lost-rerun"
-DEFAULT_POOL = "regimen"
 DEFAULT_HEARTBEAT_S = 30
-WORKER_COMMAND = "prefect worker start --pool {pool} --limit 1"
-_HELD: dict[str, UUID] = {}  # serve's current lease (taken anew if the server lost it), released when serve stops
 
 
-# -- serve is the one-host path ------------------------------------------------------------------------
-
-def pool_deployments() -> dict[str, str]:
-    """`on-demand`/`nightly` of regimen-cycle as the server holds them, that belong to a work pool: name -> pool."""
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    from regimen.flows.deploy import FLOW, NIGHTLY, ON_DEMAND
-
-    found = {}
-    with get_client(sync_client=True) as client:
-        for name in (ON_DEMAND, NIGHTLY):
-            try:
-                d = client.read_deployment_by_name(f"{FLOW}/{name}")
-            except ObjectNotFound:
-                continue
-            if d.work_pool_name:
-                found[name] = d.work_pool_name
-    return found
-
-
-def refuse_serve_beside_a_pool() -> None:
-    found = pool_deployments()
-    if found:
-        pool = sorted(set(found.values()))[0]
-        raise InputError(f"regimen-cycle/{', /'.join(sorted(found))} belong to the work pool {pool!r} (`regimen pool setup`): their runs go to "
-                         f"that pool's workers (`{WORKER_COMMAND.format(pool=pool)}` on each host), so `regimen serve` is refused here; to "
-                         "serve on one host instead, delete them first (`prefect deployment delete regimen-cycle/on-demand`, and /nightly)")
-
-
-def claim_serve() -> UUID:
-    """Take the one slot of the global concurrency limit `regimen-serve` with a lease of 60 s, or refuse.
-
-    Why a concurrency lease: it is Prefect's own object for "one holder at a time", taken atomically by
-    the server, so two serves starting in the same second cannot both get it. The holder renews it every
-    20 s (`keep_serve_claim`) and releases it when it stops (Ctrl-C, SIGTERM): a serve restarted at once
-    is not refused. A serve that died (SIGKILL, its machine gone) stops renewing; Prefect's repossessor
-    frees the slot once the lease expires, within 75 s. A slot left taken with no lease behind it (a
-    server restarted with its leases in memory) is told apart from a live serve by the deployments'
-    `last_polled`, which a live serve's runner updates every PREFECT_RUNNER_POLL_FREQUENCY seconds: a slot
-    whose deployments nobody polled for 2 minutes is reset and taken. The deployments' `last_polled` alone
-    would refuse a serve restarted right after a clean stop for a minute and more."""
-    from prefect import get_client
-
-    with get_client(sync_client=True) as client:
-        client.upsert_global_concurrency_limit_by_name(SERVE_LIMIT, 1)
-    for attempt in (1, 2):
-        lease = asyncio.run(_take())
-        if lease is not None:
-            _HELD["lease"] = lease
-            return lease
-        if attempt == 1 and not _served_lately():
-            _reset_stale_slot()
-            continue
-        raise InputError("another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
-                         f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool setup "
-                         f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve that died "
-                         f"frees it within {SERVE_LEASE_S + 15:.0f} s)")
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def _take() -> UUID | None:
-    import httpx
-    from prefect import get_client
-
-    async with get_client() as client:
-        try:
-            response = await client.increment_concurrency_slots_with_lease([SERVE_LIMIT], 1, "concurrency", SERVE_LEASE_S)
-        except httpx.HTTPStatusError as exc:
-            if exc.response.status_code == 423:  # Locked: the slot is taken
-                return None
-            raise
-    return UUID(response.json()["lease_id"])
-
-
-def _served_lately(within_s: float = 120.0) -> bool:
-    from datetime import datetime, timezone
-
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    from regimen.flows.deploy import FLOW, NIGHTLY, ON_DEMAND
-
-    with get_client(sync_client=True) as client:
-        for name in (ON_DEMAND, NIGHTLY):
-            try:
-                d = client.read_deployment_by_name(f"{FLOW}/{name}")
-            except ObjectNotFound:
-                continue
-            if d.last_polled and (datetime.now(timezone.utc) - d.last_polled).total_seconds() < within_s:
-                return True
-    return False
-
-
-def _reset_stale_slot() -> None:
-    from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-    with get_client(sync_client=True) as client:
-        client.update_global_concurrency_limit(SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
-
-
-async def keep_serve_claim(lease: UUID, period_s: float = SERVE_LEASE_S / 3) -> None:
-    """Renew serve's lease until cancelled; a lease the server no longer knows (it restarted) is taken anew."""
-    import logging
-
-    from prefect import get_client
-
-    log = logging.getLogger("regimen.serve")
-    while True:
-        await asyncio.sleep(period_s)
-        try:
-            async with get_client() as client:
-                await client.renew_concurrency_lease(lease, SERVE_LEASE_S)
-        except Exception as exc:  # noqa: BLE001 - the API is down (serve waits for it) or the lease is gone
-            if getattr(getattr(exc, "response", None), "status_code", None) == 404:
-                # the server lost its leases (restarted; they live in its memory) but not the slot they held,
-                # which is this serve's own: free it and take it again, so a later serve is not refused
-                lease = await _retake() or lease
-                _HELD["lease"] = lease
-            else:
-                log.debug("renewing serve's lease failed: %s", exc)
-
-
-async def _retake() -> UUID | None:
-    from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-    lease = await _take()
-    if lease is None:
-        async with get_client() as client:
-            await client.update_global_concurrency_limit(SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
-        lease = await _take()
-    return lease
-
-
-def release_serve(lease: UUID) -> None:
-    from prefect import get_client
-
-    lease = _HELD.pop("lease", lease)
-    try:
-        with get_client(sync_client=True) as client:
-            client.release_concurrency_slots_with_lease(lease)
-    except Exception:  # noqa: BLE001 - the server is gone: the lease expires on its own
-        pass
-
+# -- serve is the one-host path: its claim lives in deploy.py -----------------------------------------
 
 def refuse_pool_while_serving() -> None:
     """pool setup while a serve holds `regimen-serve` (a live one: its lease is renewed) is refused."""
     from prefect import get_client
 
-    lease = asyncio.run(_take()) if _limit_exists() else None
+    from regimen.flows import deploy
+
+    lease = asyncio.run(deploy.take_serve_slot()) if deploy.serve_limit_exists() else None
     if lease is not None:
         with get_client(sync_client=True) as client:
             client.release_concurrency_slots_with_lease(lease)
         return
-    if not _limit_exists():
+    if not deploy.serve_limit_exists():
         return
-    if _served_lately():
-        raise InputError(f"a `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds {SERVE_LIMIT!r}): "
+    if deploy.served_lately():
+        raise InputError(f"a `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds {deploy.SERVE_LIMIT!r}): "
                          "stop it first (Ctrl-C); the work pool's deployments take the same names")
-
-
-def _limit_exists() -> bool:
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(SERVE_LIMIT)
-            return True
-        except ObjectNotFound:
-            return False
 
 
 # -- pool setup ------------------------------------------------------------------------------------------
@@ -247,10 +88,8 @@ def check_store_url(store: str) -> None:
         rest = store.split("://", 1)[1]
         if not rest or rest.startswith("/") or not rest.split("/", 1)[0]:
             raise InputError(f"--store {store!r}: no bucket name (s3://bucket/prefix)")
-    try:
-        from regimen.stages.run.preflight import check_store
-    except ImportError:  # pragma: no cover - another layout
-        from regimen.stages.preflight import check_store  # type: ignore[no-redef]
+    from regimen.stages.run.preflight import check_store
+
     try:
         check_store(store)
     except (ImportError, ValueError) as exc:

@@ -71,6 +71,7 @@ def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(s
     stop(again.proc, signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_path):
     dead = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
     os.killpg(dead.proc.pid, signal.SIGKILL)
