@@ -131,3 +131,30 @@ def test_gate_failure_exits_1_records_attempt_and_writes_no_version(first_run, c
     assert s.versions("gate", "sft")  # the stage before the gate completed and is kept
     code, out, _ = run_cli(["status", "gate", "--store", str(store)], capsys)
     assert code == 0 and "failed" in out and "completed" in out
+
+
+def test_a_rerun_after_a_move_reruns_every_stage_once_then_reuses_them(first_run):
+    """Versions made before a move of the code (issue 28: file names enter the code versions) carry another
+    code version, hence another fingerprint: the next run runs every stage of the cycle again, once, and the
+    run after it reuses them all."""
+    from regimen.stages.core.fingerprint import digest
+
+    store, _ = first_run
+    s = Store(store)
+    for stage in STAGES:
+        for m in s.versions("tiny-test", stage):
+            path = store / "tiny-test" / stage / f"v{m['version']}" / "manifest.json"
+            before_move = {**m, "code_version": "0" * 16, "fingerprint": digest({"made before the move": m["fingerprint"]})}
+            path.write_text(json.dumps(before_move, indent=1))
+    assert all(m["code_version"] == "0" * 16 for stage in STAGES for m in s.versions("tiny-test", stage))
+
+    after_move = run_flow(TINY, store)
+    cycle = [r for r in after_move if r.get("cycle")]  # the champion's own evaluation (cycle 0) may run too: its version was made before
+    assert sorted(r["stage"] for r in cycle if not r["reused"]) == sorted(STAGES)  # every stage ran, once
+    current = {stage: s.latest("tiny-test", stage)["code_version"] for stage in STAGES}
+    assert all(v != "0" * 16 for v in current.values())
+
+    before = versions(store)
+    again = run_flow(TINY, store)
+    assert all(r["reused"] for r in again), [(r["stage"], r["reused"]) for r in again]
+    assert versions(store) == before
