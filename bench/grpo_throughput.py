@@ -39,12 +39,12 @@ def bare(config: str, policy: str, steps: int, out: str) -> None:
 
 def stage(config: str, policy: str, steps: int, store: str) -> None:
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.run.runner import execute
+    from regimen.stages.run.runner import StageCall, execute
     from regimen.stages.store import Store
 
     recipe = load_recipe(config, [f"grpo.max_steps={steps}", "grpo.save_strategy=no", f"store={store}"])
     t0 = time.perf_counter()
-    res = execute("grpo", recipe, {"policy": {"stage": "sft", "fingerprint": "bench", "model": policy}}, Store(store))
+    res = execute(StageCall("grpo", recipe, {"policy": {"stage": "sft", "fingerprint": "bench", "model": policy}}, experiment=recipe.experiment), Store(store))
     total = time.perf_counter() - t0
     m = res.manifest["metrics"]
     print(json.dumps({"completions": int(m["steps"]) * recipe.grpo_settings()["per_device_train_batch_size"], "train_s": m["train_s"], "total_s": total}))

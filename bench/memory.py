@@ -18,7 +18,7 @@ STAGES = ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
 def one(config: str, store: str, stage: str, sets: list[str]) -> None:
     from regimen.stages.recipe import load_recipe
     from regimen.stages.training.policy import base_policy
-    from regimen.stages.run.runner import execute
+    from regimen.stages.run.runner import StageCall, execute
     from regimen.stages.store import Store
 
     recipe = load_recipe(config, sets + [f"store={store}"])
@@ -34,7 +34,7 @@ def one(config: str, store: str, stage: str, sets: list[str]) -> None:
         g = st.latest(exp, "grpo")
         inputs = {"policy": ref(g), "cycle": 1, "round": 1, "history": [{"cycle": 1, "round": 0, "heldout_accuracy": sft["metrics"]["heldout_accuracy"]}],
                   "train_reward": g["metrics"].get("train_reward_last"), "train_reward_first": g["metrics"].get("train_reward_first")}
-    execute(stage, recipe, inputs, st, round_=0 if stage in ("sft", "reward-dry-run", "grpo-smoke") else 1)
+    execute(StageCall(stage, recipe, inputs, experiment=exp, round=0 if stage in ("sft", "reward-dry-run", "grpo-smoke") else 1), st)
 
 
 def main() -> None:
