@@ -147,11 +147,16 @@ OVER = {  # the door's bounds and the operator's limits (serve's defaults: 100,0
 }
 
 
+THROUGH_THE_SERVER = ("lr-huge", "steps-over-limit", "limits-themselves", "guard-off")
+"""One of each kind goes the whole way (API → serve's runner → the flow's door); the full table goes through
+the same door function in-process below, which is what the flow calls (`resolve_ui_recipe`)."""
+
+
 def test_values_out_of_bounds_and_over_the_operators_limits_are_refused_naming_the_field(prefect_server, faulty_serve, ops_dirs):
     server, (store, _) = prefect_server, ops_dirs
     ids = {}
-    for name, (overrides, _) in OVER.items():
-        r = server.create_run("on-demand", {**PARAMS, "experiment": f"over-{name}", "overrides": overrides})
+    for name in THROUGH_THE_SERVER:
+        r = server.create_run("on-demand", {**PARAMS, "experiment": f"over-{name}", "overrides": OVER[name][0]})
         assert r.status_code == 201, (name, r.text)
         ids[name] = r.json()["id"]
     for name, run_id in ids.items():
@@ -159,6 +164,25 @@ def test_values_out_of_bounds_and_over_the_operators_limits_are_refused_naming_t
         assert run["state"]["type"] == "FAILED", (name, run["state"])
         assert OVER[name][1] in (run["state"]["message"] or ""), (name, run["state"]["message"])
         assert not (store / f"over-{name}").exists(), name
+
+
+@pytest.mark.parametrize("name", sorted(OVER))
+def test_every_bound_and_limit_is_refused_at_the_flows_door(name, monkeypatch):
+    """The door a served run goes through (`regimen_cycle` calls `resolve_ui_recipe` first), with serve's
+    environment: the recipes folder and the operator's default limits."""
+    import json
+
+    from regimen.flows import boundary
+    from regimen.flows.cycle import resolve_ui_recipe
+    from regimen.stages.core.errors import RegimenError
+
+    monkeypatch.setenv("REGIMEN_CONFIGS", str(ROOT / "tests"))
+    monkeypatch.setenv("REGIMEN_UI_LIMITS", json.dumps(boundary.DEFAULT_LIMITS))
+    monkeypatch.delenv("REGIMEN_UI_ALLOW", raising=False)
+    resolve_ui_recipe(PARAMS["config"], {"grpo.learning_rate": 1e-5})  # an honest override passes the same door
+    with pytest.raises(RegimenError) as caught:
+        resolve_ui_recipe(PARAMS["config"], OVER[name][0])
+    assert OVER[name][1] in str(caught.value), (name, str(caught.value))
 
 
 def test_serve_outlives_its_server_and_serves_again_when_it_is_back(tmp_path):
@@ -238,12 +262,12 @@ def test_a_run_outlives_its_orchestrator(signal_after, tmp_path):
     store = tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_API_URL=url, PREFECT_HOME=str(home), OMP_NUM_THREADS="1", REGIMEN_MACHINE_SLOTS="0")
-    proc = subprocess.Popen([bin_path("regimen"), "run", "tests/tiny.yaml", "--store", str(store), "--set", "grpo.max_steps=300",
-                             "--set", "grpo.save_steps=50"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([bin_path("regimen"), "run", "tests/tiny.yaml", "--store", str(store), "--set", "grpo.max_steps=120",
+                             "--set", "grpo.save_steps=40"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not list((store / "tiny-test" / "grpo" / "work").glob("*/checkpoint-50/regimen_complete")):
+        while not list((store / "tiny-test" / "grpo" / "work").glob("*/checkpoint-40/regimen_complete")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         stop(server, signal.SIGKILL)
