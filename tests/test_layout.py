@@ -65,7 +65,7 @@ ROOMS: dict[str, tuple[list[str], list[str]]] = {
     "decide": (["regimen.stages.decide"], []),  # pure rules: the cycle's verdicts, the guard, the promotion rule
     "store": (["regimen.stages.store"], ["core"]),
     "tasks": (["regimen.stages.tasks"], ["core"]),
-    "rewards": (["regimen.stages.rewards"], ["core", "tasks", "sandbox"]),
+    "rewards": (["regimen.stages.rewards"], ["core", "sandbox"]),
     "environments": (["regimen.stages.environments"], ["core", "rewards"]),  # multi-turn episodes with tools
     "recipe": (["regimen.stages.recipe"], ["core", "tasks", "rewards", "environments"]),  # with TRL's config objects
     "training": (["regimen.stages.training"], ["core", "decide", "store", "tasks", "rewards", "environments", "recipe"]),

@@ -297,6 +297,7 @@ MISUSE = {  # command -> (args that miss a required argument or None when it has
     "rollback": ([], ["x", "--reason"]),
     "export": (["x"], ["x", "out", "--store"]),
     "heldout refresh": (["tests/tiny.yaml"], ["tests/tiny.yaml", "--reason"]),
+    "pool setup": ([], ["--store", "s3://bucket/p", "--max-steps", "-1"]),
 }
 
 
