@@ -155,19 +155,36 @@ def finished(tmp_path_factory) -> Path:
     return store
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bad", [
-    {"file_stats": ["a", "list"]}, {"files": {"model/x": 3}}, {"version": 1e400}, {"metrics": "none"}, {"inputs": []},
-])
-def test_a_manifest_of_the_wrong_shape_is_a_damaged_version_named_and_rerun(bad, finished, tmp_path, capsys):
+BAD_SHAPES = [{"file_stats": ["a", "list"]}, {"files": {"model/x": 3}}, {"version": 1e400}, {"metrics": "none"}, {"inputs": []}]
+
+
+def _damage(finished: Path, tmp_path: Path, bad: dict) -> tuple[Path, str]:
     store = tmp_path / "store"
     shutil.copytree(finished, store, symlinks=True)
     manifest = store / EXP / "eval" / "v1" / "manifest.json"
     data = json.loads(manifest.read_text())
     data.update(bad)
     manifest.write_text(json.dumps(data))
+    return store, json.loads((finished / EXP / "eval" / "v1" / "manifest.json").read_text())["fingerprint"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", BAD_SHAPES)
+def test_a_manifest_of_the_wrong_shape_is_a_damaged_version_named_and_not_reused(bad, finished, tmp_path, capsys):
+    from regimen.stages.store import Store
+
+    store, fp = _damage(finished, tmp_path, bad)
     rc, out, err = run_cli(["status", EXP, "--store", str(store)], capsys)
     assert rc == 0 and "malformed manifest" in out and "Traceback" not in err, (out, err)
+    st = Store(store)
+    found, _ = st.stage(EXP, "eval").find_intact(fp)  # what the runner asks before it reuses a version
+    assert found is None and st.catalog.next_version(EXP, "eval") == 2  # not reused; a rerun writes v2 beside it
+
+
+@pytest.mark.slow
+def test_a_manifest_of_the_wrong_shape_is_rerun_by_the_cli(finished, tmp_path):
+    # the rerun itself once (every shape above takes the same path: the catalog leaves it out as malformed)
+    store, _ = _damage(finished, tmp_path, BAD_SHAPES[2])
     r = _run(store)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert (store / EXP / "eval" / "v2" / "manifest.json").is_file()  # the damaged version is left; the stage ran again

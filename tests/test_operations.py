@@ -9,6 +9,7 @@ import json
 import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 
 import httpx
 import pytest
@@ -122,14 +123,21 @@ HOSTILE = {  # what a UI user may try; each is refused before anything runs, nam
 }
 
 
+HOSTILE_THROUGH_THE_SERVER = ("launcher-shell", "reward-path", "store-override", "config-abs")
+"""One of each kind goes the whole way (API -> serve's runner -> the flow's door); the full table goes through
+the same door function in-process below (`resolve_ui_recipe`, the first thing `regimen_cycle` calls)."""
+
+
+def _hostile_body(name: str, tmp_path: Path) -> dict:
+    body = {"config": "tiny.yaml", "experiment": f"hostile-{name}", **HOSTILE[name][0]}
+    return json.loads(json.dumps(body).replace("{pwned}", str(tmp_path / "pwned")).replace("{outside}", str(tmp_path / "outside-store")))
+
+
 def test_hostile_ui_parameters_are_refused_before_anything_runs(prefect_server, faulty_serve, ops_dirs, tmp_path):
     store, _ = ops_dirs
-    pwned, outside = tmp_path / "pwned", tmp_path / "outside-store"
     ids = {}
-    for name, (params, _) in HOSTILE.items():
-        body = {"config": "tiny.yaml", "experiment": f"hostile-{name}", **params}
-        body = json.loads(json.dumps(body).replace("{pwned}", str(pwned)).replace("{outside}", str(outside)))
-        r = prefect_server.create_run("on-demand", body)
+    for name in HOSTILE_THROUGH_THE_SERVER:
+        r = prefect_server.create_run("on-demand", _hostile_body(name, tmp_path))
         assert r.status_code == 201, (name, r.text)
         ids[name] = r.json()["id"]
     for name, run_id in ids.items():
@@ -139,7 +147,29 @@ def test_hostile_ui_parameters_are_refused_before_anything_runs(prefect_server, 
         assert HOSTILE[name][1] in message, (name, message)
         assert "root:" not in message  # nothing read back from a file it names
         assert not (store / f"hostile-{name}").exists(), name  # nothing written, not even a lock
-    assert not pwned.exists() and not outside.exists()
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "outside-store").exists()
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_every_hostile_ui_parameter_is_refused_at_the_flows_door(name, tmp_path, monkeypatch):
+    """The door a served run goes through, with serve's environment (its recipes folder, its store, the
+    operator's default limits and no extra allowed keys)."""
+    from regimen.flows import boundary
+    from regimen.flows.cycle import resolve_ui_recipe
+    from regimen.stages.core.errors import RegimenError
+
+    store = tmp_path / "store"
+    monkeypatch.setenv("REGIMEN_CONFIGS", str(ROOT / "tests"))
+    monkeypatch.setenv("REGIMEN_STORE", str(store))
+    monkeypatch.setenv("REGIMEN_UI_LIMITS", json.dumps(boundary.DEFAULT_LIMITS))
+    monkeypatch.delenv("REGIMEN_UI_ALLOW", raising=False)
+    body = _hostile_body(name, tmp_path)
+    resolve_ui_recipe("tiny.yaml", {"grpo.learning_rate": 1e-5})  # an honest override passes the same door
+    with pytest.raises(RegimenError) as caught:
+        resolve_ui_recipe(body["config"], body.get("overrides", {}))
+    message = str(caught.value)
+    assert HOSTILE[name][1] in message and "root:" not in message, (name, message)
+    assert not store.exists() and not (tmp_path / "pwned").exists() and not (tmp_path / "outside-store").exists()
 
 
 # -- fail, stop serve, retry ------------------------------------------------------------------------
