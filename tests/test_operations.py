@@ -232,12 +232,15 @@ def test_a_nightly_run_due_during_a_training_run_is_queued_not_dropped(scenario)
 
 def test_an_honest_custom_run_with_a_hyperparameter_still_works(scenario):
     server = scenario.server
-    r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": "honest", "overrides": {"grpo.beta": 0.08}})
+    # the scenario's experiment: what the override does not touch (SFT, the gates) is reused, GRPO trains anew
+    r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": EXPERIMENT, "overrides": {"grpo.beta": 0.08}})
     assert r.status_code == 201, r.text
     run = server.wait_run(r.json()["id"], timeout=240, logs=[scenario.serve.log])
     assert run["state"]["type"] == "COMPLETED", (run["state"], tail(scenario.serve.log))
-    grpo = json.loads((scenario.store / "honest" / "grpo" / "v1" / "manifest.json").read_text())
-    assert grpo["config"]["grpo"]["beta"] == 0.08
+    states = latest_states(server, run["id"])
+    assert states["sft"] == "Cached" and states["grpo"] == "Completed", states
+    newest = max((scenario.store / EXPERIMENT / "grpo").glob("v*"), key=lambda p: int(p.name[1:]))
+    assert json.loads((newest / "manifest.json").read_text())["config"]["grpo"]["beta"] == 0.08
 
 
 # -- auth --------------------------------------------------------------------------------------------
