@@ -134,6 +134,28 @@ def test_two_machines_write_once_and_match_one_machine(tmp_path, monkeypatch):
         policy = [str(roots[0] / stage / "staging" / "model"), str(roots[1] / f"{stage}-model")]
 
 
+def test_a_machine_that_lent_its_ranks_records_no_failed_attempt(tmp_path, monkeypatch):
+    """The runner on machine_rank 1: its ranks ran to the end (LentToMachineZero, exit code 0): it passes
+    that on, commits nothing and records no failed attempt (the stage did not fail)."""
+    from regimen.stages.run import runner
+    from regimen.stages.run.launcher import LentToMachineZero
+
+    recipe = load_recipe(TINY, {"launcher": "accelerate", "accelerate.num_machines": 2, "accelerate.machine_rank": 1,
+                                "accelerate.main_process_ip": "127.0.0.1", "accelerate.main_process_port": 29555})
+
+    def lent(stage, *a, **k):
+        raise LentToMachineZero(stage, 1, 2, 1, "127.0.0.1:29555")
+
+    monkeypatch.setattr(runner, "_launch", lent)
+    store = Store(tmp_path)
+    call = runner.StageCall("sft", recipe, {"policy": {"stage": "base", "fingerprint": "f" * 64, "model": str(tmp_path)}, "cycle": 1},
+                            experiment="tiny-test")
+    with pytest.raises(LentToMachineZero) as caught:
+        runner.execute(call, store)
+    assert caught.value.exit_code == 0
+    assert store.ledger.failures("tiny-test", "sft") == [] and store.versions("tiny-test", "sft") == []
+
+
 def test_where_the_processes_run_does_not_enter_the_fingerprint():
     """Machine 0, machine 1 and one machine with the same number of processes name one version: the one
     global rank 0 writes (machine 1 finds it by fingerprint in a store both reach)."""

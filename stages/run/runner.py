@@ -168,6 +168,10 @@ def _launch_recorded(call: StageCall, module, dirs: StageDirs, handle: StageHand
     try:
         return _launch(call.stage, module, call.recipe, call.inputs, dirs)
     except RegimenError as exc:
+        from regimen.stages.run.launcher import LentToMachineZero
+
+        if isinstance(exc, LentToMachineZero):  # machine_rank >= 1 ran its ranks to the end: no failed attempt, nothing to commit
+            raise
         _record_failure(handle, dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised as the stage's failure
