@@ -72,12 +72,12 @@ def _print_run(outcome, started: float) -> None:
         console.print(f"verdict: [bold]{last_eval['verdict']}[/] — {last_eval['decision']['reason']}")
 
 
-def resolve(config: str, set_: list[str] | None, experiment: str | None, store: str | None):
+def resolve(config: str, set_: list[str] | None, store: str | None):
+    """The recipe, validated and resolved once (exit 2 on bad input). The experiment is not part of it: the
+    commands hand it to the flow as data of the run."""
     from regimen.stages.recipe import load_recipe, parse_set
 
     overrides = parse_set(set_ or [])
-    if experiment:
-        overrides["experiment"] = experiment
     if store:
         overrides["store"] = store
     return load_recipe(config, overrides)
@@ -108,7 +108,7 @@ def run(
     from regimen.flows.server import api_for_this_run
 
     with api_for_this_run() as api_ready:  # a temporary server boots while the recipe is validated
-        recipe = resolve(config, set_, None, store)  # validated and resolved once: exit 2, nothing written
+        recipe = resolve(config, set_, store)  # validated and resolved once: exit 2, nothing written
         experiment = experiment or recipe.experiment  # else the recipe's own `experiment:`
         from regimen.flows.cycle import RunResult, regimen_cycle_recipe
 
@@ -229,13 +229,13 @@ def sweep(
     from regimen.flows.server import api_for_this_run
 
     with api_for_this_run() as api_ready:
-        recipe = resolve(config, rest, experiment, store)
+        recipe = resolve(config, rest, store)
         variants = [variant(recipe, field, v) for v in values]  # all validated before anything runs
         from regimen.flows.sweep import regimen_sweep
 
         api_ready()
         with terminal(console, verbose=verbose):
-            out = regimen_sweep(recipe=recipe, field=field, values=values, variants=variants)
+            out = regimen_sweep(recipe=recipe, field=field, values=values, variants=variants, experiment=experiment)
             _flush_prefect_logs()
     table = Table(title=f"sweep over {field}")
     cols = [field, *COLUMNS]

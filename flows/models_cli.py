@@ -122,16 +122,16 @@ def heldout_refresh(config: Annotated[str, typer.Argument(help="the experiment's
     """Start a new frozen held-out set from the recipe's data (a person's decision; accuracies compare within one set)."""
     from regimen.stages.records import datasets as data_records
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.store import Store
+    from regimen.stages.store import Store, check_name
     from regimen.stages.tasks.registry import load_task
 
-    overrides = {k: v for k, v in (("store", store), ("experiment", experiment)) if v}
-    recipe = load_recipe(config, overrides)
+    recipe = load_recipe(config, {"store": store} if store else {})
+    experiment = check_name(experiment or recipe.experiment)  # data of the command, not put into the recipe
     st = Store(recipe.store)
-    with st.lock(recipe.experiment):
-        ref = data_records.refresh(st, recipe.experiment, load_task(recipe.data).heldout, reason=reason)
+    with st.lock(experiment):
+        ref = data_records.refresh(st, experiment, load_task(recipe.data).heldout, reason=reason)
     left_out = f", {ref['excluded_trained']} prompts left out because the experiment trained on them" if ref["excluded_trained"] else ""
-    console.print(f"{recipe.experiment}: held-out set v{ref['version']} ({ref['rows']} prompts{left_out}) from now on; the champion is compared "
+    console.print(f"{experiment}: held-out set v{ref['version']} ({ref['rows']} prompts{left_out}) from now on; the champion is compared "
                   "with challengers on it at the next run", markup=False, highlight=False)
 
 

@@ -17,19 +17,21 @@ from regimen.flows.present.plots import data_uri, read_log
 from regimen.flows.publish import Presenter, artifact_key
 from regimen.stages import registry
 from regimen.stages.recipe import Recipe
-from regimen.stages.store import Store
+from regimen.stages.store import Store, check_name
 from regimen.stages.training.policy import base_policy
 
 
 @flow(name="regimen-sweep", validate_parameters=False)
-def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[Recipe]) -> dict[str, Any]:
-    """Compare values of one recipe field (e.g. grpo.num_generations=[2, 8, 16]) from the same SFT policy."""
+def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[Recipe], experiment: str | None = None) -> dict[str, Any]:
+    """Compare values of one recipe field (e.g. grpo.num_generations=[2, 8, 16]) from the same SFT policy, in
+    `experiment` (data of the run, as for the cycle; None: the recipe's `experiment:`)."""
     preflight(recipe)
     st = Store(recipe.store)
-    run = Run(st, Presenter(), recipe.experiment)  # the CLI's --experiment, resolved into the sweep's recipe
+    experiment = check_name(experiment or recipe.experiment)
+    run = Run(st, Presenter(), experiment)
     results = run.results
     rows, logs = [], {}
-    with st.lock(recipe.experiment), closing(run.presenter):
+    with st.lock(experiment), closing(run.presenter):
         policy = base_policy(recipe, st)
         for name in registry.in_role("teach"):
             if registry.applies(name, recipe):
@@ -51,7 +53,7 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
     note = (f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for every value "
             f"(prompts per step = completions / num_generations); SFT and its gates (dry run, smoke test with the base recipe) are shared.")
     tag = f"{field}={'_'.join(map(str, values))}".replace("/", "-")
-    files = comparison(rows, field, st.experiment_dir(recipe.experiment, "sweeps", tag), logs, note)
+    files = comparison(rows, field, st.experiment_dir(experiment, "sweeps", tag), logs, note)
     markdown = files["md"].read_text().replace("](sweep.png)", f"]({data_uri(files['png'])})")
-    create_markdown_artifact(markdown=markdown, key=artifact_key(recipe.experiment, "sweep", field), description=note)
+    create_markdown_artifact(markdown=markdown, key=artifact_key(experiment, "sweep", field), description=note)
     return {"field": field, "rows": rows, "note": note, "files": {k: str(v) for k, v in files.items()}, "results": results}
