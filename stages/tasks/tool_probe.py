@@ -2,10 +2,18 @@
 Each row hides a line f(x) = a*x + b; the user asks `f(x)=?` for one x and shows no example, so only the
 `probe(x)` tool can tell the answer. The oracle teacher's trace calls `probe` at the asked point, reads the
 value and answers with it: an assistant tool call, the tool's result, the final answer (multi-turn SFT
-trains on the assistant turns only). Without the tool the answer is a guess."""
+trains on the assistant turns only). Without the tool the answer is a guess.
+
+The weak teacher (`teacher.kind: weak`) uses the tool on about a third of the questions and guesses on
+the rest (it answers x itself): which ones is decided by a digest of the question, so nothing a student
+can read tells them apart. A student trained to convergence on its traces has learnt the tool's format
+and calls the tool about as often as its teacher did; sampled, its groups mix right and wrong episodes,
+which is what GRPO needs to learn that the tool pays. (A student stopped early on the oracle's traces
+sits on the steep edge where the format is learnt, and a float kernel or a data draw moves it off.)"""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any, Literal
 
@@ -55,11 +63,22 @@ def oracle(row: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+WEAK_TOOL_SHARE = 0.35
+"""The share of questions on which the weak teacher calls the tool."""
+
+
+def weak_solution(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The weak teacher's trace: the oracle's on about WEAK_TOOL_SHARE of the questions (by a digest of the
+    question), else a guess without the tool: x itself."""
+    share = int(hashlib.sha256(repr(row["prompt"]).encode()).hexdigest()[:8], 16) / 16 ** 8
+    return oracle(row) if share < WEAK_TOOL_SHARE else [{"role": "assistant", "content": str(int(row["x"]))}]
+
+
 def load(opts: Options) -> Task:
     cases = random.Random(opts.seed * 1000 + 10).sample(range(10 ** 5), opts.heldout_size + opts.train_size)  # distinct prompts
     heldout = rows(opts.heldout_size, seed=opts.seed * 1000 + 11, opts=opts, cases=cases[: opts.heldout_size])
     train = rows(opts.train_size, seed=opts.seed * 1000 + 12, opts=opts, cases=cases[opts.heldout_size:])
-    return Task(train, heldout, NAME, reference=oracle)
+    return Task(train, heldout, NAME, reference=oracle, weak_reference=weak_solution)
 
 
 def identity(opts: Options) -> dict[str, Any]:
