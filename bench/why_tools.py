@@ -3,8 +3,8 @@ tool), at equal wall time, in one invocation.
 
     python bench/why_tools.py [--seed 0]
 
-1. `configs/tiny-env.yaml` as it is: multi-turn SFT on the oracle's tool-using traces, GRPO over `probe`
-   episodes; its stages' wall time W.
+1. `configs/tiny-env.yaml` as it is: multi-turn SFT on its weak teacher's traces (the tool on a third of the
+   questions, a guess on the rest), GRPO over `probe` episodes; its stages' wall time W.
 2. The same questions single-turn (`#<case> f(x)=?` -> the value; a JSONL file written here from the same
    generated rows, train and held-out), the same model, the oracle's answers as SFT traces and GRPO on the
    `answer` reward, with the same SFT steps; its GRPO steps are then raised so that its stages take W too
@@ -46,7 +46,7 @@ def single_turn_recipe(work: Path, env: dict, seed: int) -> Path:
         "experiment": "why-tools-single",
         "model": {"name_or_path": "tiny", "tiny": {k: v for k, v in env["model"]["tiny"].items() if k != "chat"}},
         "data": {"task": "jsonl", "train_file": str(work / "train.jsonl"), "heldout_file": str(work / "heldout.jsonl")},
-        "teacher": env["teacher"],
+        "teacher": {**env["teacher"], "kind": "oracle"},  # the true answers (the single-turn task has no weak teacher)
         "rewards": [{"name": "answer", "weight": 1.0}],
         "sft": env["sft"],
         "dry_run": {"num_prompts": 16, "min_mean_reward": 0.0, "max_mean_reward": 1.0, "max_frac_zero_std": 1.0},  # the answer is a guess: let it train anyway

@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from conftest import ROOT
+
 from regimen.stages.environments.base import Environment, register, tool
 from regimen.stages.environments.probe import ProbeEnvironment
 from regimen.stages.rewards.text import episode, final_answer
@@ -183,6 +185,29 @@ def test_a_broken_tool_in_an_episode_is_a_zero_and_a_trajectory_entry(tmp_path, 
     t = episodes.transcript(completions[0], envs[0])
     assert t["episode"]["failure"] == "look raised RuntimeError: the tool broke"
     assert {"result": "error: look raised RuntimeError: the tool broke"} in t["turns"]
+
+
+def test_the_weak_tool_teacher_calls_the_tool_on_a_third_and_guesses_the_rest(tmp_path):
+    """tiny-env's teacher: the oracle's trace on about a third of the questions, picked by a digest of the
+    question (nothing the student reads), a one-turn guess without the tool on the rest; as SFT traces."""
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.tasks import tool_probe
+    from regimen.stages.training.teacher import traces
+
+    task = tool_probe.load(tool_probe.Options())
+    made = [tool_probe.weak_solution(r) for r in task.train]
+    tools = [m for m in made if len(m) == 3]
+    assert 0.30 < len(tools) / len(made) < 0.40
+    for row, m in zip(task.train, made):
+        if len(m) == 3:
+            assert m == tool_probe.oracle(row)
+        else:
+            assert m == [{"role": "assistant", "content": str(row["x"])}] and "tool_calls" not in m[0]
+    assert [tool_probe.weak_solution(r) for r in task.train[:50]] == made[:50]  # the same question, the same trace
+    recipe = load_recipe(ROOT / "configs" / "tiny-env.yaml", {"store": str(tmp_path)})
+    assert recipe.teacher.kind == "weak"
+    rows, counts = traces(recipe, task, cycle=1, policy_path="")
+    assert counts["traces_kept"] == counts["traces_generated"] == 2000 and len(rows) == 2000
 
 
 def test_the_door_refuses_environment_recipes_that_cannot_work(tmp_path):
