@@ -230,6 +230,10 @@ def sweep(
 
     with api_for_this_run() as api_ready:
         recipe = resolve(config, rest, store)
+        if experiment:
+            from regimen.stages.store import check_name
+
+            check_name(experiment)  # a bad name is bad input (exit 2) before anything runs
         variants = [variant(recipe, field, v) for v in values]  # all validated before anything runs
         from regimen.flows.sweep import regimen_sweep
 

@@ -372,3 +372,12 @@ def test_the_guard_is_the_operators_policy_not_a_ui_parameter_unless_serve_allow
             check_overrides({key: value}, [])
     assert check_overrides({"cycle.guard.action": "warn"}, ["cycle.guard.*"]) == {"cycle.guard.action": "warn"}
     assert check_overrides({"cycle.max_cycles": 3}, []) == {"cycle.max_cycles": 3}  # the rest of cycle.* stays a UI parameter
+
+
+@pytest.mark.parametrize("args", [["sweep", str(TINY), "--set", "grpo.num_generations=2,4"], ["heldout", "refresh", str(TINY), "--reason", "r"]])
+def test_a_bad_experiment_name_is_refused_before_anything_is_written(args, tmp_path, capsys):
+    """--experiment is data of the command (not put into the recipe): still checked first, exit 2, one line."""
+    code, out, err = run_cli([*args, "--store", str(tmp_path / "store"), "--experiment", "../x"], capsys)
+    said = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(said) == 1 and "experiment '../x'" in said[0], err
+    assert not (tmp_path / "store").exists() and not (tmp_path / "x").exists()

@@ -5,8 +5,8 @@ value and answers with it: an assistant tool call, the tool's result, the final 
 trains on the assistant turns only). Without the tool the answer is a guess.
 
 The weak teacher (`teacher.kind: weak`) uses the tool on about a third of the questions and guesses on
-the rest (it answers x itself): which ones is decided by a digest of the question, so nothing a student
-can read tells them apart. A student trained to convergence on its traces has learnt the tool's format
+the rest (it answers x itself): which ones is decided by a digest of the question, which no student can
+learn to predict. A student trained to convergence on its traces has learnt the tool's format
 and calls the tool about as often as its teacher did; sampled, its groups mix right and wrong episodes,
 which is what GRPO needs to learn that the tool pays. (A student stopped early on the oracle's traces
 sits on the steep edge where the format is learnt, and a float kernel or a data draw moves it off.)"""
