@@ -396,7 +396,7 @@ def two_hosts(prefect_server, s3_server, tmp_path_factory):
     finally:
         stop(b)
     info["after"] = {stage: versions(fs, bucket, stage) for stage in ("sft", "reward-dry-run", "grpo-smoke")}
-    info["work_left"] = fs.glob(f"{bucket}/r/{EXP}/grpo/work/*/checkpoint-*/*")
+    info["work_left"] = fs.glob("/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", "*"]))  # a bucket key, not a local path
     return info
 
 

