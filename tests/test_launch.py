@@ -49,6 +49,38 @@ def test_a_failing_rank_fails_the_stage_and_a_two_process_rerun_completes_with_g
     assert not list((tmp_path / "tiny-test" / "grpo").glob("work/*/ranks/*.pid"))
 
 
+def test_command_for_two_machines_passes_accelerates_own_flags(tmp_path):
+    r = load_recipe(TINY, {"launcher": "accelerate", "accelerate.num_processes": 4, "accelerate.num_machines": 2, "accelerate.machine_rank": 1,
+                           "accelerate.main_process_ip": "10.0.0.5", "accelerate.main_process_port": 29512})
+    cmd = accelerate_command(r, tmp_path / "spec.json")
+    flag = {f: cmd[cmd.index(f) + 1] for f in ("--num_processes", "--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port")}
+    assert flag == {"--num_processes": "4", "--num_machines": "2", "--machine_rank": "1", "--main_process_ip": "10.0.0.5", "--main_process_port": "29512"}
+    assert "--multi_gpu" in cmd and local_processes(r) == 2  # --num_processes is the whole job's, as accelerate expects
+    one = accelerate_command(load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"]), tmp_path / "spec.json")
+    assert one[one.index("--num_machines") + 1] == "1" and one[one.index("--machine_rank") + 1] == "0" and "--main_process_ip" not in one
+
+
+@pytest.mark.parametrize("overrides, error", [
+    ({"accelerate.num_machines": 2, "accelerate.main_process_port": 29500}, "accelerate.main_process_ip: required with accelerate.num_machines 2"),
+    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "127.0.0.1"}, "accelerate.main_process_port: set a port"),
+    ({"accelerate.num_machines": 2, "accelerate.machine_rank": 2, "accelerate.main_process_ip": "h", "accelerate.main_process_port": 1},
+     "accelerate.machine_rank: 2 must be below accelerate.num_machines"),
+    ({"accelerate.machine_rank": 1}, "accelerate.machine_rank: 1 must be below accelerate.num_machines .1."),
+    ({"accelerate.num_machines": 2, "accelerate.num_processes": 3, "accelerate.main_process_ip": "h", "accelerate.main_process_port": 1},
+     "accelerate.num_machines: 3 processes .* do not split evenly over 2 machines"),
+    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "0.0.0.0", "accelerate.main_process_port": 1}, "accelerate.main_process_ip: '0.0.0.0' is not an address"),
+    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "a b", "accelerate.main_process_port": 1}, "accelerate.main_process_ip: 'a b' is neither"),
+    ({"accelerate.main_process_port": 70000}, "accelerate.main_process_port: Input should be less than or equal to 65535"),
+    ({"accelerate.extra_args": ["--machine_rank", "1"]}, "accelerate.extra_args: --machine_rank is a field of the section: set accelerate.machine_rank"),
+])
+def test_machines_fields_are_checked_in_one_line_naming_the_field(overrides, error):
+    from regimen.stages.core.errors import InputError
+
+    with pytest.raises(InputError, match=error) as exc:
+        load_recipe(TINY, {"launcher": "accelerate", **overrides})
+    assert "\n" not in str(exc.value)
+
+
 SHORT = {"launcher": "accelerate", "accelerate.num_processes": 2, "sft.max_steps": 10, "sft.save_steps": 5, "sft.logging_steps": 5,
          "grpo.max_steps": 4, "grpo.save_steps": 2, "grpo.logging_steps": 2}
 
