@@ -125,7 +125,8 @@ class Week:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "REGIMEN_FAULT", "REGIMEN_KILL"))}
         env.update(PREFECT_API_URL=self.api, PREFECT_HOME=str(self.base / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                    PREFECT_RUNNER_POLL_FREQUENCY="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-                   REGIMEN_CACHE=str(self.base / "cache"), **extra)
+                   REGIMEN_CACHE=str(self.base / "cache"))
+        env.update(extra)  # a host's own PREFECT_HOME, REGIMEN_CACHE, ... (bench/two_hosts.py) replace the defaults
         return env
 
     def start_server(self) -> None:
@@ -184,26 +185,40 @@ class Week:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             run = self.call("GET", f"/flow_runs/{run_id}").json()
-            if run["state"]["type"] in TERMINAL:
+            if self.ended(run):
                 return run
+            self.while_running(run)
             time.sleep(0.5)
         raise RuntimeError(f"nightly run {run_id} did not end")
+
+    def ended(self, run: dict[str, Any]) -> bool:
+        return run["state"]["type"] in TERMINAL
+
+    def while_running(self, run: dict[str, Any]) -> None:
+        """Called about twice a second while a night's run has not ended (the two-host week kills a host here)."""
 
     def champion(self) -> dict[str, Any]:
         path = self.store / EXP / "champion.json"
         return json.loads(path.read_text()) if path.exists() else {"champion": None, "history": []}
 
+    def manifests(self) -> set[str]:
+        """Every version's manifest in the store, as '/'-separated names (`<exp>/<stage>/v<n>/manifest.json` last)."""
+        return {p.as_posix() for p in self.store.glob(f"{EXP}/*/v*/manifest.json")}
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        return json.loads(Path(name).read_text())
+
     def night(self, n: int, what: str, config: str = "week.yaml", **env: str) -> dict[str, Any]:
         before = len(self.champion()["history"])
-        manifests_before = {p for p in self.store.glob(f"{EXP}/*/v*/manifest.json")}
+        manifests_before = self.manifests()
         t0 = time.monotonic()
         run = self.trigger(config)
         wall = time.monotonic() - t0
         rec = self.champion()
         new = rec["history"][before:]
         line = new[-1] if new else {}
-        written = [p for p in self.store.glob(f"{EXP}/*/v*/manifest.json") if p not in manifests_before and p.parts[-3] not in ("data", "heldout")]
-        resumed = [json.loads(p.read_text()).get("resumed_from_step") for p in written if p.parts[-3] == "grpo"]
+        written = [p for p in self.manifests() - manifests_before if p.split("/")[-3] not in ("data", "heldout")]
+        resumed = [self.read_json(p).get("resumed_from_step") for p in written if p.split("/")[-3] == "grpo"]
         champ = rec.get("champion") or {}
         out = {"night": n, "what": what, "state": run["state"]["type"], "wall_s": round(wall, 1), "versions_written": len(written),
                "resumed_from_step": next((s for s in resumed if s), None), "event": line.get("event", "-"),
@@ -262,6 +277,20 @@ def simulate(base: Path) -> Week:
     return week
 
 
+COLUMNS = ["night", "what", "state", "wall_s", "versions_written", "resumed_from_step", "event", "challenger", "challenger_acc", "champion", "champion_acc"]
+
+
+def report(week: Week, t0: float, cols: list[str] = COLUMNS, title: str = "a simulated week of nightly retraining") -> None:
+    widths = {c: max(len(c), *(len(str(n.get(c))) for n in week.nights)) for c in cols}
+    print(f"# {title} ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, {time.monotonic() - t0:.0f} s in all)")
+    print("  ".join(c.ljust(widths[c]) for c in cols))
+    for n in week.nights:
+        print("  ".join(str(n.get(c)).ljust(widths[c]) for c in cols))
+    for n in week.nights:
+        print(f"night {n['night']}: {n['reason']}")
+    print(f"events: {[e['event'] for e in week.events()]}")
+
+
 def main() -> None:
     import tempfile
 
@@ -269,15 +298,7 @@ def main() -> None:
     t0 = time.monotonic()
     week = simulate(base)
     try:
-        cols = ["night", "what", "state", "wall_s", "versions_written", "resumed_from_step", "event", "challenger", "challenger_acc", "champion", "champion_acc"]
-        widths = {c: max(len(c), *(len(str(n.get(c))) for n in week.nights)) for c in cols}
-        print(f"# a simulated week of nightly retraining ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, {time.monotonic() - t0:.0f} s in all)")
-        print("  ".join(c.ljust(widths[c]) for c in cols))
-        for n in week.nights:
-            print("  ".join(str(n.get(c)).ljust(widths[c]) for c in cols))
-        for n in week.nights:
-            print(f"night {n['night']}: {n['reason']}")
-        print(f"events: {[e['event'] for e in week.events()]}")
+        report(week, t0)
     finally:
         week.close()
         shutil.rmtree(base, ignore_errors=True)
