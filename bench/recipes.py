@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 from pathlib import Path
@@ -160,6 +161,9 @@ def main() -> None:
                 if any((d["recipe"], d["seed"], d["kernel"]) == (recipe, seed, kernel) for d in done):
                     continue  # resumed: this run is in the table
                 row = {**one_run(recipe, seed, kernel), "commit": commit}
+                if row["rc"] < 0 or row["rc"] in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL):
+                    raise SystemExit(f"{recipe} seed {seed} {kernel}: the run was stopped by a signal (exit {row['rc']}): "
+                                     "not a result of the recipe, not recorded; rerun to resume the table")
                 done.append(row)
                 with path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
