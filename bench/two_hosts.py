@@ -28,14 +28,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import psutil  # noqa: E402
 from common import header, regimen, scratch, table  # noqa: E402
+from nightly_week import BIN, EXP, HACKABLE, RECIPE, ROOT, Week, report, stop, write_day  # noqa: E402
 from s3_server import weed_server  # noqa: E402
 
 
@@ -103,148 +109,143 @@ def upload_rate(s3, mb: int, repeats: int = 6) -> list[dict]:
 
 # -- the nightly week on two hosts -------------------------------------------------------------------------
 
-def _week_on_two_hosts(s3, base: Path):
+class TwoHostWeek(Week):
     """`nightly_week.Week` with its store in the bucket and two worker hosts instead of `regimen serve`."""
-    import re
-    import signal
-    import subprocess
 
-    import psutil
-    from nightly_week import BIN, EXP, HACKABLE, RECIPE, ROOT, Week, stop, write_day
+    def __init__(self, base: Path, s3):
+        super().__init__(base)
+        self.s3 = s3
+        self.fs = s3.client()
+        self.bucket = s3.make_bucket()
+        self.url = ""
+        self.store_url = f"s3://{self.bucket}/r"
+        self.hosts: dict[str, subprocess.Popen] = {}
+        self.kill_next = False
+        self.killed: dict = {}
+        self.ckpts_before: set[str] = set()
 
-    class TwoHostWeek(Week):
-        def __init__(self, base: Path):
-            super().__init__(base)
-            self.fs = s3.client()
-            self.bucket = s3.make_bucket()
-            self.url = ""
-            self.store_url = f"s3://{self.bucket}/r"
-            self.hosts: dict[str, subprocess.Popen] = {}
-            self.kill_next = False
-            self.killed: dict = {}
-            self.ckpts_before: set[str] = set()
+    def env(self, **extra: str) -> dict[str, str]:
+        return super().env(**self.s3.env(), **extra)
 
-        def env(self, **extra: str) -> dict[str, str]:
-            return super().env(**s3.env(), **extra)
+    def host_env(self, name: str) -> dict[str, str]:
+        dirs = {k: self.base / "hosts" / name / k for k in ("home", "prefect", "cache", "tmp", "xdg", "hf")}
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        return self.env(HOME=str(dirs["home"]), PREFECT_HOME=str(dirs["prefect"]), REGIMEN_CACHE=str(dirs["cache"]), TMPDIR=str(dirs["tmp"]),
+                        XDG_CACHE_HOME=str(dirs["xdg"]), HF_DATASETS_CACHE=str(dirs["hf"]))
 
-        def host_env(self, name: str) -> dict[str, str]:
-            dirs = {k: self.base / "hosts" / name / k for k in ("home", "prefect", "cache", "tmp", "xdg", "hf")}
-            for d in dirs.values():
-                d.mkdir(parents=True, exist_ok=True)
-            return self.env(HOME=str(dirs["home"]), PREFECT_HOME=str(dirs["prefect"]), REGIMEN_CACHE=str(dirs["cache"]), TMPDIR=str(dirs["tmp"]),
-                            XDG_CACHE_HOME=str(dirs["xdg"]), HF_DATASETS_CACHE=str(dirs["hf"]))
+    def setup_pool(self) -> None:
+        r = subprocess.run([str(BIN / "regimen"), "pool", "setup", "--store", self.store_url, "--config", str(self.configs / "week.yaml"),
+                            "--configs", str(self.configs), "--allow-unauthenticated-api"], cwd=ROOT, env=self.env(), capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"regimen pool setup: {r.stdout}{r.stderr}")
+        print(r.stdout.strip(), flush=True)
 
-        def setup_pool(self) -> None:
-            r = subprocess.run([str(BIN / "regimen"), "pool", "setup", "--store", self.store_url, "--config", str(self.configs / "week.yaml"),
-                                "--configs", str(self.configs), "--allow-unauthenticated-api"], cwd=ROOT, env=self.env(), capture_output=True, text=True)
-            if r.returncode:
-                raise RuntimeError(f"regimen pool setup: {r.stdout}{r.stderr}")
-            print(r.stdout.strip(), flush=True)
+    def start_host(self, name: str) -> None:
+        log = open(self.base / f"worker-{name}.log", "ab")
+        self.hosts[name] = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "regimen", "--limit", "1", "--name", f"host-{name}"],
+                                            cwd=ROOT, env=self.host_env(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-        def start_host(self, name: str) -> None:
-            log = open(self.base / f"worker-{name}.log", "ab")
-            self.hosts[name] = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "regimen", "--limit", "1", "--name", f"host-{name}"],
-                                                cwd=ROOT, env=self.host_env(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    def champion(self) -> dict:
+        key = f"{self.bucket}/r/{EXP}/champion.json"
+        return json.loads(self.fs.cat_file(key)) if self.fs.exists(key) else {"champion": None, "history": []}
 
-        def champion(self) -> dict:
-            key = f"{self.bucket}/r/{EXP}/champion.json"
-            return json.loads(self.fs.cat_file(key)) if self.fs.exists(key) else {"champion": None, "history": []}
+    def manifests(self) -> set[str]:
+        self.fs.invalidate_cache()
+        return set(self.fs.glob(f"{self.bucket}/r/{EXP}/*/v*/manifest.json"))
 
-        def manifests(self) -> set[str]:
-            self.fs.invalidate_cache()
-            return set(self.fs.glob(f"{self.bucket}/r/{EXP}/*/v*/manifest.json"))
+    def read_json(self, name: str) -> dict:
+        return json.loads(self.fs.cat_file(name))
 
-        def read_json(self, name: str) -> dict:
-            return json.loads(self.fs.cat_file(name))
+    def checkpoints(self) -> set[str]:
+        from regimen.stages.training.checkpoints import MARKER
 
-        def checkpoints(self) -> set[str]:
-            from regimen.stages.training.checkpoints import MARKER
+        self.fs.invalidate_cache()
+        return set(self.fs.glob(f"{self.bucket}/r/{EXP}/grpo/work/*/checkpoint-*/{MARKER}"))
 
-            self.fs.invalidate_cache()
-            return set(self.fs.glob(f"{self.bucket}/r/{EXP}/grpo/work/*/checkpoint-*/{MARKER}"))
+    @staticmethod
+    def steps(keys) -> list[int]:
+        return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in keys)
 
-        @staticmethod
-        def steps(keys) -> list[int]:
-            return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in keys)
+    def tree(self, name: str) -> list:
+        try:
+            root = psutil.Process(self.hosts[name].pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
 
-        def tree(self, name: str) -> list:
+    def ended(self, run: dict) -> bool:  # a lost host's run is Crashed (HostLost) until the automation schedules it again
+        return super().ended(run) and run["state"].get("name") != "HostLost"
+
+    def while_running(self, run: dict) -> None:
+        k = self.killed
+        if self.kill_next and not k:
+            self.kill_when_checkpointed()
+        elif k and "running_again_s" not in k and run["state"]["type"] == "RUNNING" and run["state"].get("name") == "Running" \
+                and time.monotonic() - k["at"] > 5:
+            states = self.call("GET", "/flow_run_states/", params={"flow_run_id": run["id"]}).json()
+            if any(st["name"] == "HostLost" for st in states):
+                k["running_again_s"] = round(time.monotonic() - k["at"], 1)
+                print(f"  Running again {k['running_again_s']} s after the kill", flush=True)
+        elif k and "running_again_s" in k and "training_again_s" not in k:
+            newer = [s for s in self.steps(self.checkpoints() - self.ckpts_before) if s > max(k["at_kill"])]
+            if newer:
+                k["training_again_s"] = round(time.monotonic() - k["at"], 1)
+                print(f"  checkpoint {newer[0]} in the bucket {k['training_again_s']} s after the kill", flush=True)
+
+    def kill_when_checkpointed(self) -> None:
+        """Once a GRPO checkpoint of this night is in the bucket, SIGKILL the host running the night's run."""
+        new = self.checkpoints() - self.ckpts_before
+        lost = next((n for n in self.hosts if len(self.tree(n)) > 1), None) if new else None
+        if lost is None:
+            return
+        procs = self.tree(lost)
+        for p in procs:  # the host dies: its worker, the flow run and whatever they started, at once
             try:
-                root = psutil.Process(self.hosts[name].pid)
-                return [root, *root.children(recursive=True)]
+                p.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
-                return []
+                pass
+        self.killed.update(host=lost, at=time.monotonic(), at_kill=self.steps(new), processes=len(procs))
+        print(f"  killed host {lost} ({len(procs)} processes) with GRPO checkpoints {self.killed['at_kill']} of this night in the bucket", flush=True)
 
-        def ended(self, run: dict) -> bool:  # a lost host's run is Crashed (HostLost) until the automation schedules it again
-            return super().ended(run) and run["state"].get("name") != "HostLost"
+    def night(self, n: int, what: str, config: str = "week.yaml", **env: str) -> dict:
+        self.ckpts_before = self.checkpoints()
+        out = super().night(n, what, config)
+        ran = [h for h in sorted(self.hosts) if out["run_id"] in (self.base / f"worker-{h}.log").read_text(errors="replace")]
+        if self.killed.get("host") in ran:  # the killed host first
+            ran.remove(self.killed["host"])
+            ran.insert(0, self.killed["host"])
+        out["hosts"] = " > ".join(ran)
+        if self.kill_next:
+            out.update({f"kill_{k}": v for k, v in self.killed.items() if k in ("at_kill", "running_again_s", "training_again_s")})
+        print({k: out[k] for k in ("night", "state", "wall_s", "hosts", "resumed_from_step", "event", "champion_acc")}, flush=True)
+        return out
 
-        def while_running(self, run: dict) -> None:
-            k = self.killed
-            if self.kill_next and not k:
-                new = self.checkpoints() - self.ckpts_before
-                if not new:
-                    return
-                lost = next((n for n in self.hosts if len(self.tree(n)) > 1), None)
-                if lost is None:
-                    return
-                procs = self.tree(lost)
-                for p in procs:  # the host dies: its worker, the flow run and whatever they started, at once
-                    try:
-                        p.send_signal(signal.SIGKILL)
-                    except psutil.NoSuchProcess:
-                        pass
-                k.update(host=lost, at=time.monotonic(), at_kill=self.steps(new), processes=len(procs))
-                print(f"  killed host {lost} ({len(procs)} processes) with GRPO checkpoints {k['at_kill']} of this night in the bucket", flush=True)
-            elif k and "running_again_s" not in k and run["state"]["type"] == "RUNNING" and run["state"].get("name") == "Running" \
-                    and time.monotonic() - k["at"] > 5:
-                states = self.call("GET", "/flow_run_states/", params={"flow_run_id": run["id"]}).json()
-                if any(st["name"] == "HostLost" for st in states):
-                    k["running_again_s"] = round(time.monotonic() - k["at"], 1)
-                    print(f"  Running again {k['running_again_s']} s after the kill", flush=True)
-            elif k and "running_again_s" in k and "training_again_s" not in k:
-                newer = [s for s in self.steps(self.checkpoints() - self.ckpts_before) if s > max(k["at_kill"])]
-                if newer:
-                    k["training_again_s"] = round(time.monotonic() - k["at"], 1)
-                    print(f"  checkpoint {newer[0]} in the bucket {k['training_again_s']} s after the kill", flush=True)
+    def person(self, *args: str) -> str:
+        r = subprocess.run([str(BIN / "regimen"), *args, "--store", self.store_url], cwd=ROOT, env=self.env(), capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"regimen {' '.join(args)}: {r.stderr}")
+        return r.stdout
 
-        def night(self, n: int, what: str, config: str = "week.yaml", **env: str) -> dict:
-            self.ckpts_before = self.checkpoints()
-            out = super().night(n, what, config)
-            ran = [h for h in sorted(self.hosts) if out["run_id"] in (self.base / f"worker-{h}.log").read_text(errors="replace")]
-            if self.killed.get("host") in ran:  # the killed host first
-                ran.remove(self.killed["host"])
-                ran.insert(0, self.killed["host"])
-            out["hosts"] = " > ".join(ran)
-            if self.kill_next:
-                out.update({f"kill_{k}": v for k, v in self.killed.items() if k in ("at_kill", "running_again_s", "training_again_s")})
-            print({k: out[k] for k in ("night", "state", "wall_s", "hosts", "resumed_from_step", "event", "champion_acc")}, flush=True)
-            return out
+    def close(self) -> None:
+        for proc in self.hosts.values():
+            stop(proc)
+        super().close()
 
-        def person(self, *args: str) -> str:
-            r = subprocess.run([str(BIN / "regimen"), *args, "--store", self.store_url], cwd=ROOT, env=self.env(), capture_output=True, text=True)
-            if r.returncode:
-                raise RuntimeError(f"regimen {' '.join(args)}: {r.stderr}")
-            return r.stdout
 
-        def close(self) -> None:
-            for proc in self.hosts.values():
-                stop(proc)
-            super().close()
 
-    week = TwoHostWeek(base)
+def _week_on_two_hosts(s3, base: Path) -> TwoHostWeek:
+    week = TwoHostWeek(base, s3)
     week.configs.mkdir(parents=True)
     for name, text in (("week.yaml", RECIPE), ("week-hackable.yaml", HACKABLE)):
         (week.configs / name).write_text(text.replace("DATA", str(week.data)))
-    return week, write_day
+    return week
 
 
 def week_on_two_hosts(s3) -> None:
-    import shutil
-
-    from nightly_week import report
-
     t0 = time.monotonic()
     base = Path(scratch("regimen-bench-week2-"))
-    week, write_day = _week_on_two_hosts(s3, base)
+    week = _week_on_two_hosts(s3, base)
     try:
         write_day(week.data, 1, 300)
         week.start_server()
