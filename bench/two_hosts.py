@@ -161,7 +161,7 @@ class TwoHostWeek(Week):
         from regimen.stages.training.checkpoints import MARKER
 
         self.fs.invalidate_cache()
-        return set(self.fs.glob(f"{self.bucket}/r/{EXP}/grpo/work/*/checkpoint-*/{MARKER}"))
+        return set(self.fs.glob("/".join([self.bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", MARKER])))
 
     @staticmethod
     def steps(keys) -> list[int]:
