@@ -151,6 +151,19 @@ class Week:
                        for n in ("on-demand", "nightly"))
         self._wait(registered, 120, "regimen serve")
 
+    def start(self) -> None:
+        self.start_server()
+        self.start_serve()
+
+    def killed_night(self, n: int, what: str) -> dict[str, Any]:
+        """A night whose run dies mid-GRPO: the serving process killed by REGIMEN_KILL, then served again."""
+        stop(self.serve)
+        self.start_serve(REGIMEN_KILL="grpo@15")
+        out = self.night(n, what)
+        stop(self.serve)
+        self.start_serve()
+        return out
+
     def _wait(self, ok, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -246,17 +259,21 @@ class Week:
         self.http.close()
 
 
-def simulate(base: Path) -> Week:
-    """The week (see the module doc); the caller closes it (its server stays up for the caller's checks)."""
-    week = Week(base)
+def prepare(week: Week) -> Week:
+    """The week's two recipes in its configs folder (the training data's folder written into them)."""
     week.configs.mkdir(parents=True)
     os.chmod(week.configs, 0o755)
     for name, text in (("week.yaml", RECIPE), ("week-hackable.yaml", HACKABLE)):
         (week.configs / name).write_text(text.replace("DATA", str(week.data)))
         os.chmod(week.configs / name, 0o644)
+    return week
+
+
+def run_week(week: Week) -> Week:
+    """The eight nights (see the module doc) on a prepared week; `week.start` and `week.killed_night` say
+    where the runs happen and how night 6 dies."""
     write_day(week.data, 1, 300)
-    week.start_server()
-    week.start_serve()
+    week.start()
     week.night(1, "day 1: 300 rows")
     write_day(week.data, 2, 300)
     week.night(2, "day 2 added (+300 rows)")
@@ -266,15 +283,21 @@ def simulate(base: Path) -> Week:
     shutil.rmtree(poison.parent)
     week.night(5, "poison removed; the recipe trains a gameable reward", config="week-hackable.yaml")
     write_day(week.data, 4, 300)
-    stop(week.serve)
-    week.start_serve(REGIMEN_KILL="grpo@15")
-    week.night(6, "day 4 added (+300 rows); killed mid-GRPO")
-    stop(week.serve)
-    week.start_serve()
+    week.killed_night(6, "day 4 added (+300 rows); killed mid-GRPO")
     week.night(7, "same data: the next trigger")
     week.rollback_output = week.person("rollback", EXP, "--reason", "a person prefers the earlier model")  # type: ignore[attr-defined]
     week.night(8, "after a person's rollback, same data")
     return week
+
+
+def simulate(base: Path) -> Week:
+    """The week through `regimen serve`; the caller closes it (its server stays up for the caller's checks)."""
+    week = prepare(Week(base))
+    try:
+        return run_week(week)
+    except BaseException:
+        week.close()
+        raise
 
 
 COLUMNS = ["night", "what", "state", "wall_s", "versions_written", "resumed_from_step", "event", "challenger", "challenger_acc", "champion", "champion_acc"]

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import psutil  # noqa: E402
 from common import header, regimen, scratch, table  # noqa: E402
-from nightly_week import BIN, EXP, HACKABLE, RECIPE, ROOT, Week, report, stop, write_day  # noqa: E402
+from nightly_week import BIN, EXP, ROOT, Week, prepare, report, run_week, stop  # noqa: E402
 from s3_server import weed_server  # noqa: E402
 
 
@@ -126,6 +125,24 @@ class TwoHostWeek(Week):
 
     def env(self, **extra: str) -> dict[str, str]:
         return super().env(**self.s3.env(), **extra)
+
+    def start(self) -> None:
+        self.start_server()
+        self.setup_pool()
+        self.start_host("a")
+        self.start_host("b")
+
+    def killed_night(self, n: int, what: str) -> dict:
+        """The host running the night's run is SIGKILLed once a GRPO checkpoint of it is in the bucket
+        (`while_running`); it comes back the next day."""
+        self.kill_next = True
+        try:
+            out = self.night(n, what)
+        finally:
+            self.kill_next = False
+        if self.killed:
+            self.start_host(self.killed["host"])
+        return out
 
     def host_env(self, name: str) -> dict[str, str]:
         dirs = {k: self.base / "hosts" / name / k for k in ("home", "prefect", "cache", "tmp", "xdg", "hf")}
@@ -234,41 +251,11 @@ class TwoHostWeek(Week):
 
 
 
-def _week_on_two_hosts(s3, base: Path) -> TwoHostWeek:
-    week = TwoHostWeek(base, s3)
-    week.configs.mkdir(parents=True)
-    for name, text in (("week.yaml", RECIPE), ("week-hackable.yaml", HACKABLE)):
-        (week.configs / name).write_text(text.replace("DATA", str(week.data)))
-    return week
-
-
 def week_on_two_hosts(s3) -> None:
     t0 = time.monotonic()
-    base = Path(scratch("regimen-bench-week2-"))
-    week = _week_on_two_hosts(s3, base)
+    week = prepare(TwoHostWeek(Path(scratch("regimen-bench-week2-")), s3))
     try:
-        write_day(week.data, 1, 300)
-        week.start_server()
-        week.setup_pool()
-        week.start_host("a")
-        week.start_host("b")
-        week.night(1, "day 1: 300 rows")
-        write_day(week.data, 2, 300)
-        week.night(2, "day 2 added (+300 rows)")
-        week.night(3, "no new data")
-        poison = write_day(week.data, 3, 900, poisoned=True)
-        week.night(4, "day 3 added: 900 rows with wrong answers")
-        shutil.rmtree(poison.parent)
-        week.night(5, "poison removed; the recipe trains a gameable reward", config="week-hackable.yaml")
-        write_day(week.data, 4, 300)
-        week.kill_next = True
-        week.night(6, "day 4 added (+300 rows); a host killed mid-GRPO")
-        week.kill_next = False
-        if week.killed:
-            week.start_host(week.killed["host"])  # the host comes back the next day
-        week.night(7, "same data: the next trigger")
-        week.person("rollback", "week", "--reason", "a person prefers the earlier model")
-        week.night(8, "after a person's rollback, same data")
+        run_week(week)
         report(week, t0, cols=["night", "what", "state", "wall_s", "hosts", "resumed_from_step", "kill_at_kill", "kill_running_again_s",
                                "kill_training_again_s", "event", "challenger_acc", "champion", "champion_acc"],
                title="the nightly week on two worker hosts and one bucket")
