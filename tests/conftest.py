@@ -25,6 +25,16 @@ os.environ.setdefault("HF_DATASETS_CACHE", _scratch("regimen-hf-datasets-"))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("REGIMEN_CACHE", _scratch("regimen-cache-"))
 
+# Under pytest-xdist every worker inherits the controller's environment: each gets folders of its own below
+# the shared ones, so two workers never share a Prefect database, a machine slot or a judge-baseline file
+# (tests assume a machine of their own, as the serial run gives them).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    for _name in ("PREFECT_HOME", "HF_DATASETS_CACHE", "REGIMEN_CACHE"):
+        _own = os.path.join(os.environ[_name], _WORKER)
+        os.makedirs(_own, exist_ok=True)
+        os.environ[_name] = _own
+
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,3 +88,29 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
         error.results = outcome.results
         raise error
     return outcome.results
+
+
+# Two workers (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml): a test file is one unit of work
+# (its module-scoped fixtures, often a training, are built once), files that share a session scenario are one
+# unit, and the slowest units start first so that the workers end together. Timings: `--durations` of a
+# full run on the 2-core machine; a file not named here follows in its usual order.
+_SHARED_UNITS = {"test_ui.py": "test_operations.py"}  # the UI test reads the operations scenario's runs
+_SLOWEST_FIRST = [
+]
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core, at most 4 (each may train and start servers of its own)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
+
+    def unit(item) -> str:
+        return _SHARED_UNITS.get(item.path.name, item.path.name)
+
+    items.sort(key=lambda item: rank.get(unit(item), len(rank)))  # stable: a file keeps its tests' order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(unit(item)))
