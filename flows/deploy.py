@@ -34,6 +34,8 @@ paused again.
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 from typing import Any
 from uuid import UUID
 
@@ -298,7 +300,7 @@ async def _api_answers() -> bool:
 # -- serve is the one-host path (flows/pool.py makes the several-hosts path) ------------------------------
 
 SERVE_LIMIT = "regimen-serve"
-SERVE_LEASE_S = 60.0  # the least Prefect's server takes; renewed every third of it
+SERVE_LEASE_S = 60.0  # the least Prefect's server takes (and the default); renewed every third of it
 DEFAULT_POOL = "regimen"
 WORKER_COMMAND = "prefect worker start --pool {pool} --limit 1"
 _HELD: dict[str, Any] = {}  # serve's current lease (taken anew if the server lost it), released when serve stops
@@ -330,8 +332,22 @@ def refuse_serve_beside_a_pool() -> None:
                          "serve on one host instead, delete them first (`prefect deployment delete regimen-cycle/on-demand`, and /nightly)")
 
 
+def serve_lease_s() -> float:
+    """Serve's lease: REGIMEN_SERVE_LEASE_S seconds (at least Prefect's least, 60) or 60. Longer: a serve
+    that died keeps its place longer, and a busy machine's late renewal never loses it."""
+    raw = os.environ.get("REGIMEN_SERVE_LEASE_S", "").strip()
+    try:
+        value = float(raw) if raw else SERVE_LEASE_S
+    except ValueError:
+        value = 0.0
+    if not (math.isfinite(value) and value >= SERVE_LEASE_S):
+        raise InputError(f"REGIMEN_SERVE_LEASE_S={raw!r}: a number of seconds >= {SERVE_LEASE_S:.0f} (Prefect's least lease)")
+    return value
+
+
 def claim_serve() -> UUID:
-    """Take the one slot of the global concurrency limit `regimen-serve` with a lease of 60 s, or refuse.
+    """Take the one slot of the global concurrency limit `regimen-serve` with a lease of 60 s (`serve_lease_s`),
+    or refuse.
 
     Why a concurrency lease: it is Prefect's own object for "one holder at a time", taken atomically by
     the server, so two serves starting in the same second cannot both get it. The holder renews it every
@@ -357,7 +373,7 @@ def claim_serve() -> UUID:
         raise InputError("another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
                          f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool setup "
                          f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve that died "
-                         f"frees it within {SERVE_LEASE_S + 15:.0f} s)")
+                         f"frees it within {serve_lease_s() + 15:.0f} s)")
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -367,7 +383,7 @@ async def take_serve_slot() -> UUID | None:
 
     async with get_client() as client:
         try:
-            response = await client.increment_concurrency_slots_with_lease([SERVE_LIMIT], 1, "concurrency", SERVE_LEASE_S)
+            response = await client.increment_concurrency_slots_with_lease([SERVE_LIMIT], 1, "concurrency", serve_lease_s())
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code == 423:  # Locked: the slot is taken
                 return None
@@ -400,18 +416,20 @@ def _reset_stale_slot() -> None:
         client.update_global_concurrency_limit(SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
 
 
-async def keep_serve_claim(lease: UUID, period_s: float = SERVE_LEASE_S / 3) -> None:
-    """Renew serve's lease until cancelled; a lease the server no longer knows (it restarted) is taken anew."""
+async def keep_serve_claim(lease: UUID, period_s: float | None = None) -> None:
+    """Renew serve's lease (every third of it) until cancelled; a lease the server no longer knows (it
+    restarted) is taken anew."""
     import logging
 
     from prefect import get_client
 
     log = logging.getLogger("regimen.serve")
+    period_s = period_s or serve_lease_s() / 3
     while True:
         await asyncio.sleep(period_s)
         try:
             async with get_client() as client:
-                await client.renew_concurrency_lease(lease, SERVE_LEASE_S)
+                await client.renew_concurrency_lease(lease, serve_lease_s())
         except Exception as exc:  # noqa: BLE001 - the API is down (serve waits for it) or the lease is gone
             if getattr(getattr(exc, "response", None), "status_code", None) == 404:
                 # the server lost its leases (restarted; they live in its memory) but not the slot they held,

@@ -3,6 +3,7 @@
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +35,15 @@ if _WORKER:
         _own = os.path.join(os.environ[_name], _WORKER)
         os.makedirs(_own, exist_ok=True)
         os.environ[_name] = _own
+    # one thread per worker: two workers' trainings on 2 cores with 2 threads each spin in each other's way
+    # (an in-process training ran 3x slower than alone); subprocess trainings already take one thread
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# A suite started in the background of a shell without job control (`pytest ... &` in a script, nohup)
+# inherits SIGINT ignored, and an ignored signal stays ignored across exec: every CLI a test starts would
+# shrug off the Ctrl-C that the interruption tests send. Python's own handler back, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
@@ -95,10 +105,14 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
 # unit, and the slowest units start first so that the workers end together. Timings: `--durations` of a
 # full run on the 2-core machine; a file not named here follows in its usual order.
 _SHARED_UNITS = {"test_ui.py": "test_operations.py"}  # the UI test reads the operations scenario's runs
-_SLOWEST_FIRST = [
+_SLOWEST_FIRST = [  # seconds in a serial run, 2026-12-04
+    "test_pool.py", "test_nightly_week.py", "test_api_boundary.py", "test_boundary.py", "test_faults.py",  # 232 210 194 179 175
+    "test_operations.py", "test_s3_store.py", "test_launch.py", "test_distill.py", "test_code_task.py",  # 135 127 114 76 68
+    "test_environments.py", "test_pipeline.py", "test_resume.py", "test_cycles_flow.py", "test_real_model.py",  # 59 52 43 42 35
 ]
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: `-p no:xdist` runs the suite serially
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per core, at most 4 (each may train and start servers of its own)."""
     return max(1, min(4, os.cpu_count() or 1))

@@ -73,16 +73,36 @@ def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(s
 
 @pytest.mark.slow
 def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_path):
-    dead = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
+    # a lease of 120 s (REGIMEN_SERVE_LEASE_S), renewed every 40 s: at least 80 s of it is left when serve dies,
+    # time enough for the next serve to start and be refused on a machine busy with other tests
+    dead = start_serve(server, tmp_path / "store", tmp_path / "serve.log", REGIMEN_SERVE_LEASE_S="120")
+    polled = dict.fromkeys(dead.registered)
+    deadline = time.monotonic() + 60
+    while not all(polled.values()) and time.monotonic() < deadline:  # it died serving: its runner polled the
+        polled = {name: d["last_polled"] for name, d in server.deployments().items()}  # deployments (a slot taken
+        time.sleep(0.2)  # by a serve that never polled them reads as left over from a restarted server)
+    assert all(polled.values()), polled
     os.killpg(dead.proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
     stop(dead.proc)
-    rc, out, _ = second_serve(server, tmp_path, "right-after")
+    rc, out, wall = second_serve(server, tmp_path, "right-after")
     assert rc == 2 and "another `regimen serve`" in out, out  # its lease still holds: refused, not raced
-    t0 = time.monotonic()
-    time.sleep(60)  # Prefect's least lease is 60 s; the repossessor runs every 5 s here
+    time.sleep(max(0.0, killed + 130 - time.monotonic()))  # the lease expired; the repossessor runs every 5 s here
     later = start_serve(server, tmp_path / "store", tmp_path / "serve-later.log")
     stop(later.proc, signal.SIGTERM)
-    print(f"\na serve SIGKILLed: the next one started {time.monotonic() - t0:.0f} s later")
+    print(f"\na serve SIGKILLed: the next one refused {wall:.0f} s after, one started {time.monotonic() - killed:.0f} s after")
+
+
+def test_a_serve_lease_below_prefects_least_is_refused_naming_the_variable(monkeypatch):
+    from regimen.flows.deploy import serve_lease_s
+    from regimen.stages.core.errors import InputError
+
+    monkeypatch.setenv("REGIMEN_SERVE_LEASE_S", "300")
+    assert serve_lease_s() == 300
+    for bad in ("30", "inf", "nan", "soon"):
+        monkeypatch.setenv("REGIMEN_SERVE_LEASE_S", bad)
+        with pytest.raises(InputError, match="REGIMEN_SERVE_LEASE_S=.*>= 60"):
+            serve_lease_s()
 
 
 def pool_setup(server: Server, url: str, s3_server, log: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
