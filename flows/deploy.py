@@ -360,6 +360,7 @@ def claim_serve() -> UUID:
     would refuse a serve restarted right after a clean stop for a minute and more."""
     from prefect import get_client
 
+    lease_s = serve_lease_s()  # a bad REGIMEN_SERVE_LEASE_S is refused before anything reaches the server
     with get_client(sync_client=True) as client:
         client.upsert_global_concurrency_limit_by_name(SERVE_LIMIT, 1)
     for attempt in (1, 2):
@@ -373,7 +374,7 @@ def claim_serve() -> UUID:
         raise InputError("another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
                          f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool setup "
                          f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve that died "
-                         f"frees it within {serve_lease_s() + 15:.0f} s)")
+                         f"frees it within {lease_s + 15:.0f} s)")
     raise AssertionError("unreachable")  # pragma: no cover
 
 
