@@ -8,7 +8,9 @@ A tiny model's training lands elsewhere on another CPU (float kernels) and on an
 recipe's figure from one run is not a result. Each run here is a fresh store and the full `regimen run`
 (`tiny-distill` runs the default first in its store: its teacher is the default's champion). Every finished
 run is appended to a table (`--table`, JSON lines; default `artifacts/bench/recipes.jsonl`), so a second
-invocation resumes a partly done table and only reports what is already there with `--report`.
+invocation resumes a partly done table and only reports what is already there with `--report`. A row
+counts only while its recipe file is what it was at the row's commit: retuning a recipe (and committing
+it) makes its earlier rows history, kept in the table and reported apart, and its runs start over.
 
 Printed per recipe: exit codes, verdicts or the stop's kind, held-out per stage (median and range),
 the dry run's mean reward, wall (median and max), and whether the recipe's purpose held on every run.
@@ -124,6 +126,23 @@ def one_run(recipe: str, seed: int, kernel: str) -> dict:
             "last_line": r["out"].strip().splitlines()[-1][:200] if r["out"].strip() else ""}
 
 
+_RECIPE_AT: dict[tuple[str, str], str | None] = {}
+
+
+def recipe_at(commit: str, name: str) -> str | None:
+    """configs/NAME.yaml as it was at `commit` (None where git does not know it)."""
+    key = (commit, name)
+    if key not in _RECIPE_AT:
+        r = subprocess.run(["git", "show", f"{commit}:configs/{name}.yaml"], cwd=ROOT, capture_output=True, text=True)
+        _RECIPE_AT[key] = r.stdout if r.returncode == 0 else None
+    return _RECIPE_AT[key]
+
+
+def current(row: dict) -> bool:
+    """The row was run with the recipe file as it is now."""
+    return recipe_at(row.get("commit", ""), row["recipe"]) == (ROOT / "configs" / f"{row['recipe']}.yaml").read_text()
+
+
 def summary(recipe: str, rows: list[dict]) -> dict:
     def spread(key):
         xs = [r[key] for r in rows if r[key] is not None]
@@ -152,8 +171,12 @@ def main() -> None:
             raise SystemExit(f"configs/{name}.yaml: experiment is not {name!r}")
     path = Path(args.table)
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    everything = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    done = [d for d in everything if current(d)]  # rows of an earlier version of their recipe are history
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not args.report and any(subprocess.run(["git", "diff", "--quiet", "HEAD", "--", f"configs/{r}.yaml"], cwd=ROOT).returncode
+                               for r in recipes):
+        raise SystemExit("a recipe differs from the commit (git diff configs/): commit it first, so that its rows name the recipe they ran")
     header(f"recipes {recipes} on seeds {args.seeds} x kernels {args.kernels} (table {path}, commit {commit})")
     for recipe in recipes if not args.report else []:
         for kernel in args.kernels:
@@ -172,6 +195,11 @@ def main() -> None:
                 print(table([row], [k for k in row if k != "last_line"]), flush=True)
     summaries = []
     for recipe in recipes:
+        old = [d for d in everything if d["recipe"] == recipe and not current(d)]
+        if old:
+            print(f"\n## {recipe}: {len(old)} earlier run(s) of an earlier version of the recipe (commits "
+                  f"{', '.join(sorted({str(d.get('commit')) for d in old}))}), not counted\n"
+                  + table(old, ["seed", "kernel", "rc", "verdict", "sft", "teacher", "eval", "wall_s", "commit"]))
         rows = [d for d in done if d["recipe"] == recipe and d["seed"] in args.seeds and d["kernel"] in args.kernels]
         if rows:
             print(f"\n## {recipe}\n" + table(rows, ["seed", "kernel", "capability", "rc", "verdict", "stop", "sft", "teacher", "distill",

@@ -112,7 +112,7 @@ _SLOWEST_FIRST = [  # seconds in a serial run, 2026-12-04
 ]
 
 
-@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: `-p no:xdist` runs the suite serially
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's (optional: no error where xdist is not loaded)
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per core, at most 4 (each may train and start servers of its own)."""
     return max(1, min(4, os.cpu_count() or 1))
