@@ -176,15 +176,16 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
 
     from prefect.exceptions import TerminationSignal
 
-    def _terminate(signum, frame):  # until Prefect's runner installs its own: a SIGTERM while starting still releases the claim
+    def _terminate(signum, frame):  # until serve's loop runs (`_serve`): a SIGTERM while starting still releases the claim
         raise TerminationSignal(signal=signum)
 
     signal.signal(signal.SIGTERM, _terminate)
-    lease = claim_serve()  # ... nor beside another serve (refused at once)
     try:
+        lease = claim_serve()  # ... nor beside another serve (refused at once)
         _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err)
     finally:
-        release_serve(lease)
+        if "lease" in _HELD:  # taken (a SIGTERM may come between the server's answer and claim_serve's return)
+            release_serve(_HELD["lease"], err)
 
 
 def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err) -> None:
@@ -208,8 +209,11 @@ def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, le
 
     try:
         asyncio.run(_serve(deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused), lease))
-    except (KeyboardInterrupt, TerminationSignal):
+    except (KeyboardInterrupt, TerminationSignal, asyncio.CancelledError):  # Ctrl-C; SIGTERM (`_serve` cancels itself)
         pass
+    except SystemExit as exc:  # Prefect's runner exits on a SIGTERM that comes while it is starting
+        if exc.code not in (0, None):
+            raise
     err.print(f"serve stopped. The schedule of {FLOW}/{NIGHTLY} is left as it is"
               + ("" if paused else ": runs due while nothing serves them show as Late and start when `regimen serve` runs again")
               + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause {FLOW}/{NIGHTLY} SCHEDULE_ID`"
@@ -242,7 +246,15 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     from regimen.flows.boundary import record_digest
     from regimen.flows.cycle import regimen_cycle
 
+    import signal
+
+    import prefect.runner.server  # noqa: F401 - imported now: a SIGTERM in the middle of an import (FastAPI's
+    # models, which the runner imports as it starts) comes out as a pydantic SchemaError, not as a stop
+
     log = logging.getLogger("regimen.serve")
+    # a SIGTERM cancels this loop at its next await, a clean stop (not an exception raised in whatever code is
+    # running); once started, Prefect's runner installs its own handler, which stops it gracefully
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     if lease is not None:  # serve's claim (`claim_serve`), renewed while this loop serves
         _renewing = asyncio.ensure_future(keep_serve_claim(lease))  # cancelled with the loop at the end of asyncio.run
     while True:
@@ -453,15 +465,25 @@ async def _retake() -> UUID | None:
     return lease
 
 
-def release_serve(lease: UUID) -> None:
+def release_serve(lease: UUID, err: Any = None) -> None:
+    """Give serve's slot back (three tries a second apart); where the server does not answer, say that the
+    slot stays taken until its lease expires."""
+    import time
+
     from prefect import get_client
 
     lease = _HELD.pop("lease", lease)
-    try:
-        with get_client(sync_client=True) as client:
-            client.release_concurrency_slots_with_lease(lease)
-    except Exception:  # noqa: BLE001 - the server is gone: the lease expires on its own
-        pass
+    for attempt in range(3):
+        try:  # a lease the server no longer knows (it restarted) is answered 204 too: nothing of ours is left
+            with get_client(sync_client=True) as client:
+                client.release_concurrency_slots_with_lease(lease)
+            return
+        except Exception as exc:  # noqa: BLE001 - the server is busy or gone: try again, then let the lease expire
+            last = exc
+            time.sleep(1.0 if attempt < 2 else 0.0)
+    if err is not None:
+        err.print(f"warning: serve's slot ({SERVE_LIMIT!r}) was not given back ({type(last).__name__}): the next `regimen serve` "
+                  f"is refused until its lease expires, within {serve_lease_s() + 15:.0f} s", markup=False, highlight=False)
 
 
 def serve_limit_exists() -> bool:

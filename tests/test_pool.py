@@ -54,6 +54,18 @@ def second_serve(server: Server, tmp: Path, name: str) -> tuple[int, str, float]
     return rc, log.read_text(errors="replace"), time.monotonic() - t0
 
 
+def serve_slot_taken(server: Server) -> int:
+    r = server.post("/v2/concurrency_limits/filter", {})
+    return sum(x["active_slots"] for x in r.json() if x["name"] == "regimen-serve")
+
+
+def stop_cleanly(server: Server, serve) -> None:
+    """SIGTERM a serve: it exits 0, says it stopped, and its slot is free at once."""
+    rc = stop(serve.proc, signal.SIGTERM)
+    out = tail(serve.log)
+    assert rc == 0 and "serve stopped" in out and serve_slot_taken(server) == 0, (rc, serve_slot_taken(server), out)
+
+
 def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(server, tmp_path):
     first = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
     try:
@@ -65,10 +77,11 @@ def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(s
         assert first.proc.poll() is None  # the first one serves on, untouched
         print(f"\nsecond serve refused in {wall:.1f} s (process start included)")
     finally:
-        stop(first.proc, signal.SIGTERM)
-    # a serve stopped cleanly released its lease: the next one starts at once
+        stop_cleanly(server, first)
+    # a serve stopped cleanly released its lease: the next one starts at once; one stopped as soon as it has
+    # registered too (a SIGTERM while Prefect's runner starts)
     again = start_serve(server, tmp_path / "store", tmp_path / "serve-again.log")
-    stop(again.proc, signal.SIGTERM)
+    stop_cleanly(server, again)
 
 
 @pytest.mark.slow
@@ -89,7 +102,7 @@ def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_pa
     assert rc == 2 and "another `regimen serve`" in out, out  # its lease still holds: refused, not raced
     time.sleep(max(0.0, killed + 130 - time.monotonic()))  # the lease expired; the repossessor runs every 5 s here
     later = start_serve(server, tmp_path / "store", tmp_path / "serve-later.log")
-    stop(later.proc, signal.SIGTERM)
+    stop_cleanly(server, later)
     print(f"\na serve SIGKILLed: the next one refused {wall:.0f} s after, one started {time.monotonic() - killed:.0f} s after")
 
 
