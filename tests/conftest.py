@@ -100,7 +100,7 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
     return outcome.results
 
 
-# Two workers (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml): a test file is one unit of work
+# Two workers (pytest-xdist, `-n auto --dist loadscope` in pyproject.toml): a test file is one unit of work
 # (its module-scoped fixtures, often a training, are built once), files that share a session scenario are one
 # unit, and the slowest units start first so that the workers end together. Timings: `--durations` of a
 # full run on the 2-core machine; a file not named here follows in its usual order.
@@ -112,19 +112,38 @@ _SLOWEST_FIRST = [  # seconds in a serial run, 2026-12-04
 ]
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file, or the file whose scenario it shares."""
+    path = nodeid.split("::", 1)[0]
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/{_SHARED_UNITS[name]}" if name in _SHARED_UNITS else path
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of xdist's (optional: no error where xdist is not loaded)
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per core, at most 4 (each may train and start servers of its own)."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with our units as scopes. Why not `--dist loadgroup` and `xdist_group` marks:
+    xdist 3.8 puts the group into `item._nodeid`, which pytest 9.2 no longer reads (its `nodeid` comes from
+    `_id`), so the groups were silently ignored and one file's tests ran on both workers, each building the
+    file's fixtures (the nightly week's 310 s training twice). `tests/test_layout.py` checks the units hold."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return FileUnits(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
+    """The slowest units first (xdist's scope scheduling without reordering keeps this order)."""
     rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
-
-    def unit(item) -> str:
-        return _SHARED_UNITS.get(item.path.name, item.path.name)
-
-    items.sort(key=lambda item: rank.get(unit(item), len(rank)))  # stable: a file keeps its tests' order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(unit(item)))
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid).rpartition("/")[2], len(rank)))  # stable: a file keeps its order

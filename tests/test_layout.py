@@ -446,3 +446,28 @@ def test_the_stores_parts_each_have_under_20_methods():
     counts = {c.__qualname__: len(methods(c)) for c in classes}
     assert {"Store", "Backend", "Catalog", "Ledger", "Workspace", "StageHandle"} <= set(counts)
     assert {name: n for name, n in counts.items() if n >= 20} == {}
+
+
+def test_under_xdist_a_file_runs_on_one_worker_and_the_ui_test_joins_the_operations_scenario(tmp_path):
+    # the suite's own conftest (its scheduler hook) over three files of quick tests, on two workers: each
+    # unit's tests run on one worker (its module fixtures built once); test_ui.py runs with test_operations.py
+    import shutil
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    body = "import os, time\n" + "".join(f"def test_{i}():\n    time.sleep(0.05)\n    print(os.environ['PYTEST_XDIST_WORKER'])\n" for i in range(6))
+    for name in ("test_operations.py", "test_ui.py", "test_other.py"):
+        (tests / name).write_text(body)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-v", "-p", "no:cacheprovider",
+                        "tests"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    ran = {}
+    for line in r.stdout.splitlines():  # "[gw0] [ 5%] PASSED tests/test_ui.py::test_0"
+        parts = line.split()
+        if len(parts) >= 4 and parts[0].startswith("[gw") and "PASSED" in parts:
+            ran.setdefault(parts[-1].split("::")[0], set()).add(parts[0])
+    assert set(ran) == {"tests/test_operations.py", "tests/test_ui.py", "tests/test_other.py"}, r.stdout[-3000:]
+    assert all(len(workers) == 1 for workers in ran.values()), ran
+    assert ran["tests/test_ui.py"] == ran["tests/test_operations.py"], ran
