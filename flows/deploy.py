@@ -367,20 +367,23 @@ def claim_serve() -> UUID:
     is not refused. A serve that died (SIGKILL, its machine gone) stops renewing; Prefect's repossessor
     frees the slot once the lease expires, within 75 s. A slot left taken with no lease behind it (a
     server restarted with its leases in memory) is told apart from a live serve by the deployments'
-    `last_polled`, which a live serve's runner updates every PREFECT_RUNNER_POLL_FREQUENCY seconds: a slot
-    whose deployments nobody polled for 2 minutes is reset and taken. The deployments' `last_polled` alone
-    would refuse a serve restarted right after a clean stop for a minute and more."""
+    `last_polled`, which a live serve's runner updates every PREFECT_RUNNER_POLL_FREQUENCY seconds, and by
+    the limit's own `updated`, which changes when a slot is taken: a slot whose deployments nobody polled
+    and that nobody took for `STALE_S` (2 minutes) is reset and taken; one taken moments ago by a serve
+    still starting (its runner has not polled yet) is not. The deployments' `last_polled` alone would
+    refuse a serve restarted right after a clean stop for a minute and more."""
     from prefect import get_client
 
     lease_s = serve_lease_s()  # a bad REGIMEN_SERVE_LEASE_S is refused before anything reaches the server
     with get_client(sync_client=True) as client:
         client.upsert_global_concurrency_limit_by_name(SERVE_LIMIT, 1)
+        changed = client.read_global_concurrency_limit_by_name(SERVE_LIMIT).updated  # before our own try (a refused one counts too)
     for attempt in (1, 2):
         lease = asyncio.run(take_serve_slot())
         if lease is not None:
             _HELD["lease"] = lease
             return lease
-        if attempt == 1 and not served_lately():
+        if attempt == 1 and not served_lately() and not lately(changed):
             _reset_stale_slot()
             continue
         raise InputError("another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
@@ -404,9 +407,18 @@ async def take_serve_slot() -> UUID | None:
     return UUID(response.json()["lease_id"])
 
 
-def served_lately(within_s: float = 120.0) -> bool:
+STALE_S = 120.0  # a serve slot nobody took and whose deployments nobody polled for this long is left over
+
+
+def lately(when: Any) -> bool:
+    """`when` (a server timestamp) is less than STALE_S ago."""
     from datetime import datetime, timezone
 
+    return when is not None and (datetime.now(timezone.utc) - when).total_seconds() < STALE_S
+
+
+def served_lately() -> bool:
+    """A runner polled `on-demand` or `nightly` less than STALE_S ago."""
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -416,7 +428,7 @@ def served_lately(within_s: float = 120.0) -> bool:
                 d = client.read_deployment_by_name(f"{FLOW}/{name}")
             except ObjectNotFound:
                 continue
-            if d.last_polled and (datetime.now(timezone.utc) - d.last_polled).total_seconds() < within_s:
+            if lately(d.last_polled):
                 return True
     return False
 

@@ -62,14 +62,16 @@ def refuse_pool_while_serving() -> None:
 
     from regimen.flows import deploy
 
-    lease = asyncio.run(deploy.take_serve_slot()) if deploy.serve_limit_exists() else None
+    if not deploy.serve_limit_exists():
+        return
+    with get_client(sync_client=True) as client:
+        changed = client.read_global_concurrency_limit_by_name(deploy.SERVE_LIMIT).updated  # before our own try
+    lease = asyncio.run(deploy.take_serve_slot())
     if lease is not None:
         with get_client(sync_client=True) as client:
             client.release_concurrency_slots_with_lease(lease)
         return
-    if not deploy.serve_limit_exists():
-        return
-    if deploy.served_lately():
+    if deploy.served_lately() or deploy.lately(changed):  # a live serve, or one still starting (`claim_serve`)
         raise InputError(f"a `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds {deploy.SERVE_LIMIT!r}): "
                          "stop it first (Ctrl-C); the work pool's deployments take the same names")
 

@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -52,6 +53,37 @@ def second_serve(server: Server, tmp: Path, name: str) -> tuple[int, str, float]
     finally:
         stop(proc)
     return rc, log.read_text(errors="replace"), time.monotonic() - t0
+
+
+_STALE_SLOT = """
+import time
+from prefect import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+from regimen.flows import deploy
+from regimen.stages.core.errors import InputError
+deploy.STALE_S = 3.0
+with get_client(sync_client=True) as c:  # the slot taken, no lease behind it, no deployment polled yet
+    c.upsert_global_concurrency_limit_by_name(deploy.SERVE_LIMIT, 1)
+    c.update_global_concurrency_limit(deploy.SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=1))
+try:
+    deploy.claim_serve()
+    print("fresh: admitted")
+except InputError:
+    print("fresh: refused")
+time.sleep(4)
+deploy.release_serve(deploy.claim_serve())
+print("stale: admitted")
+"""
+
+
+def test_a_slot_taken_moments_ago_is_a_serve_still_starting_and_one_left_over_is_reset(server):
+    # first in this module: no deployment of its server has been polled yet. A serve that has just taken the
+    # slot has not polled either: the next serve is refused, not let in beside it; a slot nobody took for
+    # STALE_S (3 s here; a server restarted with its leases lost) is reset and taken
+    r = subprocess.run([sys.executable, "-c", _STALE_SLOT], cwd=ROOT, env=server.client_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["fresh: refused", "stale: admitted"], r.stdout + r.stderr[-2000:]
+    assert serve_slot_taken(server) == 0
 
 
 def serve_slot_taken(server: Server) -> int:
