@@ -130,7 +130,10 @@ def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with our units as scopes. Why not `--dist loadgroup` and `xdist_group` marks:
     xdist 3.8 puts the group into `item._nodeid`, which pytest 9.2 no longer reads (its `nodeid` comes from
     `_id`), so the groups were silently ignored and one file's tests ran on both workers, each building the
-    file's fixtures (the nightly week's 310 s training twice). `tests/test_layout.py` checks the units hold."""
+    file's fixtures (the nightly week's 310 s training twice). Why `_split_scope`, a method of xdist's own: it is
+    how xdist's `LoadFileScheduling` makes its scopes, and no public option joins two files into one unit
+    (`--dist loadfile` would put test_ui.py apart from the operations scenario it reads). `tests/test_layout.py`
+    checks the units hold."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling

@@ -70,6 +70,12 @@ try:
     print("fresh: admitted")
 except InputError:
     print("fresh: refused")
+from regimen.flows import pool
+try:
+    pool.refuse_pool_while_serving()
+    print("pool: admitted")
+except InputError:
+    print("pool: refused")
 time.sleep(4)
 deploy.release_serve(deploy.claim_serve())
 print("stale: admitted")
@@ -78,11 +84,11 @@ print("stale: admitted")
 
 def test_a_slot_taken_moments_ago_is_a_serve_still_starting_and_one_left_over_is_reset(server):
     # first in this module: no deployment of its server has been polled yet. A serve that has just taken the
-    # slot has not polled either: the next serve is refused, not let in beside it; a slot nobody took for
+    # slot has not polled either: the next serve (and `pool setup`) is refused, not let in beside it; a slot nobody took for
     # STALE_S (3 s here; a server restarted with its leases lost) is reset and taken
     r = subprocess.run([sys.executable, "-c", _STALE_SLOT], cwd=ROOT, env=server.client_env(),
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["fresh: refused", "stale: admitted"], r.stdout + r.stderr[-2000:]
+    assert r.returncode == 0 and r.stdout.split("\n")[:3] == ["fresh: refused", "pool: refused", "stale: admitted"], r.stdout + r.stderr[-2000:]
     assert serve_slot_taken(server) == 0
 
 
