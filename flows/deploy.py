@@ -277,7 +277,7 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
             await runner.start()
             return
         except Exception as exc:  # noqa: BLE001 - the API went away (a refused connection, the runner's "Service exceeded error threshold"); else re-raised
-            if not _api_unreachable(exc):
+            if not (_api_unreachable(exc) or not await _api_answers()):  # also a failure of another kind while the API is gone
                 raise
             log.warning("Prefect's API is unreachable (%s): serve waits for it to come back, then registers again", str(exc)[:200])
             try:
@@ -294,9 +294,14 @@ def _api_unreachable(exc: BaseException) -> bool:
     groups wrap them in exception groups (seen: "unhandled errors in a TaskGroup" around the threshold)."""
     import httpx
 
+    from websockets.exceptions import WebSocketException
+
     if isinstance(exc, BaseExceptionGroup):
         return all(_api_unreachable(e) for e in exc.exceptions)
-    return isinstance(exc, (httpx.TransportError, ConnectionError)) or "error threshold" in str(exc) or isinstance(exc.__cause__, httpx.TransportError)
+    lost = (httpx.TransportError, ConnectionError, WebSocketException)  # the events client speaks websockets
+    # (seen in CI: the server killed while the runner starts its event emitter: "Runner failed to start:
+    # event_emitter — did not receive a valid HTTP response", caused by websockets' InvalidMessage)
+    return isinstance(exc, lost) or "error threshold" in str(exc) or isinstance(exc.__cause__, lost)
 
 
 async def _api_answers() -> bool:

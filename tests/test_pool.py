@@ -156,6 +156,30 @@ def test_a_serve_lease_below_prefects_least_is_refused_naming_the_variable(monke
             serve_lease_s()
 
 
+def test_the_api_lost_while_the_runner_starts_is_waited_out_and_other_failures_are_not():
+    """What serve waits out (the server gone) and what it reports (anything else), as Prefect's runner raises
+    them. Seen in CI: the server killed while the runner started its event emitter (websockets, not httpx)."""
+    import httpx
+    from websockets.exceptions import InvalidMessage
+
+    from regimen.flows.deploy import _api_unreachable
+
+    def caused(exc: BaseException, cause: BaseException) -> BaseException:
+        exc.__cause__ = cause
+        return exc
+
+    lost = [httpx.ConnectError("refused"), ConnectionRefusedError(111, "refused"),
+            caused(RuntimeError("Runner failed to start: event_emitter - did not receive a valid HTTP response"),
+                   InvalidMessage("did not receive a valid HTTP response")),
+            RuntimeError("Service exceeded error threshold"),
+            ExceptionGroup("unhandled errors in a TaskGroup", [httpx.ReadError("reset"), OSError(104, "reset")])]
+    for exc in lost:
+        assert _api_unreachable(exc), exc
+    for exc in (ValueError("bad parameter schema"), caused(RuntimeError("Runner failed to start: x"), KeyError("flow")),
+                ExceptionGroup("mixed", [httpx.ReadError("reset"), TypeError("bug")])):
+        assert not _api_unreachable(exc), exc
+
+
 def pool_setup(server: Server, url: str, s3_server, log: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
     with open(log, "wb") as fh:
         return subprocess.run([bin_path("regimen"), "pool", "setup", "--store", url, "--config", "tests/tiny.yaml", "--configs", "tests", *extra],
