@@ -51,6 +51,55 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "tiny.yaml"
 
 
+# One Prefect API per test process (each xdist worker, or the one process of `-n 0`), shared by the tests
+# that do not start servers of their own: without it every `regimen run` a test starts would boot a
+# temporary server of its own (about 5 s each, over a hundred runs in the suite). It is the same server
+# the CLI starts (`regimen.flows.server`, a child that dies with its parent), started as this process
+# configures, before Prefect is imported (so every thread's settings carry its URL), and booting while the
+# tests are collected. The tests of the temporary server itself take `no_shared_api`. Set
+# REGIMEN_TESTS_SHARED_API=0 to run every test on temporary servers, as a user's `regimen run` does.
+_SHARED_API: dict = {}
+
+
+def pytest_configure(config) -> None:
+    distributing = not os.environ.get("PYTEST_XDIST_WORKER") and (config.getoption("numprocesses", None) or 0) not in (0, None)
+    if distributing or os.environ.get("PREFECT_API_URL") or os.environ.get("REGIMEN_TESTS_SHARED_API", "1") == "0":
+        return  # the controller of workers runs no test; a configured API is used as it is
+    if "prefect" in sys.modules:  # too late to reach every thread's settings: temporary servers, as without
+        return
+    from regimen.flows.server import TemporaryServer
+
+    server = TemporaryServer()
+    _SHARED_API["server"] = server
+    os.environ["PREFECT_API_URL"] = server.url
+
+
+def pytest_unconfigure(config) -> None:
+    server = _SHARED_API.pop("server", None)
+    if server is not None:
+        server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_api():
+    """The shared API answers before the first test (it booted during collection)."""
+    server = _SHARED_API.get("server")
+    if server is not None:
+        server.ready()
+    return server
+
+
+@pytest.fixture
+def no_shared_api(monkeypatch):
+    """For a test of the temporary server: this test's runs (and the processes it starts) have no API
+    configured, as a user's first `regimen run`."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        yield
+
+
 @pytest.fixture
 def tiny_recipe() -> Path:
     return TINY

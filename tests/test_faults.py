@@ -232,9 +232,7 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_no_prefect_server_outlives_a_sigkilled_run(tmp_path):
-    if os.environ.get("PREFECT_API_URL"):
-        pytest.skip("a long-lived server is configured: no temporary server is started")
+def test_no_prefect_server_outlives_a_sigkilled_run(tmp_path, no_shared_api):
     store = tmp_path / "store"
     proc = _start(store)
     try:
@@ -254,11 +252,9 @@ def test_no_prefect_server_outlives_a_sigkilled_run(tmp_path):
             pass
 
 
-def test_a_process_that_runs_several_flows_keeps_no_idle_server(tmp_path, capsys):
+def test_a_process_that_runs_several_flows_keeps_no_idle_server(tmp_path, capsys, no_shared_api):
     """The temporary server of an in-process run stops when the run ends (not at the process's exit): a
     notebook or a test session that runs many flows does not keep one idle server per run."""
-    if os.environ.get("PREFECT_API_URL"):
-        pytest.skip("a long-lived server is configured: no temporary server is started")
 
     def servers() -> list[int]:
         found = []

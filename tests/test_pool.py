@@ -114,8 +114,10 @@ def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(s
         assert "regimen pool setup --store s3://bucket/prefix" in out and "prefect worker start --pool regimen --limit 1" in out, out
         assert first.proc.poll() is None  # the first one serves on, untouched
         print(f"\nsecond serve refused in {wall:.1f} s (process start included)")
-    finally:
-        stop_cleanly(server, first)
+    except BaseException:
+        stop(first.proc)  # the body's own failure is what the report shows
+        raise
+    stop_cleanly(server, first)
     # a serve stopped cleanly released its lease: the next one starts at once; one stopped as soon as it has
     # registered too (a SIGTERM while Prefect's runner starts)
     again = start_serve(server, tmp_path / "store", tmp_path / "serve-again.log")
@@ -124,9 +126,9 @@ def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(s
 
 @pytest.mark.slow
 def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_path):
-    # a lease of 120 s (REGIMEN_SERVE_LEASE_S), renewed every 40 s: at least 80 s of it is left when serve dies,
-    # time enough for the next serve to start and be refused on a machine busy with other tests
-    dead = start_serve(server, tmp_path / "store", tmp_path / "serve.log", REGIMEN_SERVE_LEASE_S="120")
+    # the default lease of 60 s (Prefect's least), renewed every 20 s: at least 40 s of it is left when serve
+    # dies, time enough for the next serve to start and be refused (about 10 s on a machine busy with other tests)
+    dead = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
     polled = dict.fromkeys(dead.registered)
     deadline = time.monotonic() + 60
     while not all(polled.values()) and time.monotonic() < deadline:  # it died serving: its runner polled the
@@ -138,7 +140,7 @@ def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_pa
     stop(dead.proc)
     rc, out, wall = second_serve(server, tmp_path, "right-after")
     assert rc == 2 and "another `regimen serve`" in out, out  # its lease still holds: refused, not raced
-    time.sleep(max(0.0, killed + 130 - time.monotonic()))  # the lease expired; the repossessor runs every 5 s here
+    time.sleep(max(0.0, killed + 72 - time.monotonic()))  # the lease expired; the repossessor runs every 5 s here
     later = start_serve(server, tmp_path / "store", tmp_path / "serve-later.log")
     stop_cleanly(server, later)
     print(f"\na serve SIGKILLed: the next one refused {wall:.0f} s after, one started {time.monotonic() - killed:.0f} s after")
