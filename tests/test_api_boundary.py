@@ -262,12 +262,12 @@ def test_a_run_outlives_its_orchestrator(signal_after, tmp_path):
     store = tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_API_URL=url, PREFECT_HOME=str(home), OMP_NUM_THREADS="1", REGIMEN_MACHINE_SLOTS="0")
-    proc = subprocess.Popen([bin_path("regimen"), "run", "tests/tiny.yaml", "--store", str(store), "--set", "grpo.max_steps=120",
-                             "--set", "grpo.save_steps=40"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([bin_path("regimen"), "run", "tests/tiny.yaml", "--store", str(store), "--set", "grpo.max_steps=60",
+                             "--set", "grpo.save_steps=20"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not list((store / "tiny-test" / "grpo" / "work").glob("*/checkpoint-40/regimen_complete")):
+        while not list((store / "tiny-test" / "grpo" / "work").glob("*/checkpoint-20/regimen_complete")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         stop(server, signal.SIGKILL)

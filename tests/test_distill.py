@@ -154,7 +154,7 @@ def test_champion_of_another_experiment_is_the_teacher_resolved_once_and_recorde
 @pytest.mark.slow
 def test_a_killed_distill_resumes_from_its_last_checkpoint(teacher, tmp_path):
     store = tmp_path / "store"
-    sets = ["--set", f"distill={json.dumps({'teacher_model_name_or_path': str(teacher), **DISTILL, 'max_steps': 40, 'save_steps': 5})}",
+    sets = ["--set", f"distill={json.dumps({'teacher_model_name_or_path': str(teacher), **DISTILL, 'max_steps': 25, 'save_steps': 5})}",
             "--set", "grpo.max_steps=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "REGIMEN_MACHINE_SLOTS": "0"}
     env.pop("PREFECT_API_URL", None)
@@ -174,8 +174,8 @@ def test_a_killed_distill_resumes_from_its_last_checkpoint(teacher, tmp_path):
 
     [workdir] = list(work.iterdir())
     step, _ = last_checkpoint(workdir)
-    assert 10 <= step < 40
+    assert 10 <= step < 25
     r = subprocess.run([REGIMEN, "run", str(TINY), "--store", str(store), *sets], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     manifest = Store(store).latest("tiny-test", "distill")
-    assert manifest["resumed_from_step"] == step and manifest["metrics"]["steps"] == 40
+    assert manifest["resumed_from_step"] == step and manifest["metrics"]["steps"] == 25
