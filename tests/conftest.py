@@ -154,10 +154,10 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
 # unit, and the slowest units start first so that the workers end together. Timings: `--durations` of a
 # full run on the 2-core machine; a file not named here follows in its usual order.
 _SHARED_UNITS = {"test_ui.py": "test_operations.py"}  # the UI test reads the operations scenario's runs
-_SLOWEST_FIRST = [  # seconds in a serial run, 2026-12-04
-    "test_pool.py", "test_nightly_week.py", "test_api_boundary.py", "test_boundary.py", "test_faults.py",  # 232 210 194 179 175
-    "test_operations.py", "test_s3_store.py", "test_launch.py", "test_distill.py", "test_code_task.py",  # 135 127 114 76 68
-    "test_environments.py", "test_pipeline.py", "test_resume.py", "test_cycles_flow.py", "test_real_model.py",  # 59 52 43 42 35
+_SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-04 (one shared Prefect API per worker)
+    "test_pool.py", "test_nightly_week.py", "test_api_boundary.py", "test_boundary.py", "test_launch.py",  # 255 233 205 168 154
+    "test_s3_store.py", "test_operations.py", "test_distill.py", "test_environments.py", "test_code_task.py",  # 143 136 115 114 85
+    "test_faults.py", "test_pipeline.py", "test_resume.py", "test_cycles_flow.py", "test_sandbox.py",  # 84 47 42 38 22
 ]
 
 
