@@ -7,7 +7,8 @@
 A tiny model's training lands elsewhere on another CPU (float kernels) and on another data draw, so a
 recipe's figure from one run is not a result. Each run here is a fresh store and the full `regimen run`
 (`tiny-distill` runs the default first in its store: its teacher is the default's champion). Every finished
-run is appended to a table (`--table`, JSON lines; default `artifacts/bench/recipes.jsonl`), so a second
+run is appended to a table (`--table`, JSON lines; default `bench/results/recipes.jsonl`, committed with the
+code: the artifacts store is not, and a table kept only there was lost with its checkout), so a second
 invocation resumes a partly done table and only reports what is already there with `--report`. A row
 counts only while its recipe file is what it was at the row's commit: retuning a recipe (and committing
 it) makes its earlier rows history, kept in the table and reported apart, and its runs start over.
@@ -160,7 +161,7 @@ def main() -> None:
     ap.add_argument("--recipe", action="append", choices=TINY, help="one shipped tiny recipe (repeatable; default: all)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--kernels", nargs="+", help="'native' and/or ATEN_CPU_CAPABILITY values (default: two families this CPU has)")
-    ap.add_argument("--table", default=str(ROOT / "artifacts" / "bench" / "recipes.jsonl"))
+    ap.add_argument("--table", default=str(ROOT / "bench" / "results" / "recipes.jsonl"))
     ap.add_argument("--report", action="store_true", help="print what the table holds; run nothing")
     args = ap.parse_args()
     args.kernels = args.kernels or default_kernels()
