@@ -65,9 +65,12 @@ def beats_its_teacher(rows):
 
 
 def distils(rows):
-    """tiny-distill: exits 0 and the distilled student's held-out is above its short SFT's on every run."""
-    ok = all(r["rc"] == 0 and (r["distill"] or 0) > (r["sft"] or 0) for r in rows)
-    return ok, f"sft -> distill {[(r['sft'], r['distill']) for r in rows]}"
+    """tiny-distill: on every run it exits 0 and the distillation teaches: the student goes from its short SFT
+    (the answer's format, not the skill) to at least half its teacher's held-out accuracy. (Only "above the
+    SFT" passed a run whose distillation had stalled at 0.12 against a teacher at 0.965.)"""
+    ok = all(r["rc"] == 0 and r["distill"] is not None and r["teacher"] is not None and r["distill"] > (r["sft"] or 0)
+             and r["distill"] >= 0.5 * r["teacher"] for r in rows)
+    return ok, f"sft -> distill (teacher) {[(r['sft'], r['distill'], r['teacher']) for r in rows]}"
 
 
 PURPOSE = {"tiny-env": trains_through_tools, "tiny-code": improves, "tiny-code-stdio": improves,
@@ -115,13 +118,14 @@ def one_run(recipe: str, seed: int, kernel: str) -> dict:
     exp = recipe  # every shipped recipe's experiment is its file's name (checked in main)
     stops = [x for x in r["out"].splitlines() if x.startswith(("stopped:", "error:"))]
     decisions = sorted((Path(store) / exp / "decisions").glob("*.json"))
-    sfts, evals = manifests(store, exp, "sft"), manifests(store, exp, "eval")
+    sfts, evals, distills = manifests(store, exp, "sft"), manifests(store, exp, "eval"), manifests(store, exp, "distill")
     return {"recipe": recipe, "seed": seed, "kernel": kernel, "rc": r["rc"],
             "capability": sfts[0].get("torch_cpu_capability") if sfts else None,
             "verdict": json.loads(decisions[-1].read_text())["verdict"] if decisions else None,
             "stop": "reward-hacking-suspected" if "reward-hacking-suspected" in r["out"] else (stops[-1][:80] if stops else None),
-            "sft": _metric(sfts, "heldout_accuracy"), "teacher": _metric(sfts, "teacher_heldout_accuracy"),
-            "distill": _metric(manifests(store, exp, "distill"), "heldout_accuracy"),
+            "sft": _metric(sfts, "heldout_accuracy"),  # the teacher: the distillation's (a model) where there is one, else the SFT traces'
+            "teacher": _metric(distills, "teacher_heldout_accuracy") if distills else _metric(sfts, "teacher_heldout_accuracy"),
+            "distill": _metric(distills, "heldout_accuracy"),
             "dry_run_mean": _dry_run_mean(store, exp, r["out"]),
             "eval": _metric(evals, "heldout_accuracy"), "wall_s": round(wall, 1),
             "last_line": r["out"].strip().splitlines()[-1][:200] if r["out"].strip() else ""}
