@@ -34,7 +34,7 @@ from regimen.stages.core.contract import StageOutput
 NAME = "distill"
 ROLE = "teach"
 TRAINS = True
-KEY_METRICS = ("heldout_accuracy", "teacher_heldout_accuracy", "reverse_kl_first", "reverse_kl_last", "best_step")
+KEY_METRICS = ("heldout_accuracy", "teacher_heldout_accuracy", "divergence_first", "divergence_last", "best_step")
 CHAMPION = "champion:"
 
 
@@ -196,8 +196,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         kls = [s["reverse_kl_mean"] for s in samples]
         metrics["reverse_kl_mean"] = sum(kls) / len(kls)
     first, last = _kl_curve(history)
-    if first is not None:
-        metrics.update(reverse_kl_first=first, reverse_kl_last=last)
+    if first is not None:  # the training loss: the divergence distill.beta chose (forward KL at 0), not always the reverse KL
+        metrics.update(divergence_first=first, divergence_last=last)
     trajectories.write(dirs.out, [{"kind": "distill", **s} for s in samples] + [{"kind": "heldout", **r} for r in heldout_rows[: recipe.eval.trajectories]])
     return StageOutput(metrics, extra=extra)
 

@@ -113,7 +113,7 @@ def test_distill_runs_between_sft_and_the_gates_records_its_teacher_and_is_reuse
     d = next(r for r in results if r["stage"] == "distill")
     m = d["metrics"]
     assert 0.0 <= m["heldout_accuracy"] <= 1.0 and 0.0 <= m["teacher_heldout_accuracy"] <= 1.0 and m["steps"] == 6
-    assert m["reverse_kl_first"] > 0 and m["reverse_kl_mean"] >= 0
+    assert m["divergence_first"] > 0 and m["reverse_kl_mean"] >= 0
     st = Store(store)
     manifest = st.latest("tiny-test", "distill")
     from regimen.stages.core.fingerprint import tree_digest
