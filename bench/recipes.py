@@ -10,8 +10,8 @@ recipe's figure from one run is not a result. Each run here is a fresh store and
 run is appended to a table (`--table`, JSON lines; default `bench/results/recipes.jsonl`, committed with the
 code: the artifacts store is not, and a table kept only there was lost with its checkout), so a second
 invocation resumes a partly done table and only reports what is already there with `--report`. A row
-counts only while its recipe file is what it was at the row's commit: retuning a recipe (and committing
-it) makes its earlier rows history, kept in the table and reported apart, and its runs start over.
+counts only while its recipe is what it was at the row's commit (its settings; comments aside): retuning a
+recipe (and committing it) makes its earlier rows history, kept in the table and reported apart, and its runs start over.
 
 Printed per recipe: exit codes, verdicts or the stop's kind, held-out per stage (median and range),
 the dry run's mean reward, wall (median and max), and whether the recipe's purpose held on every run.
@@ -27,6 +27,8 @@ import signal
 import statistics
 import subprocess
 from pathlib import Path
+
+import yaml
 
 from common import ROOT, header, manifests, regimen, scratch, table
 
@@ -144,8 +146,11 @@ def recipe_at(commit: str, name: str) -> str | None:
 
 
 def current(row: dict) -> bool:
-    """The row was run with the recipe file as it is now."""
-    return recipe_at(row.get("commit", ""), row["recipe"]) == (ROOT / "configs" / f"{row['recipe']}.yaml").read_text()
+    """The row was run with the recipe as it is now: the same settings (YAML parsed, so a comment's edit does
+    not make a row history; any value's does)."""
+    then = recipe_at(row.get("commit", ""), row["recipe"])
+    now = (ROOT / "configs" / f"{row['recipe']}.yaml").read_text()
+    return then is not None and (then == now or yaml.safe_load(then) == yaml.safe_load(now))
 
 
 def summary(recipe: str, rows: list[dict]) -> dict:
