@@ -125,7 +125,8 @@ def one_run(recipe: str, seed: int, kernel: str) -> dict:
             "capability": sfts[0].get("torch_cpu_capability") if sfts else None,
             "verdict": json.loads(decisions[-1].read_text())["verdict"] if decisions else None,
             "stop": "reward-hacking-suspected" if "reward-hacking-suspected" in r["out"] else (stops[-1][:80] if stops else None),
-            "sft": _metric(sfts, "heldout_accuracy"),  # the teacher: the distillation's (a model) where there is one, else the SFT traces'
+            "sft": _metric(sfts, "heldout_accuracy"),
+            # the teacher: the distillation's (a model) where there is one, else the SFT traces' teacher
             "teacher": _metric(distills, "teacher_heldout_accuracy") if distills else _metric(sfts, "teacher_heldout_accuracy"),
             "distill": _metric(distills, "heldout_accuracy"),
             "dry_run_mean": _dry_run_mean(store, exp, r["out"]),
