@@ -234,30 +234,68 @@ def test_code_versions_cover_what_changes_results_and_nothing_that_presents():
     assert "stages/training/metrics/exact_match/exact_match.py" in closures["eval"]
 
 
-def test_an_edit_to_grpo_changes_only_grpos_code_version(tmp_path, monkeypatch):
-    before = {s.NAME: fp.code_version(s.__name__) for s in registry.ORDER}
-    edited = tmp_path / "grpo.py"
-    edited.write_text((ROOT / "stages" / "grpo.py").read_text() + "\n# an edit\n")
-    presentation = tmp_path / "plots.py"
-    presentation.write_text((ROOT / "flows/present/plots.py").read_text() + "\n# a typo fixed\n")
-    real = fp._origin.__wrapped__
+def code_versions_of(copy: Path, monkeypatch) -> dict[str, str]:
+    """Every stage's code version as it would be with `copy` (a copy of stages/, perhaps edited) installed
+    as `regimen.stages`: module names resolve to the copy's files."""
 
-    def origin(name: str):
-        if name == "regimen.stages.grpo":
-            return str(edited)
-        if name == "regimen.flows.present.plots":
-            return str(presentation)
-        return real(name)
+    def origin(name: str) -> str | None:
+        if name != "regimen.stages" and not name.startswith("regimen.stages."):
+            return None
+        base = copy.joinpath(*name.split(".")[2:])
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return str(path)
+        return None
 
-    fp.code_version.cache_clear()
-    fp._origin.cache_clear()
     monkeypatch.setattr(fp, "_origin", origin)
+    fp.code_version.cache_clear()
     try:
-        after = {s.NAME: fp.code_version(s.__name__) for s in registry.ORDER}
+        return {s.NAME: fp.code_version(s.__name__) for s in registry.ORDER}
     finally:
         fp.code_version.cache_clear()
-    assert after["grpo"] != before["grpo"]
-    assert {k: v for k, v in after.items() if k != "grpo"} == {k: v for k, v in before.items() if k != "grpo"}
+
+
+def test_a_move_a_rename_and_a_reformat_change_no_code_version_and_a_change_to_what_code_computes_does(tmp_path, monkeypatch):
+    """Code versions are keyed by what the code does, not where it lives (issue 41): the SFT's teacher helper
+    moved to a new folder under another name (its importers' imports follow), grpo.py reformatted and its
+    comments and docstrings gone, a presentation module edited: no stage's code version moves, so nothing
+    reruns. A change to what a helper computes moves the code version of exactly the stages that import it."""
+    import shutil
+
+    real = {s.NAME: fp.code_version(s.__name__) for s in registry.ORDER}
+    users = {s.NAME for s in registry.ORDER if any(p.endswith("training/teacher.py") for p in fp.closure(s.__name__))}
+    copy = tmp_path / "stages"
+    shutil.copytree(ROOT / "stages", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert code_versions_of(copy, monkeypatch) == real  # the copy itself is the same code
+
+    (copy / "teachers").mkdir()
+    (copy / "teachers" / "__init__.py").write_text('"""Where teachers live now."""\n')
+    (copy / "training" / "teacher.py").rename(copy / "teachers" / "traces_of_teachers.py")
+    for path in copy.rglob("*.py"):
+        text = path.read_text()
+        if "regimen.stages.training.teacher" in text:
+            path.write_text(text.replace("regimen.stages.training.teacher", "regimen.stages.teachers.traces_of_teachers"))
+    grpo = copy / "grpo.py"
+    tree = ast.parse(grpo.read_text())
+    tree.body[0].value.value = "GRPO, reformatted by a tool and its docstring rewritten."
+    grpo.write_text(ast.unparse(tree) + "\n# a comment\n")
+    assert grpo.read_text() != (ROOT / "stages" / "grpo.py").read_text()
+    moved = code_versions_of(copy, monkeypatch)
+    assert moved == real
+
+    helper = copy / "teachers" / "traces_of_teachers.py"
+    text = helper.read_text()
+    tree = ast.parse(text)
+    first = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    first.body.insert(0, ast.parse("_unused = 1 + 1").body[0])  # what the function does, not how it is written
+    helper.write_text(ast.unparse(tree))
+    changed = code_versions_of(copy, monkeypatch)
+    assert users == {"sft"}
+    assert {n for n in real if changed[n] != real[n]} == users
+
+    edited = copy / "grpo.py"
+    edited.write_text(edited.read_text().replace("def ", "def _renamed_helper():\n    return 0\n\n\ndef ", 1))
+    assert {n for n, v in code_versions_of(copy, monkeypatch).items() if v != changed[n]} == {"grpo"}
 
 
 def test_every_import_of_our_modules_resolves_including_those_inside_functions():

@@ -133,8 +133,8 @@ def test_gate_failure_exits_1_records_attempt_and_writes_no_version(first_run, c
     assert code == 0 and "failed" in out and "completed" in out
 
 
-def test_a_rerun_after_a_move_reruns_every_stage_once_then_reuses_them(first_run):
-    """Versions made before a move of the code (issue 28: file names enter the code versions) carry another
+def test_a_rerun_after_a_change_of_code_versions_reruns_every_stage_once_then_reuses_them(first_run):
+    """Versions made by other code (as after issue 41's change of what a code version digests) carry another
     code version, hence another fingerprint: the next run runs every stage of the cycle again, once, and the
     run after it reuses them all."""
     from regimen.stages.core.fingerprint import digest

@@ -4,11 +4,18 @@ fingerprint = sha256 of: the stage's name, its part of the resolved recipe, its 
 local paths), how it is launched, and `code_version(stage)`. A completed, intact version with the same
 fingerprint is reused; that is how a rerun, a UI retry or a nightly run resumes.
 
-`code_version(stage)` hashes the source of the stage's module and of every module of `regimen.stages` it
-imports, transitively (imports are read with `ast`, including those inside functions, plus module names
-written as strings such as `_BUILTIN_MODULES`), the package `__init__` of each, the files a module lists in
-`CODE_FILES`, and the versions of the libraries that compute results (TRL, transformers, torch, peft,
-accelerate, datasets). Left out on purpose, because they cannot change what a stage computes:
+`code_version(stage)` is a digest of what the code *does*, not where it lives: the set of the stage's
+module and every module of `regimen.stages` it imports, transitively (imports are read with `ast`,
+including those inside functions, plus module names written as strings such as `_BUILTIN_MODULES`), the
+package `__init__` of each, the files a module lists in `CODE_FILES`, and the versions of the libraries
+that compute results (TRL, transformers, torch, peft, accelerate, datasets). Each module enters as its
+syntax tree (`code_digest`): without docstrings, line numbers or comments, and with the names of our own
+modules in its imports and module strings blanked out; the closure enters as the sorted list of those
+digests, keyed by nothing else. So reformatting a file, editing a comment or a docstring, moving a helper
+module to another folder or renaming it reruns nothing, while a change to what a function computes reruns
+every stage whose closure holds it. (A module whose tree is empty, an `__init__` with only a docstring,
+is left out: a move that adds such a package changes nothing either.) Left out on purpose, because they
+cannot change what a stage computes:
 - presentation (`regimen.flows`: tables, plots, report, status), which stages never import;
 - the contract, errors, registry, runner, store and this module (they move results, not make them);
 - the recipe module: its effect on a stage enters the fingerprint as the resolved section itself.
@@ -151,15 +158,63 @@ def cpu_capability() -> str | None:
         return None
 
 
+OURS = "<regimen module>"
+"""What an import of one of our modules, or a module name written as a string, reads as in a code digest."""
+
+
+class _Normalise(ast.NodeTransformer):
+    """A module's tree as it enters a code digest: docstrings dropped, our modules' names blanked."""
+
+    def _drop_docstring(self, node):
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:]
+        self.generic_visit(node)
+        return node
+
+    visit_Module = visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = _drop_docstring
+
+    def visit_Import(self, node: ast.Import):
+        for alias in node.names:
+            if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
+                alias.name = OURS
+        return node
+
+    def visit_ImportFrom(self, node: ast.ImportFrom):
+        if node.level or (node.module or "").startswith(PACKAGE):
+            node.module, node.level = OURS, 0
+        return node
+
+    def visit_Constant(self, node: ast.Constant):
+        if isinstance(node.value, str) and _MODULE_STRING.match(node.value):
+            return ast.Constant(OURS)
+        return node
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_digest(path: str, mtime_ns: int, size: int) -> str | None:
+    text = Path(path).read_bytes()
+    if not path.endswith(".py"):
+        return hashlib.sha256(text).hexdigest()
+    tree = _Normalise().visit(ast.parse(text, path))
+    if not tree.body:
+        return None
+    return hashlib.sha256(ast.dump(tree, annotate_fields=False, include_attributes=False).encode()).hexdigest()
+
+
+def code_digest(path: str | Path) -> str | None:
+    """What a source file computes, as a digest: a Python module's normalised syntax tree (None when it is
+    empty: a package `__init__` holding only a docstring), any other file's bytes. Cached per file content
+    in a process (keyed by size and mtime)."""
+    st = Path(path).stat()
+    return _code_digest(str(path), st.st_mtime_ns, st.st_size)
+
+
 @functools.cache
 def code_version(module: str) -> str:
     """A short digest of the code that can change `module`'s result (see the module doc)."""
-    h = hashlib.sha256()
-    root = Path(_origin(PACKAGE) or __file__).parent
-    for path in closure(module):
-        p = Path(path)
-        rel = p.relative_to(root).as_posix() if p.is_relative_to(root) else p.name
-        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    digests = sorted(d for path in closure(module) if (d := code_digest(path)) is not None)
+    h = hashlib.sha256("\n".join(digests).encode())
     h.update(json.dumps(library_versions(), sort_keys=True).encode())
     return h.hexdigest()[:16]
 
