@@ -30,16 +30,29 @@ _PREFECT_HOME = scratch("regimen-bench-prefect-")  # one per benchmark: its data
 
 
 def env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PREFECT_HOME": _PREFECT_HOME, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false", **extra}
+    return {
+        **os.environ,
+        "PREFECT_HOME": _PREFECT_HOME,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **extra,
+    }
 
 
 def run(cmd: list[str], *, extra_env: dict[str, str] | None = None, check: bool = True, quiet: bool = True) -> dict:
     """Run `cmd` in its own session; returns wall time, exit code, peak RSS (MiB) and output tail."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a killed run's orphans may hold a pipe open
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**(extra_env or {})), stdout=log, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env(**(extra_env or {})),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         proc.wait()
         wall = time.perf_counter() - t0
         try:
@@ -60,7 +73,14 @@ def regimen(*args: str, **kw) -> dict:
 def peak_rss_mib(cmd: list[str], extra_env: dict[str, str] | None = None) -> tuple[float, float, int]:
     """(wall s, peak RSS of the process in MiB, exit code), measured with wait4's rusage."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**(extra_env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env(**(extra_env or {})),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     try:

@@ -22,8 +22,23 @@ from common import PY, ROOT, env, scratch
 
 
 def cmd(store: Path, experiment: str, steps: int) -> list[str]:
-    return [PY, "-m", "regimen.flows.cli", "run", "tests/tiny.yaml", "--store", str(store), "--experiment", experiment,
-            "--set", f"grpo.max_steps={steps}", "--set", "grpo.save_steps=1000", "--set", f"sft.max_steps={steps}"]
+    return [
+        PY,
+        "-m",
+        "regimen.flows.cli",
+        "run",
+        "tests/tiny.yaml",
+        "--store",
+        str(store),
+        "--experiment",
+        experiment,
+        "--set",
+        f"grpo.max_steps={steps}",
+        "--set",
+        "grpo.save_steps=1000",
+        "--set",
+        f"sft.max_steps={steps}",
+    ]
 
 
 def solo(store: Path, experiment: str, steps: int, extra: dict[str, str]) -> float:
@@ -34,8 +49,17 @@ def solo(store: Path, experiment: str, steps: int, extra: dict[str, str]) -> flo
 
 def together(store: Path, steps: int, extra: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(cmd(store, name, steps), cwd=ROOT, env=env(**extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for name in ("together-a", "together-b")]
+    procs = [
+        subprocess.Popen(
+            cmd(store, name, steps),
+            cwd=ROOT,
+            env=env(**extra),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("together-a", "together-b")
+    ]
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:
@@ -55,8 +79,10 @@ def main() -> None:
         a, b = solo(store, "solo-a", args.steps, extra), solo(store, "solo-b", args.steps, extra)
         both = together(store, args.steps, extra)
     ratio = both / (a + b)
-    print(f"solo A {a:.1f}s, solo B {b:.1f}s, sum {a + b:.1f}s; both at once {both:.1f}s "
-          f"({'compute slot on' if not args.no_slot else 'compute slot off'}): ratio {ratio:.3f} (aim <= 1.2)")
+    print(
+        f"solo A {a:.1f}s, solo B {b:.1f}s, sum {a + b:.1f}s; both at once {both:.1f}s "
+        f"({'compute slot on' if not args.no_slot else 'compute slot off'}): ratio {ratio:.3f} (aim <= 1.2)"
+    )
 
 
 if __name__ == "__main__":

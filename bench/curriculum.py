@@ -42,8 +42,19 @@ def first_reach(log: list[dict], target: float) -> float | None:
 
 def one(store: str, config: str, seed: int, extra: list[str]) -> dict:
     exp = f"curriculum-s{seed}"
-    common = ["--store", store, "--experiment", exp, "--set", f"data.seed={seed}", "--set", "cycle.start_from=base",
-              "--set", "promote.enabled=false", *[a for s in extra for a in ("--set", s)]]
+    common = [
+        "--store",
+        store,
+        "--experiment",
+        exp,
+        "--set",
+        f"data.seed={seed}",
+        "--set",
+        "cycle.start_from=base",
+        "--set",
+        "promote.enabled=false",
+        *[a for s in extra for a in ("--set", s)],
+    ]
     out = {"seed": seed}
     for label, on in (("base", "false"), ("cur", "true")):
         r = regimen("run", config, *common, "--set", f"curriculum.enabled={on}", check=False)
@@ -80,11 +91,25 @@ def main() -> None:
     for seed in args.seeds:
         r = one(store, args.config, seed, args.sets)
         c = r.get("curriculum") or {}
-        rows.append({"seed": seed, "rc": f"{r['rc_base']}/{r['rc_cur']}", "target_probe": r["target_probe"],
-                     "t_base_s": r["t_base_s"], "t_cur_s": r["t_cur_s"], "time_ratio": r["time_ratio"],
-                     "zero_std_base": r["zero_std_base"], "zero_std_cur": r["zero_std_cur"], "zero_std_ratio": r["zero_std_ratio"],
-                     "pass1_base": r["pass1_base"], "pass1_cur": r["pass1_cur"], "grpo_s_base": r["grpo_s_base"], "grpo_s_cur": r["grpo_s_cur"],
-                     "bands_end": json.dumps(c.get("bands")), "skipped": c.get("groups_skipped")})
+        rows.append(
+            {
+                "seed": seed,
+                "rc": f"{r['rc_base']}/{r['rc_cur']}",
+                "target_probe": r["target_probe"],
+                "t_base_s": r["t_base_s"],
+                "t_cur_s": r["t_cur_s"],
+                "time_ratio": r["time_ratio"],
+                "zero_std_base": r["zero_std_base"],
+                "zero_std_cur": r["zero_std_cur"],
+                "zero_std_ratio": r["zero_std_ratio"],
+                "pass1_base": r["pass1_base"],
+                "pass1_cur": r["pass1_cur"],
+                "grpo_s_base": r["grpo_s_base"],
+                "grpo_s_cur": r["grpo_s_cur"],
+                "bands_end": json.dumps(c.get("bands")),
+                "skipped": c.get("groups_skipped"),
+            }
+        )
         print(table(rows[-1:], list(rows[-1])), flush=True)
     print(table(rows, list(rows[0])))
 
@@ -95,10 +120,12 @@ def main() -> None:
 
     ratio = med("time_ratio", never=math.inf)  # a seed that never reached the target counts as the slowest
     gain = statistics.median(r["pass1_cur"] - r["pass1_base"] for r in rows)
-    print(f"medians over {len(rows)} seeds: time ratio {'never' if ratio == math.inf else ratio} (aim <= 0.7; seeds never reaching the "
-          f"target, counted as slowest: {sum(r['time_ratio'] is None for r in rows)}), frac_reward_zero_std {med('zero_std_base')} -> "
-          f"{med('zero_std_cur')} (ratio {med('zero_std_ratio')}, aim <= 0.5), held-out pass@1 {med('pass1_base')} -> {med('pass1_cur')}, "
-          f"paired gain {gain:+.3f} (aim: not lower)")
+    print(
+        f"medians over {len(rows)} seeds: time ratio {'never' if ratio == math.inf else ratio} (aim <= 0.7; seeds never reaching the "
+        f"target, counted as slowest: {sum(r['time_ratio'] is None for r in rows)}), frac_reward_zero_std {med('zero_std_base')} -> "
+        f"{med('zero_std_cur')} (ratio {med('zero_std_ratio')}, aim <= 0.5), held-out pass@1 {med('pass1_base')} -> {med('pass1_cur')}, "
+        f"paired gain {gain:+.3f} (aim: not lower)"
+    )
 
 
 if __name__ == "__main__":

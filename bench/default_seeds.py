@@ -31,22 +31,44 @@ def main() -> None:
         for seed in args.seeds:
             store = scratch("regimen-bench-default-")
             env = {} if kernel == "default" else {"ATEN_CPU_CAPABILITY": kernel}
-            r = regimen("run", args.config, "--store", store, "--set", f"data.seed={seed}", *[a for s in args.sets for a in ("--set", s)],
-                        extra_env=env, check=False)
+            r = regimen(
+                "run",
+                args.config,
+                "--store",
+                store,
+                "--set",
+                f"data.seed={seed}",
+                *[a for s in args.sets for a in ("--set", s)],
+                extra_env=env,
+                check=False,
+            )
             exp = next(p.name for p in Path(store).iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
             evals = manifests(store, exp, "eval")
             sfts = manifests(store, exp, "sft")
-            decisions = sorted((Path(store) / exp / "decisions").glob("*.json"))  # named by time: the last is the run's verdict
+            decisions = sorted(
+                (Path(store) / exp / "decisions").glob("*.json")
+            )  # named by time: the last is the run's verdict
             verdict = json.loads(decisions[-1].read_text())["verdict"] if decisions else "-"
             cap = sfts[0].get("torch_cpu_capability") if sfts else None
             curve = " ".join(f"{m['metrics']['heldout_accuracy']:.3f}" for m in sfts + evals if m.get("cycle"))
-            rows.append({"kernel": kernel, "capability": cap, "seed": seed, "rc": r["rc"], "verdict": verdict,
-                         "final": evals[-1]["metrics"]["heldout_accuracy"] if evals else None, "wall_s": round(r["wall_s"], 1),
-                         "sft/eval accuracies": curve})
+            rows.append(
+                {
+                    "kernel": kernel,
+                    "capability": cap,
+                    "seed": seed,
+                    "rc": r["rc"],
+                    "verdict": verdict,
+                    "final": evals[-1]["metrics"]["heldout_accuracy"] if evals else None,
+                    "wall_s": round(r["wall_s"], 1),
+                    "sft/eval accuracies": curve,
+                }
+            )
             print(table(rows[-1:], list(rows[-1])), flush=True)
     print(table(rows, list(rows[0])))
     reached = sum(r["verdict"] == "target-reached" for r in rows)
-    print(f"target-reached {reached}/{len(rows)}; wall median {statistics.median(r['wall_s'] for r in rows):.1f} s, max {max(r['wall_s'] for r in rows):.1f} s")
+    print(
+        f"target-reached {reached}/{len(rows)}; wall median {statistics.median(r['wall_s'] for r in rows):.1f} s, max {max(r['wall_s'] for r in rows):.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def dataset(out: Path) -> Path:
     rng = random.Random(0)
     pairs = sorted({(rng.randint(0, 99), rng.randint(0, 99)) for _ in range(3000)})[:2000]
     path = out / "addition.parquet"
-    pq.write_table(pa.table({"question": [f"What is {a}+{b}?" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]}), path)
+    pq.write_table(
+        pa.table({"question": [f"What is {a}+{b}?" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]}), path
+    )
     return path
 
 
@@ -83,15 +85,39 @@ def code_env(out: Path, quick: bool, cpu_while_gpu: list[str], gpu: bool) -> lis
 
     from regimen.stages.training.model import build_real_shaped_model
 
-    model = build_real_shaped_model(out / "model-qwen3-tools", arch="qwen3", hidden_size=256, num_layers=4, chat_template=qwen3_chat_template)
+    model = build_real_shaped_model(
+        out / "model-qwen3-tools", arch="qwen3", hidden_size=256, num_layers=4, chat_template=qwen3_chat_template
+    )
     store = out / "store-code-env"
     steps = 4 if quick else 40
-    cmd = [sys.executable, "-m", "regimen.flows.cli", "run", "configs/gpu/code-env.yaml", "--store", str(store), "--experiment", "code-env"]
-    for s in (f"model.name_or_path={model}", "peft=null", "dry_run.min_mean_reward=0", "dry_run.max_frac_zero_std=1.0", f"grpo.max_steps={steps}",
-              "grpo.max_completion_length=256", "eval.max_new_tokens=128", "probe.steps=0", "grpo.per_device_train_batch_size=8", "grpo.num_generations=4"):
+    cmd = [
+        sys.executable,
+        "-m",
+        "regimen.flows.cli",
+        "run",
+        "configs/gpu/code-env.yaml",
+        "--store",
+        str(store),
+        "--experiment",
+        "code-env",
+    ]
+    for s in (
+        f"model.name_or_path={model}",
+        "peft=null",
+        "dry_run.min_mean_reward=0",
+        "dry_run.max_frac_zero_std=1.0",
+        f"grpo.max_steps={steps}",
+        "grpo.max_completion_length=256",
+        "eval.max_new_tokens=128",
+        "probe.steps=0",
+        "grpo.per_device_train_batch_size=8",
+        "grpo.num_generations=4",
+    ):
         cmd += ["--set", s]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "REGIMEN_MACHINE_SLOTS": "0"})
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "REGIMEN_MACHINE_SLOTS": "0"}
+    )
     print(f"[code-env] exit {proc.returncode} in {time.perf_counter() - t0:.0f}s", flush=True)
     if proc.returncode != 0:
         print(proc.stderr[-3000:], flush=True)
@@ -99,9 +125,18 @@ def code_env(out: Path, quick: bool, cpu_while_gpu: list[str], gpu: bool) -> lis
     for manifest in sorted(store.glob("code-env/*/v*/manifest.json")):
         m = json.loads(manifest.read_text())
         met = m.get("metrics", {})
-        rows.append({"setting": "code-env", "stage": m["stage"], "version": m["version"], "device": m.get("device"), "wall_s": m.get("wall_s"),
-                     "peak_gpu_mib": m.get("peak_gpu_memory_mib"), "completions_per_s": met.get("completions_per_s"),
-                     "heldout_accuracy": met.get("heldout_accuracy")})
+        rows.append(
+            {
+                "setting": "code-env",
+                "stage": m["stage"],
+                "version": m["version"],
+                "device": m.get("device"),
+                "wall_s": m.get("wall_s"),
+                "peak_gpu_mib": m.get("peak_gpu_memory_mib"),
+                "completions_per_s": met.get("completions_per_s"),
+                "heldout_accuracy": met.get("heldout_accuracy"),
+            }
+        )
         if gpu and str(m.get("device", "")).startswith("cpu"):
             cpu_while_gpu.append(f"code-env/{m['stage']}")
     return rows
@@ -119,7 +154,10 @@ def main() -> int:
     import torch
 
     gpu = torch.cuda.is_available()
-    print(f"torch {torch.__version__}, cuda available: {gpu}" + (f" ({torch.cuda.get_device_name(0)})" if gpu else ""), flush=True)
+    print(
+        f"torch {torch.__version__}, cuda available: {gpu}" + (f" ({torch.cuda.get_device_name(0)})" if gpu else ""),
+        flush=True,
+    )
     from regimen.stages.training.model import build_real_shaped_model
 
     model = build_real_shaped_model(out / "model-qwen3", arch="qwen3", hidden_size=512, num_layers=8)
@@ -141,7 +179,9 @@ def main() -> int:
         for s in sets:
             cmd += ["--set", s]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "REGIMEN_MACHINE_SLOTS": "0"})
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "REGIMEN_MACHINE_SLOTS": "0"}
+        )
         wall = time.perf_counter() - t0
         print(f"[{name}] exit {proc.returncode} in {wall:.0f}s", flush=True)
         if proc.returncode != 0:
@@ -149,19 +189,30 @@ def main() -> int:
         for manifest in sorted(store.glob(f"{name}/*/v*/manifest.json")):
             m = json.loads(manifest.read_text())
             met = m.get("metrics", {})
-            row = {"setting": name, "stage": m["stage"], "version": m["version"], "device": m.get("device"), "wall_s": m.get("wall_s"),
-                   "peak_gpu_mib": m.get("peak_gpu_memory_mib"), "completions_per_s": met.get("completions_per_s"),
-                   "heldout_accuracy": met.get("heldout_accuracy")}
+            row = {
+                "setting": name,
+                "stage": m["stage"],
+                "version": m["version"],
+                "device": m.get("device"),
+                "wall_s": m.get("wall_s"),
+                "peak_gpu_mib": m.get("peak_gpu_memory_mib"),
+                "completions_per_s": met.get("completions_per_s"),
+                "heldout_accuracy": met.get("heldout_accuracy"),
+            }
             rows.append(row)
             if gpu and str(m.get("device", "")).startswith("cpu"):
                 cpu_while_gpu.append(f"{name}/{m['stage']}")
     if not args.no_env:
         rows += code_env(out, args.quick, cpu_while_gpu, gpu)
-    print(f"\n{'setting':<11} {'stage':<15} {'device':<24} {'wall s':>8} {'peak GPU MiB':>13} {'compl/s':>9} {'held-out':>9}")
+    print(
+        f"\n{'setting':<11} {'stage':<15} {'device':<24} {'wall s':>8} {'peak GPU MiB':>13} {'compl/s':>9} {'held-out':>9}"
+    )
     for r in rows:
         f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"  # noqa: E731
-        print(f"{r['setting']:<11} {r['stage']:<15} {str(r['device']):<24} {f(r['wall_s'], '8.1f')} {f(r['peak_gpu_mib'], '13.0f')} "
-              f"{f(r['completions_per_s'], '9.1f')} {f(r['heldout_accuracy'], '9.3f')}")
+        print(
+            f"{r['setting']:<11} {r['stage']:<15} {str(r['device']):<24} {f(r['wall_s'], '8.1f')} {f(r['peak_gpu_mib'], '13.0f')} "
+            f"{f(r['completions_per_s'], '9.1f')} {f(r['heldout_accuracy'], '9.3f')}"
+        )
     (out / "gpu_check.json").write_text(json.dumps(rows, indent=1))
     if cpu_while_gpu:
         print(f"\nFAIL: these stages ran on the CPU although a GPU is present: {', '.join(cpu_while_gpu)}")

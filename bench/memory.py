@@ -17,9 +17,9 @@ STAGES = ("sft", "reward-dry-run", "grpo-smoke", "grpo", "eval")
 
 def one(config: str, store: str, stage: str, sets: list[str]) -> None:
     from regimen.stages.recipe import load_recipe
-    from regimen.stages.training.policy import base_policy
     from regimen.stages.run.runner import StageCall, execute
     from regimen.stages.store import Store
+    from regimen.stages.training.policy import base_policy
 
     recipe = load_recipe(config, sets + [f"store={store}"])
     st = Store(recipe.store)
@@ -32,9 +32,20 @@ def one(config: str, store: str, stage: str, sets: list[str]) -> None:
         inputs = {"policy": ref(sft)}
     else:
         g = st.latest(exp, "grpo")
-        inputs = {"policy": ref(g), "cycle": 1, "round": 1, "history": [{"cycle": 1, "round": 0, "heldout_accuracy": sft["metrics"]["heldout_accuracy"]}],
-                  "train_reward": g["metrics"].get("train_reward_last"), "train_reward_first": g["metrics"].get("train_reward_first")}
-    execute(StageCall(stage, recipe, inputs, experiment=exp, round=0 if stage in ("sft", "reward-dry-run", "grpo-smoke") else 1), st)
+        inputs = {
+            "policy": ref(g),
+            "cycle": 1,
+            "round": 1,
+            "history": [{"cycle": 1, "round": 0, "heldout_accuracy": sft["metrics"]["heldout_accuracy"]}],
+            "train_reward": g["metrics"].get("train_reward_last"),
+            "train_reward_first": g["metrics"].get("train_reward_first"),
+        }
+    execute(
+        StageCall(
+            stage, recipe, inputs, experiment=exp, round=0 if stage in ("sft", "reward-dry-run", "grpo-smoke") else 1
+        ),
+        st,
+    )
 
 
 def main() -> None:
@@ -48,10 +59,27 @@ def main() -> None:
         return one(args.config, args.one[0], args.one[1], sets)
     header("peak RSS per stage")
     store = scratch("regimen-bench-mem-")
-    base_wall, base_rss, _ = peak_rss_mib([PY, "-c", "import regimen.stages.run.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate, trl, datasets"])
+    base_wall, base_rss, _ = peak_rss_mib(
+        [
+            PY,
+            "-c",
+            "import regimen.stages.run.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate, trl, datasets",
+        ]
+    )
     rows = [{"stage": "(imports only)", "peak_rss_mib": base_rss, "wall_s": base_wall, "x imports": 1.0}]
     for stage in STAGES:
-        wall, rss, rc = peak_rss_mib([PY, "bench/memory.py", "--config", args.config, *sum((["--set", s] for s in args.sets), []), "--one", store, stage])
+        wall, rss, rc = peak_rss_mib(
+            [
+                PY,
+                "bench/memory.py",
+                "--config",
+                args.config,
+                *sum((["--set", s] for s in args.sets), []),
+                "--one",
+                store,
+                stage,
+            ]
+        )
         if rc != 0:
             raise SystemExit(f"stage {stage} failed (exit {rc})")
         rows.append({"stage": stage, "peak_rss_mib": rss, "wall_s": wall, "x imports": rss / base_rss})

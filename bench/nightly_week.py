@@ -57,7 +57,9 @@ eval: {batch_size: 128}
 cycle: {max_cycles: 1, max_rounds: 1, target: 0.99}
 promote: {min_gain: 0.02, confidence: 0.9}
 """
-HACKABLE = RECIPE.replace("  - {name: answer, weight: 1.0}", "  - {name: digits, weight: 1.0}\n  - {name: answer, weight: 0.0}")
+HACKABLE = RECIPE.replace(
+    "  - {name: answer, weight: 1.0}", "  - {name: digits, weight: 1.0}\n  - {name: answer, weight: 0.0}"
+)
 
 
 def rows(day: int, n: int, *, poisoned: bool = False) -> list[dict[str, Any]]:
@@ -123,9 +125,16 @@ class Week:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "REGIMEN_FAULT", "REGIMEN_KILL"))}
-        env.update(PREFECT_API_URL=self.api, PREFECT_HOME=str(self.base / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                   PREFECT_RUNNER_POLL_FREQUENCY="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-                   REGIMEN_CACHE=str(self.base / "cache"))
+        env.update(
+            PREFECT_API_URL=self.api,
+            PREFECT_HOME=str(self.base / "home"),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_RUNNER_POLL_FREQUENCY="1",
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            OMP_NUM_THREADS="1",
+            REGIMEN_CACHE=str(self.base / "cache"),
+        )
         env.update(extra)  # a host's own PREFECT_HOME, REGIMEN_CACHE, ... (bench/two_hosts.py) replace the defaults
         return env
 
@@ -134,21 +143,48 @@ class Week:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        env.update(PREFECT_HOME=str(self.base / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_API_URL=f"{self.url}/api")
-        self.server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                                       stdout=open(self.base / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        env.update(
+            PREFECT_HOME=str(self.base / "home"),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_UI_API_URL=f"{self.url}/api",
+        )
+        self.server = subprocess.Popen(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=open(self.base / "server.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._wait(lambda: httpx.get(f"{self.api}/health", timeout=2).status_code == 200, 120, "prefect server")
 
     def start_serve(self, **env: str) -> None:
         before = {d["name"]: d["updated"] for d in self.deployments()}
-        self.serve = subprocess.Popen([str(BIN / "regimen"), "serve", str(self.configs / "week.yaml"), "--configs", str(self.configs),
-                                       "--store", str(self.store)], cwd=ROOT, env=self.env(**env), stdout=open(self.base / "serve.log", "ab"),
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.serve = subprocess.Popen(
+            [
+                str(BIN / "regimen"),
+                "serve",
+                str(self.configs / "week.yaml"),
+                "--configs",
+                str(self.configs),
+                "--store",
+                str(self.store),
+            ],
+            cwd=ROOT,
+            env=self.env(**env),
+            stdout=open(self.base / "serve.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
         def registered() -> bool:
             found = {d["name"]: d for d in self.deployments()}
-            return all(n in found and found[n]["updated"] != before.get(n) and found[n]["entrypoint"] == "regimen.flows.cycle.regimen_cycle"
-                       for n in ("on-demand", "nightly"))
+            return all(
+                n in found
+                and found[n]["updated"] != before.get(n)
+                and found[n]["entrypoint"] == "regimen.flows.cycle.regimen_cycle"
+                for n in ("on-demand", "nightly")
+            )
+
         self._wait(registered, 120, "regimen serve")
 
     def start(self) -> None:
@@ -192,7 +228,11 @@ class Week:
     def trigger(self, config: str = "week.yaml") -> dict[str, Any]:
         """A nightly run, created through the deployment as its schedule would; waits until it ends."""
         dep = next(d for d in self.deployments() if d["name"] == "nightly")
-        r = self.call("POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {"config": config, "experiment": EXP}})
+        r = self.call(
+            "POST",
+            f"/deployments/{dep['id']}/create_flow_run",
+            json={"parameters": {"config": config, "experiment": EXP}},
+        )
         r.raise_for_status()
         run_id = r.json()["id"]
         deadline = time.monotonic() + 900
@@ -233,16 +273,32 @@ class Week:
         written = [p for p in self.manifests() - manifests_before if p.split("/")[-3] not in ("data", "heldout")]
         resumed = [self.read_json(p).get("resumed_from_step") for p in written if p.split("/")[-3] == "grpo"]
         champ = rec.get("champion") or {}
-        out = {"night": n, "what": what, "state": run["state"]["type"], "wall_s": round(wall, 1), "versions_written": len(written),
-               "resumed_from_step": next((s for s in resumed if s), None), "event": line.get("event", "-"),
-               "challenger": line.get("policy", "-"), "challenger_acc": line.get("heldout_accuracy"),
-               "champion": champ.get("policy", "-"), "champion_acc": champ.get("heldout_accuracy"), "reason": line.get("reason", run["state"].get("message") or ""),
-               "run_id": run["id"]}
+        out = {
+            "night": n,
+            "what": what,
+            "state": run["state"]["type"],
+            "wall_s": round(wall, 1),
+            "versions_written": len(written),
+            "resumed_from_step": next((s for s in resumed if s), None),
+            "event": line.get("event", "-"),
+            "challenger": line.get("policy", "-"),
+            "challenger_acc": line.get("heldout_accuracy"),
+            "champion": champ.get("policy", "-"),
+            "champion_acc": champ.get("heldout_accuracy"),
+            "reason": line.get("reason", run["state"].get("message") or ""),
+            "run_id": run["id"],
+        }
         self.nights.append(out)
         return out
 
     def person(self, *args: str) -> str:
-        r = subprocess.run([str(BIN / "regimen"), *args, "--store", str(self.store)], cwd=ROOT, env=self.env(), capture_output=True, text=True)
+        r = subprocess.run(
+            [str(BIN / "regimen"), *args, "--store", str(self.store)],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             raise RuntimeError(f"regimen {' '.join(args)}: {r.stderr}")
         return r.stdout
@@ -300,12 +356,28 @@ def simulate(base: Path) -> Week:
         raise
 
 
-COLUMNS = ["night", "what", "state", "wall_s", "versions_written", "resumed_from_step", "event", "challenger", "challenger_acc", "champion", "champion_acc"]
+COLUMNS = [
+    "night",
+    "what",
+    "state",
+    "wall_s",
+    "versions_written",
+    "resumed_from_step",
+    "event",
+    "challenger",
+    "challenger_acc",
+    "champion",
+    "champion_acc",
+]
 
 
-def report(week: Week, t0: float, cols: list[str] = COLUMNS, title: str = "a simulated week of nightly retraining") -> None:
+def report(
+    week: Week, t0: float, cols: list[str] = COLUMNS, title: str = "a simulated week of nightly retraining"
+) -> None:
     widths = {c: max(len(c), *(len(str(n.get(c))) for n in week.nights)) for c in cols}
-    print(f"# {title} ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, {time.monotonic() - t0:.0f} s in all)")
+    print(
+        f"# {title} ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, {time.monotonic() - t0:.0f} s in all)"
+    )
     print("  ".join(c.ljust(widths[c]) for c in cols))
     for n in week.nights:
         print("  ".join(str(n.get(c)).ljust(widths[c]) for c in cols))

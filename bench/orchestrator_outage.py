@@ -42,8 +42,13 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
     e = {k: v for k, v in env().items() if not k.startswith("PREFECT_API")}
     e.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     log = open(home / "server.log", "ab")
-    proc = subprocess.Popen([str(Path(PY).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=e, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(Path(PY).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=e,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     import httpx
 
@@ -68,10 +73,28 @@ def kill(proc: subprocess.Popen) -> None:
 
 def start_run(store: Path, url: str, home: Path, steps: int, log: Path) -> subprocess.Popen:
     e = env(PREFECT_API_URL=url, PREFECT_HOME=str(home), OMP_NUM_THREADS="1", REGIMEN_MACHINE_SLOTS="0")
-    return subprocess.Popen([PY, "-m", "regimen.flows.cli", "run", "tests/tiny.yaml", "--store", str(store),
-                             "--set", f"grpo.max_steps={steps}", "--set", "grpo.save_steps=100", "--set", "grpo.logging_steps=10",
-                             ],
-                            cwd=ROOT, env=e, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "regimen.flows.cli",
+            "run",
+            "tests/tiny.yaml",
+            "--store",
+            str(store),
+            "--set",
+            f"grpo.max_steps={steps}",
+            "--set",
+            "grpo.save_steps=100",
+            "--set",
+            "grpo.logging_steps=10",
+        ],
+        cwd=ROOT,
+        env=e,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_checkpoint(store: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> float:
@@ -86,7 +109,11 @@ def wait_checkpoint(store: Path, step: int, proc: subprocess.Popen, timeout: flo
 
 
 def steps_per_s(store: Path, after: int) -> float:
-    rows = [json.loads(line) for line in (next((store / EXP / "grpo").glob("v*")) / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (next((store / EXP / "grpo").glob("v*")) / "train_log.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     rows = [r for r in rows if "wall_s" in r and "step" in r and r["step"] >= after]
     return (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["wall_s"] - rows[0]["wall_s"])
 
@@ -112,9 +139,14 @@ def training_run(base: Path, name: str, steps: int, at: int, kill_server: bool) 
         if proc.poll() is None:
             kill(proc)
     out = log.read_text(errors="replace")
-    return {"case": name, "rc": rc, "steps_per_s": steps_per_s(store, at) if rc == 0 else float("nan"),
-            "grpo_commit_to_exit_s": (exited - t_end) if t_end else float("nan"), "terminal_lines": len(out.splitlines()),
-            "log": str(log)}
+    return {
+        "case": name,
+        "rc": rc,
+        "steps_per_s": steps_per_s(store, at) if rc == 0 else float("nan"),
+        "grpo_commit_to_exit_s": (exited - t_end) if t_end else float("nan"),
+        "terminal_lines": len(out.splitlines()),
+        "log": str(log),
+    }
 
 
 def sigterm_run(base: Path, name: str, steps: int, at: int, kill_server: bool) -> dict:
@@ -137,14 +169,22 @@ def sigterm_run(base: Path, name: str, steps: int, at: int, kill_server: bool) -
     finally:
         kill(server)
     out = log.read_text(errors="replace")
-    return {"case": name, "rc": proc.returncode, "sigterm_to_exit_s": took, "terminal_lines": len(out.splitlines()),
-            "says_interrupted": "interrupted by SIGTERM" in out, "log": str(log)}
+    return {
+        "case": name,
+        "rc": proc.returncode,
+        "sigterm_to_exit_s": took,
+        "terminal_lines": len(out.splitlines()),
+        "says_interrupted": "interrupted by SIGTERM" in out,
+        "log": str(log),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1500, help="GRPO steps of the tiny recipe")
-    ap.add_argument("--at", type=int, default=300, help="the GRPO checkpoint at which the server is killed (or SIGTERM sent)")
+    ap.add_argument(
+        "--at", type=int, default=300, help="the GRPO checkpoint at which the server is killed (or SIGTERM sent)"
+    )
     args = ap.parse_args()
     base = Path(os.environ.get("OUTAGE_DIR") or scratch("regimen-bench-outage-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -156,7 +196,9 @@ def main() -> None:
     t_up = sigterm_run(base, "sigterm-up", args.steps, args.at, kill_server=False)
     t_down = sigterm_run(base, "sigterm-down", args.steps, args.at, kill_server=True)
     print(table([t_up, t_down], ["case", "rc", "sigterm_to_exit_s", "says_interrupted", "terminal_lines"]))
-    print(f"SIGTERM to exit: {t_up['sigterm_to_exit_s']:.1f} s with the server up, {t_down['sigterm_to_exit_s']:.1f} s with it killed (aim <= 10 s)")
+    print(
+        f"SIGTERM to exit: {t_up['sigterm_to_exit_s']:.1f} s with the server up, {t_down['sigterm_to_exit_s']:.1f} s with it killed (aim <= 10 s)"
+    )
     if os.environ.get("KEEP"):
         print("logs:", up["log"], down["log"], t_up["log"], t_down["log"])
 

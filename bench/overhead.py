@@ -50,7 +50,9 @@ def stages_s(store: Path, experiment: str) -> float:
 
 
 def snippet_s(code: str) -> float:
-    out = run([PY, "-c", f"import time; t0_ = time.perf_counter()\n{code}\nprint('RESULT', time.perf_counter() - t0_)"])["out"]
+    out = run(
+        [PY, "-c", f"import time; t0_ = time.perf_counter()\n{code}\nprint('RESULT', time.perf_counter() - t0_)"]
+    )["out"]
     return float(next(line.split()[1] for line in out.splitlines() if line.startswith("RESULT ")))
 
 
@@ -71,31 +73,59 @@ def main() -> None:
     for i in range(args.runs):
         for path in ("flow", "direct"):
             store = tmp / f"{path}-{i}"
-            res = (regimen("run", TINY, "--store", str(store)) if path == "flow"
-                   else run([PY, "bench/overhead.py", "--direct", TINY, str(store)]))
+            res = (
+                regimen("run", TINY, "--store", str(store))
+                if path == "flow"
+                else run([PY, "bench/overhead.py", "--direct", TINY, str(store)])
+            )
             st = stages_s(store, "tiny-test")
-            rows.append({"run": i + 1, "path": path, "wall_s": res["wall_s"], "stages_s": st, "fixed_s": res["wall_s"] - st,
-                         "terminal_lines": len(res["out"].splitlines()) if path == "flow" else ""})
+            rows.append(
+                {
+                    "run": i + 1,
+                    "path": path,
+                    "wall_s": res["wall_s"],
+                    "stages_s": st,
+                    "fixed_s": res["wall_s"] - st,
+                    "terminal_lines": len(res["out"].splitlines()) if path == "flow" else "",
+                }
+            )
     print(table(rows, ["run", "path", "wall_s", "stages_s", "fixed_s", "terminal_lines"]))
     med = {p: statistics.median(r["fixed_s"] for r in rows if r["path"] == p) for p in ("flow", "direct")}
-    print(f"\nfixed cost, median of {args.runs}: flow {med['flow']:.1f}s, direct {med['direct']:.1f}s; Prefect adds {med['flow'] - med['direct']:+.1f}s "
-          f"(the very first run, which creates Prefect's database: {first_fixed:.1f}s)")
+    print(
+        f"\nfixed cost, median of {args.runs}: flow {med['flow']:.1f}s, direct {med['direct']:.1f}s; Prefect adds {med['flow'] - med['direct']:+.1f}s "
+        f"(the very first run, which creates Prefect's database: {first_fixed:.1f}s)"
+    )
 
-    stack = ("import regimen.stages.recipe.trl, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate\n"
-             "from trl import GRPOConfig, SFTConfig, GRPOTrainer, SFTTrainer\nimport datasets")
+    stack = (
+        "import regimen.stages.recipe.trl, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate\n"
+        "from trl import GRPOConfig, SFTConfig, GRPOTrainer, SFTTrainer\nimport datasets"
+    )
     imports = snippet_s(stack)
     prefect = snippet_s("import regimen.flows.cycle, regimen.flows.server, regimen.flows.present.terminal")
     boot = snippet_s("from regimen.flows.server import TemporaryServer\ns = TemporaryServer(); s.ready(); s.stop()")
-    print(f"where it goes: importing torch/transformers/TRL/datasets and the stage code {imports:.1f}s (both paths); importing Prefect and "
-          f"flows {prefect:.1f}s; the temporary server's boot {boot:.1f}s (in its own process, while the recipe validates); the rest is "
-          "Prefect's task and flow runs, the stage lines and the exit")
+    print(
+        f"where it goes: importing torch/transformers/TRL/datasets and the stage code {imports:.1f}s (both paths); importing Prefect and "
+        f"flows {prefect:.1f}s; the temporary server's boot {boot:.1f}s (in its own process, while the recipe validates); the rest is "
+        "Prefect's task and flow runs, the stage lines and the exit"
+    )
 
     if not args.no_default:
         store = tmp / "default"
         res = regimen("run", "configs/default.yaml", "--store", str(store))
         st = stages_s(store, "default")
-        print(f"\ndefault recipe: wall {res['wall_s']:.1f}s, stages {st:.1f}s, wall / stages {res['wall_s'] / st:.3f}, fixed {res['wall_s'] - st:.1f}s")
-    print(json.dumps({"fixed_flow_s": med["flow"], "fixed_direct_s": med["direct"], "first_run_fixed_s": first_fixed, "at": time.strftime("%Y-%m-%d %H:%M")}))
+        print(
+            f"\ndefault recipe: wall {res['wall_s']:.1f}s, stages {st:.1f}s, wall / stages {res['wall_s'] / st:.3f}, fixed {res['wall_s'] - st:.1f}s"
+        )
+    print(
+        json.dumps(
+            {
+                "fixed_flow_s": med["flow"],
+                "fixed_direct_s": med["direct"],
+                "first_run_fixed_s": first_fixed,
+                "at": time.strftime("%Y-%m-%d %H:%M"),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

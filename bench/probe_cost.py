@@ -20,14 +20,31 @@ from common import regimen
 
 
 def one(config: str, store: Path, experiment: str, extra: list[str]) -> dict:
-    res = regimen("run", config, "--store", str(store), "--experiment", experiment, *sum((["--set", s] for s in extra), []), check=False)
+    res = regimen(
+        "run",
+        config,
+        "--store",
+        str(store),
+        "--experiment",
+        experiment,
+        *sum((["--set", s] for s in extra), []),
+        check=False,
+    )
     grpo = [json.loads(p.read_text()) for p in sorted((store / experiment / "grpo").glob("v*/manifest.json"))]
-    evals = [json.loads(p.read_text()) for p in sorted((store / experiment / "eval").glob("v*/manifest.json"), key=lambda p: int(p.parent.name[1:]))]
+    evals = [
+        json.loads(p.read_text())
+        for p in sorted((store / experiment / "eval").glob("v*/manifest.json"), key=lambda p: int(p.parent.name[1:]))
+    ]
     decisions = sorted((store / experiment / "decisions").glob("*.json"))
-    return {"wall_s": res["wall_s"], "rc": res["rc"], "grpo_s": sum(m["wall_s"] for m in grpo), "probe_s": sum(m["metrics"].get("probe_s", 0.0) for m in grpo),
-            "heldout": evals[-1]["metrics"]["heldout_accuracy"] if evals else None,
-            "verdict": json.loads(decisions[-1].read_text())["verdict"] if decisions else None,
-            "best_steps": [m.get("best_step") for m in grpo]}
+    return {
+        "wall_s": res["wall_s"],
+        "rc": res["rc"],
+        "grpo_s": sum(m["wall_s"] for m in grpo),
+        "probe_s": sum(m["metrics"].get("probe_s", 0.0) for m in grpo),
+        "heldout": evals[-1]["metrics"]["heldout_accuracy"] if evals else None,
+        "verdict": json.loads(decisions[-1].read_text())["verdict"] if decisions else None,
+        "best_steps": [m.get("best_step") for m in grpo],
+    }
 
 
 def main() -> None:
@@ -40,15 +57,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for name, extra in (("probe", []), ("no probe", ["probe.steps=0"])):
-                rows[name].append(one(args.config, Path(tmp) / f"{r}-{name.replace(' ', '-')}", "bench", args.sets + extra))
+                rows[name].append(
+                    one(args.config, Path(tmp) / f"{r}-{name.replace(' ', '-')}", "bench", args.sets + extra)
+                )
     for name, runs in rows.items():
         for run in runs:
-            print(f"{name:<9} exit {run['rc']} wall {run['wall_s']:.1f}s  grpo {run['grpo_s']:.1f}s  probe {run['probe_s']:.1f}s  "
-                  f"held-out {run['heldout']}  verdict {run['verdict']}  best_step {run['best_steps']}")
+            print(
+                f"{name:<9} exit {run['rc']} wall {run['wall_s']:.1f}s  grpo {run['grpo_s']:.1f}s  probe {run['probe_s']:.1f}s  "
+                f"held-out {run['heldout']}  verdict {run['verdict']}  best_step {run['best_steps']}"
+            )
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "grpo_s", "probe_s")} for k, v in rows.items()}
-    print(f"ratio probe / no probe: total wall {med['probe']['wall_s'] / med['no probe']['wall_s']:.3f}, GRPO stages "
-          f"{med['probe']['grpo_s'] / med['no probe']['grpo_s']:.3f}; the probe itself {med['probe']['probe_s']:.1f}s "
-          f"= {med['probe']['probe_s'] / med['probe']['grpo_s']:.1%} of GRPO")
+    print(
+        f"ratio probe / no probe: total wall {med['probe']['wall_s'] / med['no probe']['wall_s']:.3f}, GRPO stages "
+        f"{med['probe']['grpo_s'] / med['no probe']['grpo_s']:.3f}; the probe itself {med['probe']['probe_s']:.1f}s "
+        f"= {med['probe']['probe_s'] / med['probe']['grpo_s']:.1%} of GRPO"
+    )
 
 
 if __name__ == "__main__":

@@ -29,10 +29,17 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from common import ROOT, header, manifests, regimen, scratch, table
 
-TINY = ("tiny-env", "tiny-code", "tiny-code-stdio", "tiny-code-weak-teacher", "hackable", "tiny-code-hackable", "tiny-distill")
+TINY = (
+    "tiny-env",
+    "tiny-code",
+    "tiny-code-stdio",
+    "tiny-code-weak-teacher",
+    "hackable",
+    "tiny-code-hackable",
+    "tiny-distill",
+)
 
 
 def _median(xs):
@@ -43,7 +50,10 @@ def improves(rows):
     """GRPO's evaluation above SFT's held-out on the median, every run exited 0."""
     gains = [r["eval"] - r["sft"] for r in rows if r["eval"] is not None and r["sft"] is not None]
     ok = all(r["rc"] == 0 for r in rows) and len(gains) == len(rows) and _median(gains) > 0
-    return ok, f"eval - sft median {_median(gains) if gains else float('nan'):+.3f}; exits {sorted({r['rc'] for r in rows})}"
+    return (
+        ok,
+        f"eval - sft median {_median(gains) if gains else float('nan'):+.3f}; exits {sorted({r['rc'] for r in rows})}",
+    )
 
 
 def trains_through_tools(rows):
@@ -61,7 +71,9 @@ def stopped_by_the_guard(rows):
 
 def beats_its_teacher(rows):
     """The weak teacher's student beats the teacher's own held-out accuracy on every run."""
-    ok = all(r["rc"] == 0 and r["eval"] is not None and r["teacher"] is not None and r["eval"] > r["teacher"] for r in rows)
+    ok = all(
+        r["rc"] == 0 and r["eval"] is not None and r["teacher"] is not None and r["eval"] > r["teacher"] for r in rows
+    )
     margins = [round(r["eval"] - r["teacher"], 3) for r in rows if r["eval"] is not None and r["teacher"] is not None]
     return ok, f"student - teacher {margins}"
 
@@ -70,14 +82,26 @@ def distils(rows):
     """tiny-distill: on every run it exits 0 and the distillation teaches: the student goes from its short SFT
     (the answer's format, not the skill) to at least half its teacher's held-out accuracy. (Only "above the
     SFT" passed a run whose distillation had stalled at 0.12 against a teacher at 0.965.)"""
-    ok = all(r["rc"] == 0 and r["distill"] is not None and r["teacher"] is not None and r["distill"] > (r["sft"] or 0)
-             and r["distill"] >= 0.5 * r["teacher"] for r in rows)
+    ok = all(
+        r["rc"] == 0
+        and r["distill"] is not None
+        and r["teacher"] is not None
+        and r["distill"] > (r["sft"] or 0)
+        and r["distill"] >= 0.5 * r["teacher"]
+        for r in rows
+    )
     return ok, f"sft -> distill (teacher) {[(r['sft'], r['distill'], r['teacher']) for r in rows]}"
 
 
-PURPOSE = {"tiny-env": trains_through_tools, "tiny-code": improves, "tiny-code-stdio": improves,
-           "tiny-code-weak-teacher": beats_its_teacher, "hackable": stopped_by_the_guard,
-           "tiny-code-hackable": stopped_by_the_guard, "tiny-distill": distils}
+PURPOSE = {
+    "tiny-env": trains_through_tools,
+    "tiny-code": improves,
+    "tiny-code-stdio": improves,
+    "tiny-code-weak-teacher": beats_its_teacher,
+    "hackable": stopped_by_the_guard,
+    "tiny-code-hackable": stopped_by_the_guard,
+    "tiny-distill": distils,
+}
 
 
 def _metric(ms, key):
@@ -120,18 +144,32 @@ def one_run(recipe: str, seed: int, kernel: str) -> dict:
     exp = recipe  # every shipped recipe's experiment is its file's name (checked in main)
     stops = [x for x in r["out"].splitlines() if x.startswith(("stopped:", "error:"))]
     decisions = sorted((Path(store) / exp / "decisions").glob("*.json"))
-    sfts, evals, distills = manifests(store, exp, "sft"), manifests(store, exp, "eval"), manifests(store, exp, "distill")
-    return {"recipe": recipe, "seed": seed, "kernel": kernel, "rc": r["rc"],
-            "capability": sfts[0].get("torch_cpu_capability") if sfts else None,
-            "verdict": json.loads(decisions[-1].read_text())["verdict"] if decisions else None,
-            "stop": "reward-hacking-suspected" if "reward-hacking-suspected" in r["out"] else (stops[-1][:80] if stops else None),
-            "sft": _metric(sfts, "heldout_accuracy"),
-            # the teacher: the distillation's (a model) where there is one, else the SFT traces' teacher
-            "teacher": _metric(distills, "teacher_heldout_accuracy") if distills else _metric(sfts, "teacher_heldout_accuracy"),
-            "distill": _metric(distills, "heldout_accuracy"),
-            "dry_run_mean": _dry_run_mean(store, exp, r["out"]),
-            "eval": _metric(evals, "heldout_accuracy"), "wall_s": round(wall, 1),
-            "last_line": r["out"].strip().splitlines()[-1][:200] if r["out"].strip() else ""}
+    sfts, evals, distills = (
+        manifests(store, exp, "sft"),
+        manifests(store, exp, "eval"),
+        manifests(store, exp, "distill"),
+    )
+    return {
+        "recipe": recipe,
+        "seed": seed,
+        "kernel": kernel,
+        "rc": r["rc"],
+        "capability": sfts[0].get("torch_cpu_capability") if sfts else None,
+        "verdict": json.loads(decisions[-1].read_text())["verdict"] if decisions else None,
+        "stop": "reward-hacking-suspected"
+        if "reward-hacking-suspected" in r["out"]
+        else (stops[-1][:80] if stops else None),
+        "sft": _metric(sfts, "heldout_accuracy"),
+        # the teacher: the distillation's (a model) where there is one, else the SFT traces' teacher
+        "teacher": _metric(distills, "teacher_heldout_accuracy")
+        if distills
+        else _metric(sfts, "teacher_heldout_accuracy"),
+        "distill": _metric(distills, "heldout_accuracy"),
+        "dry_run_mean": _dry_run_mean(store, exp, r["out"]),
+        "eval": _metric(evals, "heldout_accuracy"),
+        "wall_s": round(wall, 1),
+        "last_line": r["out"].strip().splitlines()[-1][:200] if r["out"].strip() else "",
+    }
 
 
 _RECIPE_AT: dict[tuple[str, str], str | None] = {}
@@ -160,17 +198,28 @@ def summary(recipe: str, rows: list[dict]) -> dict:
         return f"{_median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})" if xs else "-"
 
     holds, why = PURPOSE[recipe](rows)
-    return {"recipe": recipe, "runs": len(rows), "exits": " ".join(str(r["rc"]) for r in rows),
-            "sft": spread("sft"), "distill": spread("distill"), "eval": spread("eval"), "dry run": spread("dry_run_mean"),
-            "wall s": f"{_median([r['wall_s'] for r in rows]):.0f} (max {max(r['wall_s'] for r in rows):.0f})",
-            "purpose": ("holds" if holds else "MISSED") + f": {why}"}
+    return {
+        "recipe": recipe,
+        "runs": len(rows),
+        "exits": " ".join(str(r["rc"]) for r in rows),
+        "sft": spread("sft"),
+        "distill": spread("distill"),
+        "eval": spread("eval"),
+        "dry run": spread("dry_run_mean"),
+        "wall s": f"{_median([r['wall_s'] for r in rows]):.0f} (max {max(r['wall_s'] for r in rows):.0f})",
+        "purpose": ("holds" if holds else "MISSED") + f": {why}",
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--recipe", action="append", choices=TINY, help="one shipped tiny recipe (repeatable; default: all)")
+    ap.add_argument(
+        "--recipe", action="append", choices=TINY, help="one shipped tiny recipe (repeatable; default: all)"
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--kernels", nargs="+", help="'native' and/or ATEN_CPU_CAPABILITY values (default: two families this CPU has)")
+    ap.add_argument(
+        "--kernels", nargs="+", help="'native' and/or ATEN_CPU_CAPABILITY values (default: two families this CPU has)"
+    )
     ap.add_argument("--table", default=str(ROOT / "bench" / "results" / "recipes.jsonl"))
     ap.add_argument("--report", action="store_true", help="print what the table holds; run nothing")
     args = ap.parse_args()
@@ -184,10 +233,16 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     everything = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     done = [d for d in everything if current(d)]  # rows of an earlier version of their recipe are history
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    if not args.report and any(subprocess.run(["git", "diff", "--quiet", "HEAD", "--", f"configs/{r}.yaml"], cwd=ROOT).returncode
-                               for r in recipes):
-        raise SystemExit("a recipe differs from the commit (git diff configs/): commit it first, so that its rows name the recipe they ran")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    if not args.report and any(
+        subprocess.run(["git", "diff", "--quiet", "HEAD", "--", f"configs/{r}.yaml"], cwd=ROOT).returncode
+        for r in recipes
+    ):
+        raise SystemExit(
+            "a recipe differs from the commit (git diff configs/): commit it first, so that its rows name the recipe they ran"
+        )
     header(f"recipes {recipes} on seeds {args.seeds} x kernels {args.kernels} (table {path}, commit {commit})")
     for recipe in recipes if not args.report else []:
         for kernel in args.kernels:
@@ -196,8 +251,10 @@ def main() -> None:
                     continue  # resumed: this run is in the table
                 row = {**one_run(recipe, seed, kernel), "commit": commit}
                 if row["rc"] < 0 or row["rc"] in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL):
-                    raise SystemExit(f"{recipe} seed {seed} {kernel}: the run was stopped by a signal (exit {row['rc']}): "
-                                     "not a result of the recipe, not recorded; rerun to resume the table")
+                    raise SystemExit(
+                        f"{recipe} seed {seed} {kernel}: the run was stopped by a signal (exit {row['rc']}): "
+                        "not a result of the recipe, not recorded; rerun to resume the table"
+                    )
                 done.append(row)
                 with path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
@@ -208,13 +265,34 @@ def main() -> None:
     for recipe in recipes:
         old = [d for d in everything if d["recipe"] == recipe and not current(d)]
         if old:
-            print(f"\n## {recipe}: {len(old)} earlier run(s) of an earlier version of the recipe (commits "
-                  f"{', '.join(sorted({str(d.get('commit')) for d in old}))}), not counted\n"
-                  + table(old, ["seed", "kernel", "rc", "verdict", "sft", "teacher", "eval", "wall_s", "commit"]))
+            print(
+                f"\n## {recipe}: {len(old)} earlier run(s) of an earlier version of the recipe (commits "
+                f"{', '.join(sorted({str(d.get('commit')) for d in old}))}), not counted\n"
+                + table(old, ["seed", "kernel", "rc", "verdict", "sft", "teacher", "eval", "wall_s", "commit"])
+            )
         rows = [d for d in done if d["recipe"] == recipe and d["seed"] in args.seeds and d["kernel"] in args.kernels]
         if rows:
-            print(f"\n## {recipe}\n" + table(rows, ["seed", "kernel", "capability", "rc", "verdict", "stop", "sft", "teacher", "distill",
-                                                    "dry_run_mean", "eval", "wall_s", "commit"]))
+            print(
+                f"\n## {recipe}\n"
+                + table(
+                    rows,
+                    [
+                        "seed",
+                        "kernel",
+                        "capability",
+                        "rc",
+                        "verdict",
+                        "stop",
+                        "sft",
+                        "teacher",
+                        "distill",
+                        "dry_run_mean",
+                        "eval",
+                        "wall_s",
+                        "commit",
+                    ],
+                )
+            )
             caps = sorted({str(r["capability"]) for r in rows})
             if len(caps) < 2 and len(args.kernels) > 1:
                 print(f"note: every run computed with {caps}: the kernels asked for were one family on this CPU")

@@ -31,13 +31,26 @@ def main() -> None:
     full = regimen("run", args.config, "--store", str(tmp / "full"), *sets)
     exp = next(line.split()[1] for line in full["out"].splitlines() if line.startswith("experiment "))
     [g_full] = manifests(tmp / "full", exp, "grpo")
-    log_full = [json.loads(x) for x in (tmp / "full" / exp / "grpo" / "v1" / "train_log.jsonl").read_text().splitlines()]
+    log_full = [
+        json.loads(x) for x in (tmp / "full" / exp / "grpo" / "v1" / "train_log.jsonl").read_text().splitlines()
+    ]
     max_steps = int(g_full["metrics"]["steps"])
 
-    killed = regimen("run", args.config, "--store", str(tmp / "crash"), *sets, extra_env={"REGIMEN_KILL": f"grpo@{args.kill_at}"}, check=False)
+    killed = regimen(
+        "run",
+        args.config,
+        "--store",
+        str(tmp / "crash"),
+        *sets,
+        extra_env={"REGIMEN_KILL": f"grpo@{args.kill_at}"},
+        check=False,
+    )
     assert killed["rc"] == -9, f"expected the run to be SIGKILLed, got exit {killed['rc']}"
     half_written = [p for p in (tmp / "crash" / exp / "grpo").glob("v*")]
-    before = {s: [(m["version"], m["files"]) for m in manifests(tmp / "crash", exp, s)] for s in ("sft", "reward-dry-run", "grpo-smoke")}
+    before = {
+        s: [(m["version"], m["files"]) for m in manifests(tmp / "crash", exp, s)]
+        for s in ("sft", "reward-dry-run", "grpo-smoke")
+    }
     resumed = regimen("run", args.config, "--store", str(tmp / "crash"), *sets)
     after = {s: [(m["version"], m["files"]) for m in manifests(tmp / "crash", exp, s)] for s in before}
     [g_res] = manifests(tmp / "crash", exp, "grpo")
@@ -46,16 +59,28 @@ def main() -> None:
     remaining_uninterrupted = wall_at(log_full, max_steps) - wall_at(log_full, args.kill_at)
     resume_train = float(g_res["metrics"]["train_s"])
     rows = [
-        {"what": "uninterrupted: steps after the kill point", "steps": max_steps - args.kill_at, "seconds": remaining_uninterrupted},
+        {
+            "what": "uninterrupted: steps after the kill point",
+            "steps": max_steps - args.kill_at,
+            "seconds": remaining_uninterrupted,
+        },
         {"what": "resume: GRPO training after restart", "steps": max_steps - start, "seconds": resume_train},
-        {"what": "resume: GRPO stage (load, train, save)", "steps": max_steps - start, "seconds": float(g_res["wall_s"])},
+        {
+            "what": "resume: GRPO stage (load, train, save)",
+            "steps": max_steps - start,
+            "seconds": float(g_res["wall_s"]),
+        },
         {"what": "resume: whole rerun (reuse + GRPO + eval)", "steps": max_steps - start, "seconds": resumed["wall_s"]},
     ]
     print(table(rows, ["what", "steps", "seconds"]))
-    print(f"\nresumed_from_step {start}; steps redone {redone} (save_steps {g_full['config']['grpo'].get('save_steps')}); "
-          f"no half-written GRPO version after the kill: {not half_written}; earlier stages untouched: {before == after}")
-    print(f"ratio resume training / uninterrupted remaining: {resume_train / remaining_uninterrupted:.3f}; "
-          f"GRPO stage: {float(g_res['wall_s']) / remaining_uninterrupted:.3f}; whole rerun: {resumed['wall_s'] / remaining_uninterrupted:.3f}")
+    print(
+        f"\nresumed_from_step {start}; steps redone {redone} (save_steps {g_full['config']['grpo'].get('save_steps')}); "
+        f"no half-written GRPO version after the kill: {not half_written}; earlier stages untouched: {before == after}"
+    )
+    print(
+        f"ratio resume training / uninterrupted remaining: {resume_train / remaining_uninterrupted:.3f}; "
+        f"GRPO stage: {float(g_res['wall_s']) / remaining_uninterrupted:.3f}; whole rerun: {resumed['wall_s'] / remaining_uninterrupted:.3f}"
+    )
 
 
 if __name__ == "__main__":

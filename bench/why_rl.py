@@ -40,9 +40,13 @@ def main() -> None:
         st = Store(tmp / "cycle")
         evals = st.versions("cycle", "eval")
         sft = st.versions("cycle", "sft")
-        out["cycle"] = {"wall_s": budget, "exit": res["rc"], "heldout_pass@1": evals[-1]["metrics"]["heldout_accuracy"] if evals else None,
-                        "sft_pass@1": sft[0]["metrics"]["heldout_accuracy"] if sft else None,
-                        "teacher_pass@1": sft[0]["metrics"].get("teacher_heldout_accuracy") if sft else None}
+        out["cycle"] = {
+            "wall_s": budget,
+            "exit": res["rc"],
+            "heldout_pass@1": evals[-1]["metrics"]["heldout_accuracy"] if evals else None,
+            "sft_pass@1": sft[0]["metrics"]["heldout_accuracy"] if sft else None,
+            "teacher_pass@1": sft[0]["metrics"].get("teacher_heldout_accuracy") if sft else None,
+        }
 
         # (a) SFT only: calibrate (fixed cost and cost per step), then fill the budget
         s_store = Store(tmp / "sft-only")
@@ -70,12 +74,18 @@ def main() -> None:
         grpo_only = load_recipe(ROOT / args.recipe, {"grpo.max_steps": steps, "experiment": "grpo-only"})
         r, wall_g = stage_run(grpo_only, "grpo", {"policy": policy}, g_store)
         ev, wall_e = stage_run(grpo_only, "eval", {"policy": r.ref}, g_store)
-        out["grpo_only"] = {"wall_s": wall_g + wall_e, "steps": steps, "heldout_pass@1": ev.manifest["metrics"]["heldout_accuracy"]}
+        out["grpo_only"] = {
+            "wall_s": wall_g + wall_e,
+            "steps": steps,
+            "heldout_pass@1": ev.manifest["metrics"]["heldout_accuracy"],
+        }
     if args.json:
         print(json.dumps(out, indent=1))
         return
-    print(f"budget: Regimen's cycle took {out['cycle']['wall_s']:.0f}s (exit {out['cycle']['exit']}); teacher's own held-out pass@1 "
-          f"{out['cycle']['teacher_pass@1']}")
+    print(
+        f"budget: Regimen's cycle took {out['cycle']['wall_s']:.0f}s (exit {out['cycle']['exit']}); teacher's own held-out pass@1 "
+        f"{out['cycle']['teacher_pass@1']}"
+    )
     for name, c in out["calibration"].items():
         print(f"calibration {name}: {c['per_step_s']:.3f} s a step, {c['fixed_s']:.1f} s fixed")
     print(f"{'path':<12} {'wall s':>8} {'steps':>7} {'held-out pass@1':>16}")

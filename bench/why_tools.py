@@ -49,7 +49,12 @@ def single_turn_recipe(work: Path, env: dict, seed: int) -> Path:
         "teacher": {**env["teacher"], "kind": "oracle"},  # the true answers (the single-turn task has no weak teacher)
         "rewards": [{"name": "answer", "weight": 1.0}],
         "sft": env["sft"],
-        "dry_run": {"num_prompts": 16, "min_mean_reward": 0.0, "max_mean_reward": 1.0, "max_frac_zero_std": 1.0},  # the answer is a guess: let it train anyway
+        "dry_run": {
+            "num_prompts": 16,
+            "min_mean_reward": 0.0,
+            "max_mean_reward": 1.0,
+            "max_frac_zero_std": 1.0,
+        },  # the answer is a guess: let it train anyway
         "smoke": env["smoke"],
         "grpo": {**env["grpo"], "max_completion_length": 8},
         "probe": env["probe"],
@@ -70,9 +75,23 @@ def main() -> None:
     work = Path(scratch("regimen-bench-why-tools-"))
     store = str(work / "store")
     env = yaml.safe_load((ROOT / "configs" / "tiny-env.yaml").read_text())
-    r_env = regimen("run", "configs/tiny-env.yaml", "--store", store, "--set", f"data.seed={args.seed}", "--set", "cycle.start_from=base", check=False)
+    r_env = regimen(
+        "run",
+        "configs/tiny-env.yaml",
+        "--store",
+        store,
+        "--set",
+        f"data.seed={args.seed}",
+        "--set",
+        "cycle.start_from=base",
+        check=False,
+    )
     w_env = stages_wall(store, "tiny-env")
-    acc_env = manifests(store, "tiny-env", "eval")[-1]["metrics"]["heldout_accuracy"] if manifests(store, "tiny-env", "eval") else None
+    acc_env = (
+        manifests(store, "tiny-env", "eval")[-1]["metrics"]["heldout_accuracy"]
+        if manifests(store, "tiny-env", "eval")
+        else None
+    )
     sft_env = manifests(store, "tiny-env", "sft")[-1]["metrics"]["heldout_accuracy"]
 
     single = single_turn_recipe(work, env, args.seed)
@@ -85,11 +104,31 @@ def main() -> None:
         g = manifests(store, exp, "grpo")[-1]
         per_step = g["metrics"]["train_s"] / max(g["metrics"]["steps"], 1)
         steps = int(env["grpo"]["max_steps"] + max(0.0, w_env - w1) / per_step)
-        r2 = regimen("run", str(single), "--store", store, "--set", f"grpo.max_steps={steps}", "--set", "probe.stop_at_target=false", check=False)
+        r2 = regimen(
+            "run",
+            str(single),
+            "--store",
+            store,
+            "--set",
+            f"grpo.max_steps={steps}",
+            "--set",
+            "probe.stop_at_target=false",
+            check=False,
+        )
         ms = {s: manifests(store, exp, s)[-1] for s in STAGES}
-        w_single = sum(manifests(store, exp, s)[0]["wall_s"] for s in ("sft", "reward-dry-run", "grpo-smoke")) + ms["grpo"]["wall_s"] + ms["eval"]["wall_s"]
-        single_row = {"policy": "single-turn, no tool", "rc": r2["rc"], "sft_heldout": ms["sft"]["metrics"]["heldout_accuracy"],
-                      "final_heldout": ms["eval"]["metrics"]["heldout_accuracy"], "stages_wall_s": round(w_single, 1), "grpo_steps": steps}
+        w_single = (
+            sum(manifests(store, exp, s)[0]["wall_s"] for s in ("sft", "reward-dry-run", "grpo-smoke"))
+            + ms["grpo"]["wall_s"]
+            + ms["eval"]["wall_s"]
+        )
+        single_row = {
+            "policy": "single-turn, no tool",
+            "rc": r2["rc"],
+            "sft_heldout": ms["sft"]["metrics"]["heldout_accuracy"],
+            "final_heldout": ms["eval"]["metrics"]["heldout_accuracy"],
+            "stages_wall_s": round(w_single, 1),
+            "grpo_steps": steps,
+        }
         how = f"GRPO given {steps} steps to fill the time"
     else:
         # the gates stopped it: every guess scores 0, no group varies, GRPO has nothing to learn from. The
@@ -99,17 +138,31 @@ def main() -> None:
         steps = int(max(env["sft"]["max_steps"], w_env / per_step))
         r2 = regimen("run", str(single), "--store", store, "--set", f"sft.max_steps={steps}", check=False)
         sft2 = manifests(store, exp, "sft")[-1]
-        single_row = {"policy": "single-turn, no tool", "rc": r2["rc"], "sft_heldout": sft["metrics"]["heldout_accuracy"],
-                      "final_heldout": sft2["metrics"]["heldout_accuracy"], "stages_wall_s": round(sft2["wall_s"], 1), "grpo_steps": 0}
+        single_row = {
+            "policy": "single-turn, no tool",
+            "rc": r2["rc"],
+            "sft_heldout": sft["metrics"]["heldout_accuracy"],
+            "final_heldout": sft2["metrics"]["heldout_accuracy"],
+            "stages_wall_s": round(sft2["wall_s"], 1),
+            "grpo_steps": 0,
+        }
         how = f"GRPO never ran ({stop or 'stopped at a gate'}); the time went to SFT instead: {steps} steps"
     rows = [
-        {"policy": "tool-using (tiny-env)", "rc": r_env["rc"], "sft_heldout": sft_env, "final_heldout": acc_env, "stages_wall_s": round(w_env, 1),
-         "grpo_steps": env["grpo"]["max_steps"]},
+        {
+            "policy": "tool-using (tiny-env)",
+            "rc": r_env["rc"],
+            "sft_heldout": sft_env,
+            "final_heldout": acc_env,
+            "stages_wall_s": round(w_env, 1),
+            "grpo_steps": env["grpo"]["max_steps"],
+        },
         single_row,
     ]
     print(table(rows, list(rows[0])))
     print(f"single-turn: {how}")
-    print(f"wall ratio single/tool {single_row['stages_wall_s'] / w_env:.2f} (aim 1.0); held-out success with the tool {acc_env} vs without {single_row['final_heldout']}")
+    print(
+        f"wall ratio single/tool {single_row['stages_wall_s'] / w_env:.2f} (aim 1.0); held-out success with the tool {acc_env} vs without {single_row['final_heldout']}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ OPERATOR_POLICY_IN_SAFE_SECTIONS = ("cycle.guard.",)
 TRL_SECTIONS = ("sft", "grpo", "distill")
 # TRL fields that are numbers or switches but still reach out of the run: the network, the hub, other
 # programs, or files.
-_PLACE_OR_CODE = re.compile(r"(hub|push|vllm|remote|report|logging_dir|path|_dir$|file|url|deepspeed|fsdp|accelerator|compile|"
-                            r"ddp_backend|backend|device|use_cpu|liger|kernel|tpu|xla|mps|ray|optuna|sagemaker|debug|tf32|jit|torchdynamo)")
+_PLACE_OR_CODE = re.compile(
+    r"(hub|push|vllm|remote|report|logging_dir|path|_dir$|file|url|deepspeed|fsdp|accelerator|compile|"
+    r"ddp_backend|backend|device|use_cpu|liger|kernel|tpu|xla|mps|ray|optuna|sagemaker|debug|tf32|jit|torchdynamo)"
+)
 _EXTRA_TRL: set[str] = set()
 
 
@@ -88,15 +90,19 @@ def check_overrides(overrides: Any, extra: list[str] | None = None) -> dict[str,
             continue
         section, _, field = key.partition(".")
         if key == "cycle.guard" or key.startswith(OPERATOR_POLICY_IN_SAFE_SECTIONS):
-            raise InputError(f"overrides: {key!r} is not a UI parameter: the reward-hacking guard's action and thresholds are the operator's "
-                             f"policy (like promote.* and limits.*); the operator can allow it with `regimen serve --allow {key}`")
+            raise InputError(
+                f"overrides: {key!r} is not a UI parameter: the reward-hacking guard's action and thresholds are the operator's "
+                f"policy (like promote.* and limits.*); the operator can allow it with `regimen serve --allow {key}`"
+            )
         if section in SAFE_SECTIONS and field:
             continue
         if section in TRL_SECTIONS and field and "." not in field and trl_hyperparameter(section, field):
             continue
-        raise InputError(f"overrides: {key!r} is not a UI parameter: it chooses code or places (allowed: training hyperparameters "
-                         f"sft.*, grpo.*, distill.*, {', '.join(s + '.*' for s in SAFE_SECTIONS)}); the operator can allow it with "
-                         f"`regimen serve --allow {key}`")
+        raise InputError(
+            f"overrides: {key!r} is not a UI parameter: it chooses code or places (allowed: training hyperparameters "
+            f"sft.*, grpo.*, distill.*, {', '.join(s + '.*' for s in SAFE_SECTIONS)}); the operator can allow it with "
+            f"`regimen serve --allow {key}`"
+        )
     return overrides
 
 
@@ -111,9 +117,11 @@ def resolve_config(config: Any) -> Path:
         raise InputError("config: give a recipe name from the project's configs folder, e.g. default.yaml")
     name = config.strip()
     if name.startswith("configs/"):
-        name = name[len("configs/"):]
+        name = name[len("configs/") :]
     if Path(name).is_absolute() or ".." in Path(name).parts or "\x00" in name:
-        raise InputError(f"config {config!r}: choose a recipe inside the project's configs folder by name or relative path")
+        raise InputError(
+            f"config {config!r}: choose a recipe inside the project's configs folder by name or relative path"
+        )
     if not name.endswith((".yaml", ".yml")):
         name += ".yaml"
     path = (root / name).resolve()
@@ -128,11 +136,18 @@ def check_owner_only(path: Path) -> None:
     import stat
 
     if path.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise InputError(f"config {path.name}: {path} is writable by other users (mode {stat.S_IMODE(path.stat().st_mode):o}); "
-                         "a recipe chooses code and places, so only its owner may write it (chmod go-w)")
+        raise InputError(
+            f"config {path.name}: {path} is writable by other users (mode {stat.S_IMODE(path.stat().st_mode):o}); "
+            "a recipe chooses code and places, so only its owner may write it (chmod go-w)"
+        )
 
 
-LIMIT_FLAGS = {"max_steps": "--max-steps", "max_checkpoints": "--max-checkpoints", "max_hours": "--max-hours", "max_disk_gb": "--max-disk-gb"}
+LIMIT_FLAGS = {
+    "max_steps": "--max-steps",
+    "max_checkpoints": "--max-checkpoints",
+    "max_hours": "--max-hours",
+    "max_disk_gb": "--max-disk-gb",
+}
 DEFAULT_LIMITS = {"max_steps": 100_000, "max_checkpoints": 5, "max_hours": 24.0, "max_disk_gb": 50.0}
 """What `regimen serve` holds UI runs to unless the operator says otherwise (0 lifts one)."""
 
@@ -152,8 +167,21 @@ def operator_limits() -> dict[str, Any]:
 # The deployment record: what `regimen serve` registered is what its runs run
 
 
-GUARDED = ("entrypoint", "path", "pull_steps", "job_variables", "parameter_openapi_schema", "enforce_parameter_schema", "parameters",
-           "work_pool_name", "work_queue_name", "storage_document_id", "infrastructure_document_id", "global_concurrency_limit", "concurrency_options")
+GUARDED = (
+    "entrypoint",
+    "path",
+    "pull_steps",
+    "job_variables",
+    "parameter_openapi_schema",
+    "enforce_parameter_schema",
+    "parameters",
+    "work_pool_name",
+    "work_queue_name",
+    "storage_document_id",
+    "infrastructure_document_id",
+    "global_concurrency_limit",
+    "concurrency_options",
+)
 """The fields of a deployment record that choose code, places, defaults or how many runs share the
 device (the concurrency limit and its collision strategy: 1, ENQUEUE): what serve registered is what its
 runs check the record against (`check_deployment`). Not the schedules' on/off state: pausing is a
@@ -171,7 +199,9 @@ def record_digest(deployment: Any) -> tuple[str, dict[str, str]]:
     data = dict(deployment if isinstance(deployment, dict) else deployment.model_dump(mode="json"))
     if isinstance(data.get("global_concurrency_limit"), dict):
         data["global_concurrency_limit"] = {k: data["global_concurrency_limit"].get(k) for k in _LIMIT_FIELDS}
-    fields = {k: hashlib.sha256(json.dumps(data.get(k), sort_keys=True, default=str).encode()).hexdigest() for k in GUARDED}
+    fields = {
+        k: hashlib.sha256(json.dumps(data.get(k), sort_keys=True, default=str).encode()).hexdigest() for k in GUARDED
+    }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest(), fields
 
 
@@ -207,5 +237,7 @@ def check_deployment(deployment_id: Any = NOT_GIVEN) -> str | None:
         return None
     known = json.loads(os.environ.get("REGIMEN_DEPLOYMENT_FIELDS", "{}")).get(str(deployment_id), {})
     changed = [k for k, v in fields.items() if known.get(k) != v] if known else list(GUARDED)
-    return (f"deployment {record.name!r} was changed through Prefect's API since `regimen serve` registered it "
-            f"({', '.join(changed)}); serve runs only what it registered: restart `regimen serve` to register it again")
+    return (
+        f"deployment {record.name!r} was changed through Prefect's API since `regimen serve` registered it "
+        f"({', '.join(changed)}); serve runs only what it registered: restart `regimen serve` to register it again"
+    )

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages import registry
+from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.decide import promotion as rule
 from regimen.stages.records import datasets as data_records
-from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.store import StaleRecord, Store, now_iso
 
 log = logging.getLogger("regimen.run")
@@ -34,8 +34,10 @@ def _parsed(store: Store, experiment: str, found: Any) -> dict[str, Any]:
     if found is None and not store.ledger.has(experiment, rule.RECORD):
         return rule.empty()
     if not (isinstance(found, dict) and isinstance(found.get("history"), list)):
-        raise StoreError(f"{store.join(experiment, rule.RECORD)}: unreadable (not the record the store wrote); restore it from a backup "
-                         "or move it aside (the experiment's history is in it)")
+        raise StoreError(
+            f"{store.join(experiment, rule.RECORD)}: unreadable (not the record the store wrote); restore it from a backup "
+            "or move it aside (the experiment's history is in it)"
+        )
     return found
 
 
@@ -72,15 +74,29 @@ def correct_of(eval_path: str | Path) -> list[float | None]:
 
 
 def measured(policy: dict[str, Any], ev: dict[str, Any], heldout: dict[str, Any]) -> rule.Measured:
-    return rule.Measured(policy=policy, eval_version=ev["version"], heldout_set=heldout["version"],
-                         accuracy=float(ev["metrics"]["heldout_accuracy"]), correct=correct_of(ev["path"]))
+    return rule.Measured(
+        policy=policy,
+        eval_version=ev["version"],
+        heldout_set=heldout["version"],
+        accuracy=float(ev["metrics"]["heldout_accuracy"]),
+        correct=correct_of(ev["path"]),
+    )
 
 
 DECIDE_ATTEMPTS = 5
 
 
-def conclude(store: Store, recipe, experiment: str, *, challenger: rule.Measured | None, champion_eval, stopped: str | None,
-             trained_from: dict[str, Any] | None, data_digest: str | None) -> dict[str, Any]:
+def conclude(
+    store: Store,
+    recipe,
+    experiment: str,
+    *,
+    challenger: rule.Measured | None,
+    champion_eval,
+    stopped: str | None,
+    trained_from: dict[str, Any] | None,
+    data_digest: str | None,
+) -> dict[str, Any]:
     """Decide, record, and return the history entry. `champion_eval(policy)` evaluates the current champion
     on the frozen set (a judge stage call: reused when nothing changed) and returns its summary.
 
@@ -90,9 +106,17 @@ def conclude(store: Store, recipe, experiment: str, *, challenger: rule.Measured
     line says how often it had to (`redone`)."""
     for attempt in range(DECIDE_ATTEMPTS):
         rec = record(store, experiment)
-        decision, event = _decision(store, recipe, rec, challenger=challenger, champion_eval=champion_eval, stopped=stopped)
-        line = rule.entry(event, challenger, by="flow", reason=decision.reason, at=now_iso(),
-                          extra={"figures": decision.figures, **({"redone": attempt} if attempt else {})})
+        decision, event = _decision(
+            store, recipe, rec, challenger=challenger, champion_eval=champion_eval, stopped=stopped
+        )
+        line = rule.entry(
+            event,
+            challenger,
+            by="flow",
+            reason=decision.reason,
+            at=now_iso(),
+            extra={"figures": decision.figures, **({"redone": attempt} if attempt else {})},
+        )
 
         def apply(current: Any, line=line, event=event) -> dict[str, Any]:
             new = _parsed(store, experiment, current)
@@ -106,13 +130,19 @@ def conclude(store: Store, recipe, experiment: str, *, challenger: rule.Measured
         except StaleRecord as exc:
             log.warning("champion: %s (a person's move, most likely): deciding again on the record as it is now", exc)
             continue
-        log.info("champion: %s — %s", "challenger promoted" if event == "promoted" else "champion kept", decision.reason)
+        log.info(
+            "champion: %s — %s", "challenger promoted" if event == "promoted" else "champion kept", decision.reason
+        )
         return line
-    raise StoreError(f"{experiment}/{rule.RECORD} changed {DECIDE_ATTEMPTS} times while this run decided; nothing recorded by the run "
-                     "(the people's moves stand); the next run decides again")
+    raise StoreError(
+        f"{experiment}/{rule.RECORD} changed {DECIDE_ATTEMPTS} times while this run decided; nothing recorded by the run "
+        "(the people's moves stand); the next run decides again"
+    )
 
 
-def _decision(store: Store, recipe, rec: dict[str, Any], *, challenger: rule.Measured | None, champion_eval, stopped: str | None) -> tuple[rule.Decision, str]:
+def _decision(
+    store: Store, recipe, rec: dict[str, Any], *, challenger: rule.Measured | None, champion_eval, stopped: str | None
+) -> tuple[rule.Decision, str]:
     """The decision on the record `rec` as read, and its event (promoted / kept)."""
     current = rec.get("champion")
     champ = None
@@ -125,10 +155,21 @@ def _decision(store: Store, recipe, rec: dict[str, Any], *, challenger: rule.Mea
 
     gameable = gameable_names(from_specs([s for s in recipe.rewards if s.weight > 0]))
     if challenger is None:
-        also = f"; it trains gameable reward(s) {', '.join(gameable)}: the flow would not promote it anyway" if gameable else ""
+        also = (
+            f"; it trains gameable reward(s) {', '.join(gameable)}: the flow would not promote it anyway"
+            if gameable
+            else ""
+        )
         return rule.Decision(False, f"the run stopped ({stopped}) before a challenger was measured{also}", {}), "kept"
-    decision = rule.decide(challenger, champ, min_gain=recipe.promote.min_gain, confidence=recipe.promote.confidence, stopped=stopped,
-                           gameable=gameable, vetoed=vetoed(rec))
+    decision = rule.decide(
+        challenger,
+        champ,
+        min_gain=recipe.promote.min_gain,
+        confidence=recipe.promote.confidence,
+        stopped=stopped,
+        gameable=gameable,
+        vetoed=vetoed(rec),
+    )
     if decision.promote and recipe.promote.enabled:
         return decision, "promoted"
     if decision.promote:  # promotion switched off: the decision is recorded, the champion stays
@@ -155,7 +196,9 @@ def policy_version(store: Store, experiment: str, spec: str) -> dict[str, Any]:
     return ref
 
 
-def evaluation_of(store: Store, experiment: str, policy: dict[str, Any], heldout: dict[str, Any]) -> dict[str, Any] | None:
+def evaluation_of(
+    store: Store, experiment: str, policy: dict[str, Any], heldout: dict[str, Any]
+) -> dict[str, Any] | None:
     """The newest intact evaluation of `policy` on the frozen set `heldout`, as a stage summary."""
     judge = registry.judge()
     for m in reversed(store.versions(experiment, judge)):
@@ -173,14 +216,18 @@ def person_promotes(store: Store, experiment: str, spec: str, reason: str) -> di
     policy = policy_version(store, experiment, spec)
     ev = evaluation_of(store, experiment, policy, heldout)
     if ev is None:
-        raise InputError(f"{spec}: no evaluation of {policy['stage']} v{policy['version']} on held-out set v{heldout['version']}; "
-                         "a run evaluates the policies it trains")
+        raise InputError(
+            f"{spec}: no evaluation of {policy['stage']} v{policy['version']} on held-out set v{heldout['version']}; "
+            "a run evaluates the policies it trains"
+        )
     m = measured(policy, ev, heldout)
 
     def apply(current: Any) -> dict[str, Any]:
         rec = _parsed(store, experiment, current)
         rec["champion"] = rule.champion_entry(rec, m, trained_from=None, data=None)
-        rec["history"].append(rule.entry("promoted", m, by="person", reason=reason or "promoted by a person", at=now_iso()))
+        rec["history"].append(
+            rule.entry("promoted", m, by="person", reason=reason or "promoted by a person", at=now_iso())
+        )
         return rec
 
     return store.ledger.update(experiment, rule.RECORD, apply)["history"][-1]
@@ -190,25 +237,48 @@ def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, A
     """`regimen rollback EXP`: the champion before the current one is the champion again (a person's move),
     decided and written as one step under the record lock (the champion it rolls back from is the one
     recorded at that moment, not at an earlier read)."""
+
     def apply(current: Any) -> dict[str, Any]:
         rec = _parsed(store, experiment, current)
         champ = rec.get("champion")
         if not champ:
             raise InputError(f"experiment {experiment!r} has no champion to roll back")
-        earlier = [h for h in rec["history"] if h["event"] in ("promoted", "rolled-back") and h.get("policy_ref")
-                   and not rule.same_policy(h["policy_ref"], champ["policy_ref"])]
+        earlier = [
+            h
+            for h in rec["history"]
+            if h["event"] in ("promoted", "rolled-back")
+            and h.get("policy_ref")
+            and not rule.same_policy(h["policy_ref"], champ["policy_ref"])
+        ]
         if not earlier:
-            raise InputError(f"experiment {experiment!r}: the champion ({champ['policy']}) is the first one; there is nothing to roll back to")
+            raise InputError(
+                f"experiment {experiment!r}: the champion ({champ['policy']}) is the first one; there is nothing to roll back to"
+            )
         target = earlier[-1]
         heldout = data_records.current(store, experiment)
-        policy = policy_version(store, experiment, f"{target['policy_ref']['stage']}/v{target['policy_ref']['version']}")
+        policy = policy_version(
+            store, experiment, f"{target['policy_ref']['stage']}/v{target['policy_ref']['version']}"
+        )
         ev = evaluation_of(store, experiment, policy, heldout) if heldout else None
         if ev is None:
-            raise InputError(f"{target['policy']}: no evaluation on the current held-out set; promote another version with `regimen promote`")
+            raise InputError(
+                f"{target['policy']}: no evaluation on the current held-out set; promote another version with `regimen promote`"
+            )
         m = measured(policy, ev, heldout)
         rec["champion"] = rule.champion_entry(rec, m, trained_from=None, data=None)
-        rec["history"].append(rule.entry("rolled-back", m, by="person", reason=reason or f"rolled back from {champ['policy']}", at=now_iso(),
-                                         extra={"from": champ["policy"], "from_ref": {k: champ["policy_ref"].get(k) for k in ("stage", "version", "fingerprint", "content")}}))
+        rec["history"].append(
+            rule.entry(
+                "rolled-back",
+                m,
+                by="person",
+                reason=reason or f"rolled back from {champ['policy']}",
+                at=now_iso(),
+                extra={
+                    "from": champ["policy"],
+                    "from_ref": {k: champ["policy_ref"].get(k) for k in ("stage", "version", "fingerprint", "content")},
+                },
+            )
+        )
         return rec
 
     return store.ledger.update(experiment, rule.RECORD, apply)["history"][-1]
@@ -240,9 +310,16 @@ def export(store: Store, experiment: str, out: str) -> Path:
     try:
         shutil.copytree(policy["model"], tmp, symlinks=True, dirs_exist_ok=True)
         if any(p.is_symlink() for p in tmp.rglob("*")):
-            raise StoreError(f"{policy['model']}: the champion's model folder holds a symbolic link; a store version holds plain files only")
-        (tmp / "regimen_champion.json").write_text(json.dumps({"experiment": experiment, **{k: v for k, v in current.items() if k != "correct"}},
-                                                              indent=1, default=str))
+            raise StoreError(
+                f"{policy['model']}: the champion's model folder holds a symbolic link; a store version holds plain files only"
+            )
+        (tmp / "regimen_champion.json").write_text(
+            json.dumps(
+                {"experiment": experiment, **{k: v for k, v in current.items() if k != "correct"}},
+                indent=1,
+                default=str,
+            )
+        )
         tmp.chmod(0o755)
         if target.is_dir() and not target.is_symlink():
             target.rmdir()  # empty (checked above): replaced by the finished copy

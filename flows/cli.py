@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,14 +18,21 @@ from rich.table import Table
 from regimen.flows.present.fmt import num
 from regimen.stages.core.errors import InputError, RegimenError
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
-                  help="Regimen: distillation-style SFT and GRPO in cycles, orchestrated by Prefect.")
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="Regimen: distillation-style SFT and GRPO in cycles, orchestrated by Prefect.",
+)
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)
 
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a recipe field: KEY=VALUE with a dotted key, e.g. grpo.beta=0.05")]
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help="artifact store: a folder or an fsspec URL")]
-ExperimentOpt = Annotated[Optional[str], typer.Option("--experiment", help="experiment name in the store")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="override a recipe field: KEY=VALUE with a dotted key, e.g. grpo.beta=0.05"),
+]
+StoreOpt = Annotated[str | None, typer.Option("--store", help="artifact store: a folder or an fsspec URL")]
+ExperimentOpt = Annotated[str | None, typer.Option("--experiment", help="experiment name in the store")]
 
 
 def summary_table(results: list[dict[str, Any]]) -> Table:
@@ -44,7 +51,9 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
         if r.get("damaged"):
             shown += f", damaged versions not reused: {', '.join('v' + str(d['version']) for d in r['damaged'])}"
         where = f"{r.get('cycle')}" + (f".{r['round']}" if r.get("round") else "")
-        table.add_row(r["stage"], f"v{r['version']}", where, "reused" if r["reused"] else "ran", f"{r['wall_s']:.1f}", shown)
+        table.add_row(
+            r["stage"], f"v{r['version']}", where, "reused" if r["reused"] else "ran", f"{r['wall_s']:.1f}", shown
+        )
     return table
 
 
@@ -61,10 +70,14 @@ def _print_run(outcome, started: float) -> None:
     stages = sum(r["wall_s"] for r in results)
     reused = sum(1 for r in results if r["reused"])
     if outcome.exit_code:
-        console.print(f"wall time {total:.1f}s; the {len(results)} stage(s) that finished took {stages:.1f}s"
-                      + (f" ({reused} reused)" if reused else ""))
+        console.print(
+            f"wall time {total:.1f}s; the {len(results)} stage(s) that finished took {stages:.1f}s"
+            + (f" ({reused} reused)" if reused else "")
+        )
     elif reused < len(results):
-        console.print(f"wall time {total:.1f}s; stages {stages:.1f}s; fixed cost {total - stages:.1f}s (wall minus the stages' own time)")
+        console.print(
+            f"wall time {total:.1f}s; stages {stages:.1f}s; fixed cost {total - stages:.1f}s (wall minus the stages' own time)"
+        )
     else:
         console.print(f"wall time {total:.1f}s; every stage reused (nothing changed)")
     last_eval = next((r for r in reversed(results) if r.get("decision")), None)
@@ -83,7 +96,10 @@ def resolve(config: str, set_: list[str] | None, store: str | None):
     return load_recipe(config, overrides)
 
 
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="show everything the libraries print (Prefect's log keeps it either way)")]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option("--verbose", "-v", help="show everything the libraries print (Prefect's log keeps it either way)"),
+]
 
 
 @app.command()
@@ -125,7 +141,11 @@ def run(
         raise _as_regimen_error(outcome, state)
     _print_run(outcome, started)
     if outcome.exit_code:
-        error = InputError(outcome.message or "bad input") if outcome.exit_code == 2 else RegimenError(outcome.message or state.message or "the run stopped")
+        error = (
+            InputError(outcome.message or "bad input")
+            if outcome.exit_code == 2
+            else RegimenError(outcome.message or state.message or "the run stopped")
+        )
         error.exit_code = outcome.exit_code
         raise error
 
@@ -136,7 +156,11 @@ def _present_and_say(outcome, started: float) -> None:
     if outcome.exit_code == 2:
         err.print(f"error: {outcome.message}", markup=False, highlight=False)
     elif outcome.exit_code:
-        err.print(f"{'interrupted' if outcome.exit_code in (130, 143) else 'stopped'}: {outcome.message}", markup=False, highlight=False)
+        err.print(
+            f"{'interrupted' if outcome.exit_code in (130, 143) else 'stopped'}: {outcome.message}",
+            markup=False,
+            highlight=False,
+        )
 
 
 def _flush_prefect_logs() -> None:
@@ -154,8 +178,16 @@ def _as_regimen_error(exc: BaseException, state) -> RegimenError:
     from regimen.stages.core.errors import StageInterrupted
 
     name = type(exc).__name__
-    if isinstance(exc, KeyboardInterrupt) or name in ("CancelledRun", "TerminationSignal", "Abort") or getattr(state, "name", "") == "Cancelled":
-        return StageInterrupted("run", "a cancel" if name != "TerminationSignal" else "SIGTERM", "rerun resumes from the last finished stage")
+    if (
+        isinstance(exc, KeyboardInterrupt)
+        or name in ("CancelledRun", "TerminationSignal", "Abort")
+        or getattr(state, "name", "") == "Cancelled"
+    ):
+        return StageInterrupted(
+            "run",
+            "a cancel" if name != "TerminationSignal" else "SIGTERM",
+            "rerun resumes from the last finished stage",
+        )
     if isinstance(exc, OSError):
         from regimen.stages.store.files import describe_os_error
 
@@ -170,7 +202,9 @@ def _as_regimen_error(exc: BaseException, state) -> RegimenError:
 def check(
     config: Annotated[str, typer.Argument(help="YAML recipe")],
     set_: SetOpt = None,
-    all_fields: Annotated[bool, typer.Option("--all", help="also list every TRL default, not only the key fields")] = False,
+    all_fields: Annotated[
+        bool, typer.Option("--all", help="also list every TRL default, not only the key fields")
+    ] = False,
 ) -> None:
     """Validate a recipe and print it fully resolved, each value with where it came from; runs nothing."""
     from regimen.stages.recipe import explain, load_recipe
@@ -182,9 +216,12 @@ def check(
 
 @app.command("reward-check")
 def reward_check(
-    samples: Annotated[str, typer.Option("--samples", help="JSONL: one object per line with `completion` (+ prompt, answer, tests, ...)")],
-    config: Annotated[Optional[str], typer.Option("--config", help="take the rewards from this recipe")] = None,
-    reward: Annotated[Optional[list[str]], typer.Option("--reward", help="reward name (repeatable)")] = None,
+    samples: Annotated[
+        str,
+        typer.Option("--samples", help="JSONL: one object per line with `completion` (+ prompt, answer, tests, ...)"),
+    ],
+    config: Annotated[str | None, typer.Option("--config", help="take the rewards from this recipe")] = None,
+    reward: Annotated[list[str] | None, typer.Option("--reward", help="reward name (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per sample")] = False,
 ) -> None:
     """Score completions with rewards, no model: the dry run of a reward on sample text."""
@@ -280,23 +317,75 @@ def report(
 @app.command()
 def serve(
     config: Annotated[str, typer.Argument(help="recipe in the configs folder the deployments run by default")],
-    store: Annotated[Optional[str], typer.Option("--store", help="artifact store for runs of these deployments")] = None,
+    store: Annotated[
+        str | None, typer.Option("--store", help="artifact store for runs of these deployments")
+    ] = None,
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly deployment")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
-    allow: Annotated[Optional[list[str]], typer.Option("--allow", help="let UI runs also set this recipe key (a dotted key or pattern, e.g. model.name_or_path); repeatable")] = None,
-    configs: Annotated[Optional[str], typer.Option("--configs", help="the folder UI runs choose recipes from (default: ./configs); it must hold the served recipe")] = None,
-    allow_unauthenticated_api: Annotated[bool, typer.Option("--allow-unauthenticated-api", help="serve a Prefect API other machines can reach without authentication (behind your own proxy)")] = False,
-    max_steps: Annotated[int, typer.Option("--max-steps", min=0, help="a served run's training stages train at most this many steps (0: no limit)")] = 100_000,
-    max_checkpoints: Annotated[int, typer.Option("--max-checkpoints", min=0, help="checkpoints a training stage keeps at most (0: no limit; else at least 2)")] = 5,
-    max_hours: Annotated[float, typer.Option("--max-hours", min=0, help="wall time of a served run: training stops past it (0: no limit)")] = 24.0,
-    max_disk_gb: Annotated[float, typer.Option("--max-disk-gb", min=0, help="size of a served run's experiment folder: training stops past it (0: no limit)")] = 50.0,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            help="let UI runs also set this recipe key (a dotted key or pattern, e.g. model.name_or_path); repeatable",
+        ),
+    ] = None,
+    configs: Annotated[
+        str | None,
+        typer.Option(
+            "--configs",
+            help="the folder UI runs choose recipes from (default: ./configs); it must hold the served recipe",
+        ),
+    ] = None,
+    allow_unauthenticated_api: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unauthenticated-api",
+            help="serve a Prefect API other machines can reach without authentication (behind your own proxy)",
+        ),
+    ] = False,
+    max_steps: Annotated[
+        int,
+        typer.Option(
+            "--max-steps", min=0, help="a served run's training stages train at most this many steps (0: no limit)"
+        ),
+    ] = 100_000,
+    max_checkpoints: Annotated[
+        int,
+        typer.Option(
+            "--max-checkpoints", min=0, help="checkpoints a training stage keeps at most (0: no limit; else at least 2)"
+        ),
+    ] = 5,
+    max_hours: Annotated[
+        float,
+        typer.Option("--max-hours", min=0, help="wall time of a served run: training stops past it (0: no limit)"),
+    ] = 24.0,
+    max_disk_gb: Annotated[
+        float,
+        typer.Option(
+            "--max-disk-gb",
+            min=0,
+            help="size of a served run's experiment folder: training stops past it (0: no limit)",
+        ),
+    ] = 50.0,
 ) -> None:
     """Register and serve the deployments `on-demand` and `nightly` of the flow regimen-cycle."""
     from regimen.flows.deploy import serve_deployments
 
-    serve_deployments(config, store=store, cron=cron, timezone=timezone, allow=list(allow or []), configs_dir=configs,
-                      allow_unauthenticated=allow_unauthenticated_api,
-                      limits={"max_steps": max_steps, "max_checkpoints": max_checkpoints, "max_hours": max_hours, "max_disk_gb": max_disk_gb})
+    serve_deployments(
+        config,
+        store=store,
+        cron=cron,
+        timezone=timezone,
+        allow=list(allow or []),
+        configs_dir=configs,
+        allow_unauthenticated=allow_unauthenticated_api,
+        limits={
+            "max_steps": max_steps,
+            "max_checkpoints": max_checkpoints,
+            "max_hours": max_hours,
+            "max_disk_gb": max_disk_gb,
+        },
+    )
 
 
 pool_app = typer.Typer(no_args_is_help=True, help="Several hosts: a Prefect process work pool, one worker per host.")
@@ -307,35 +396,80 @@ app.add_typer(pool_app, name="pool")
 def pool_setup(
     store: Annotated[str, typer.Option("--store", help="the bucket every host shares, e.g. s3://bucket/prefix")],
     pool: Annotated[str, typer.Option("--pool", help="the process work pool's name")] = "regimen",
-    config: Annotated[str, typer.Option("--config", help="recipe in the configs folder the deployments run by default")] = "configs/default.yaml",
-    configs: Annotated[Optional[str], typer.Option("--configs", help="the folder UI runs choose recipes from (default: ./configs)")] = None,
+    config: Annotated[
+        str, typer.Option("--config", help="recipe in the configs folder the deployments run by default")
+    ] = "configs/default.yaml",
+    configs: Annotated[
+        str | None, typer.Option("--configs", help="the folder UI runs choose recipes from (default: ./configs)")
+    ] = None,
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly deployment")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
-    allow: Annotated[Optional[list[str]], typer.Option("--allow", help="let UI runs also set this recipe key; repeatable (as serve --allow)")] = None,
-    allow_unauthenticated_api: Annotated[bool, typer.Option("--allow-unauthenticated-api", help="a Prefect API other machines reach without authentication")] = False,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option("--allow", help="let UI runs also set this recipe key; repeatable (as serve --allow)"),
+    ] = None,
+    allow_unauthenticated_api: Annotated[
+        bool,
+        typer.Option("--allow-unauthenticated-api", help="a Prefect API other machines reach without authentication"),
+    ] = False,
     max_steps: Annotated[int, typer.Option("--max-steps", min=0, help="as `regimen serve --max-steps`")] = 100_000,
-    max_checkpoints: Annotated[int, typer.Option("--max-checkpoints", min=0, help="as `regimen serve --max-checkpoints`")] = 5,
+    max_checkpoints: Annotated[
+        int, typer.Option("--max-checkpoints", min=0, help="as `regimen serve --max-checkpoints`")
+    ] = 5,
     max_hours: Annotated[float, typer.Option("--max-hours", min=0, help="as `regimen serve --max-hours`")] = 24.0,
     max_disk_gb: Annotated[float, typer.Option("--max-disk-gb", min=0, help="as `regimen serve --max-disk-gb`")] = 50.0,
-    heartbeat_s: Annotated[int, typer.Option("--heartbeat-s", help="seconds between a run's heartbeats (Prefect's least: 30)")] = 30,
-    host_lost_after_s: Annotated[Optional[int], typer.Option("--host-lost-after-s", help="no heartbeat this long: the run's host is lost and the run is scheduled again (default: the store lease's 120 s + a heartbeat)")] = None,
+    heartbeat_s: Annotated[
+        int, typer.Option("--heartbeat-s", help="seconds between a run's heartbeats (Prefect's least: 30)")
+    ] = 30,
+    host_lost_after_s: Annotated[
+        int | None,
+        typer.Option(
+            "--host-lost-after-s",
+            help="no heartbeat this long: the run's host is lost and the run is scheduled again (default: the store lease's 120 s + a heartbeat)",
+        ),
+    ] = None,
 ) -> None:
     """Create (or update) a process work pool, deploy regimen-cycle/on-demand and /nightly to it, and the automations that redo a run whose host was lost."""
-    from regimen.flows.pool import WORKER_COMMAND, pool_setup as setup
+    from regimen.flows.pool import WORKER_COMMAND
+    from regimen.flows.pool import pool_setup as setup
 
-    made = setup(store, pool=pool, config=config, configs_dir=configs, cron=cron, timezone=timezone, allow=list(allow or []),
-                 allow_unauthenticated=allow_unauthenticated_api, heartbeat_s=heartbeat_s, host_lost_after_s=host_lost_after_s,
-                 limits={"max_steps": max_steps, "max_checkpoints": max_checkpoints, "max_hours": max_hours, "max_disk_gb": max_disk_gb})
-    console.print(f"work pool {made['pool']!r}: regimen-cycle/on-demand and /nightly deployed (recipe {made['config']}, store {store}); "
-                  f"a run without a heartbeat for {made['host_lost_after_s']} s is marked Crashed (HostLost) and scheduled again", markup=False, highlight=False)
-    console.print(f"on each host, in this project's folder, with the bucket's AWS_* environment: {WORKER_COMMAND.format(pool=made['pool'])}",
-                  markup=False, highlight=False)
+    made = setup(
+        store,
+        pool=pool,
+        config=config,
+        configs_dir=configs,
+        cron=cron,
+        timezone=timezone,
+        allow=list(allow or []),
+        allow_unauthenticated=allow_unauthenticated_api,
+        heartbeat_s=heartbeat_s,
+        host_lost_after_s=host_lost_after_s,
+        limits={
+            "max_steps": max_steps,
+            "max_checkpoints": max_checkpoints,
+            "max_hours": max_hours,
+            "max_disk_gb": max_disk_gb,
+        },
+    )
+    console.print(
+        f"work pool {made['pool']!r}: regimen-cycle/on-demand and /nightly deployed (recipe {made['config']}, store {store}); "
+        f"a run without a heartbeat for {made['host_lost_after_s']} s is marked Crashed (HostLost) and scheduled again",
+        markup=False,
+        highlight=False,
+    )
+    console.print(
+        f"on each host, in this project's folder, with the bucket's AWS_* environment: {WORKER_COMMAND.format(pool=made['pool'])}",
+        markup=False,
+        highlight=False,
+    )
 
 
 @app.command("make-model")
 def make_model(
     out: Annotated[str, typer.Argument(help="folder to write the model into (like a hub snapshot)")],
-    arch: Annotated[str, typer.Option("--arch", help="qwen3 or llama (either with a byte-level BPE tokenizer and a chat template)")] = "qwen3",
+    arch: Annotated[
+        str, typer.Option("--arch", help="qwen3 or llama (either with a byte-level BPE tokenizer and a chat template)")
+    ] = "qwen3",
     hidden_size: Annotated[int, typer.Option("--hidden-size")] = 64,
     layers: Annotated[int, typer.Option("--layers")] = 2,
 ) -> None:
@@ -374,16 +508,22 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        err.print("interrupted (Ctrl-C): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint")
+        err.print(
+            "interrupted (Ctrl-C): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint"
+        )
         sys.exit(130)
     except OSError as exc:  # the machine, not the user: a full disk, a read-only folder
         from regimen.stages.store.files import describe_os_error
 
-        err.print(f"stopped: {describe_os_error(exc, getattr(exc, 'filename', '') or '')}", markup=False, highlight=False)
+        err.print(
+            f"stopped: {describe_os_error(exc, getattr(exc, 'filename', '') or '')}", markup=False, highlight=False
+        )
         sys.exit(1)
     except BaseException as exc:
         if type(exc).__name__ == "TerminationSignal":  # prefect.exceptions.TerminationSignal: SIGTERM between stages
-            err.print("interrupted (SIGTERM): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint")
+            err.print(
+                "interrupted (SIGTERM): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint"
+            )
             sys.exit(143)
         if isinstance(exc, (SystemExit, GeneratorExit)):
             raise

@@ -22,10 +22,25 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, Failed
 
-from regimen.flows.publish import Presenter, publish, publish_champion, publish_curves, publish_report, publish_stopped, publish_verdict
+from regimen.flows.publish import (
+    Presenter,
+    publish,
+    publish_champion,
+    publish_curves,
+    publish_report,
+    publish_stopped,
+    publish_verdict,
+)
 from regimen.stages import registry
-from regimen.stages.decide.verdicts import BACK_TO_SFT, CONTINUE, OVERFITTING_VERDICT, REWARD_HACKING, Evaluation, decide
 from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
+from regimen.stages.decide.verdicts import (
+    BACK_TO_SFT,
+    CONTINUE,
+    OVERFITTING_VERDICT,
+    REWARD_HACKING,
+    Evaluation,
+    decide,
+)
 from regimen.stages.recipe import Recipe, load_recipe
 from regimen.stages.run.runner import StageCall, StageResult, execute
 from regimen.stages.store import Store, check_name
@@ -33,7 +48,9 @@ from regimen.stages.store.lock import machine_slot
 from regimen.stages.training.pass_rates import FILE as PASS_RATES
 from regimen.stages.training.policy import base_policy, latest_policy
 
-log = logging.getLogger("regimen.run")  # one line per stage start and end (the CLI shows them; Prefect's log keeps them)
+log = logging.getLogger(
+    "regimen.run"
+)  # one line per stage start and end (the CLI shows them; Prefect's log keeps them)
 
 
 @dataclass
@@ -51,18 +68,30 @@ class RunResult:
 def summary(result: StageResult) -> dict[str, Any]:
     m = result.manifest
     return {
-        "stage": m["stage"], "version": m["version"], "cycle": m.get("cycle"), "round": m.get("round"),
-        "reused": result.reused, "wall_s": round(result.wall_s, 3), "stage_wall_s": m.get("wall_s"),
-        "metrics": m.get("metrics", {}), "warning": m.get("warning") or m.get("guard_warning"), "finding": m.get("guard_finding"),
-        "resumed_from_step": m.get("resumed_from_step"), "path": str(result.path), "ref": result.ref,
+        "stage": m["stage"],
+        "version": m["version"],
+        "cycle": m.get("cycle"),
+        "round": m.get("round"),
+        "reused": result.reused,
+        "wall_s": round(result.wall_s, 3),
+        "stage_wall_s": m.get("wall_s"),
+        "metrics": m.get("metrics", {}),
+        "warning": m.get("warning") or m.get("guard_warning"),
+        "finding": m.get("guard_finding"),
+        "resumed_from_step": m.get("resumed_from_step"),
+        "path": str(result.path),
+        "ref": result.ref,
         "damaged": result.damaged,
     }
 
 
 def key_figures(out: dict[str, Any]) -> str:
     metrics = out.get("metrics") or {}
-    shown = [f"{k}={metrics[k]:.3g}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
-             for k in registry.get(out["stage"]).KEY_METRICS if k in metrics]
+    shown = [
+        f"{k}={metrics[k]:.3g}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
+        for k in registry.get(out["stage"]).KEY_METRICS
+        if k in metrics
+    ]
     return ", ".join(shown)
 
 
@@ -91,36 +120,72 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycl
 
     def progress(event: str, data: dict[str, Any]) -> None:  # the probe curve, live in the UI while GRPO trains
         if event == "probe":
-            run.presenter.submit_latest("curves", publish_curves, experiment, {f"{stage} (running, cycle {cycle}.{round})": data["log_history"]},
-                                        store.experiment_dir(experiment, "plots") / "grpo_running.png",
-                                        f"{stage} cycle {cycle}.{round}: training reward and held-out probe, step {data['step']}", key="curves")
+            run.presenter.submit_latest(
+                "curves",
+                publish_curves,
+                experiment,
+                {f"{stage} (running, cycle {cycle}.{round})": data["log_history"]},
+                store.experiment_dir(experiment, "plots") / "grpo_running.png",
+                f"{stage} cycle {cycle}.{round}: training reward and held-out probe, step {data['step']}",
+                key="curves",
+            )
 
-    result = execute(StageCall(stage, recipe, inputs, experiment, cycle=cycle, round=round,
-                               slot=lambda: machine_slot(f"{experiment}/{stage}", say=logger.warning), progress=progress), store)
+    result = execute(
+        StageCall(
+            stage,
+            recipe,
+            inputs,
+            experiment,
+            cycle=cycle,
+            round=round,
+            slot=lambda: machine_slot(f"{experiment}/{stage}", say=logger.warning),
+            progress=progress,
+        ),
+        store,
+    )
     run.presenter.submit(publish, result, store)
     out = summary(result)
     return Completed(name="Cached", data=out) if result.reused else out  # how Prefect names a reused result in the UI
 
 
-def stage(name: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycle: int = 1, round: int = 0) -> dict[str, Any]:
+def stage(
+    name: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycle: int = 1, round: int = 0
+) -> dict[str, Any]:
     """Run `name` as a task and add its summary to the run's results."""
     where = f"cycle {cycle}" + (f", round {round}" if round else "") if cycle else "the champion"
     if run.heldout is not None:
         inputs = {**inputs, "heldout": run.heldout}
     log.info("%s (%s) ...", name, where)
     out = run_stage(name, recipe, inputs, run, cycle=cycle, round=round, return_state=True).result()
-    log.info("%s v%s %s in %.1fs%s", name, out["version"], "reused" if out["reused"] else "ran", out["wall_s"],
-             f": {figures}" if (figures := key_figures(out)) else "")
+    log.info(
+        "%s v%s %s in %.1fs%s",
+        name,
+        out["version"],
+        "reused" if out["reused"] else "ran",
+        out["wall_s"],
+        f": {figures}" if (figures := key_figures(out)) else "",
+    )
     run.results.append(out)
     return out
 
 
-@task(name="verdict", task_run_name="verdict (cycle {cycle}, round {round})", cache_policy=NO_CACHE, persist_result=False)
-def record_verdict(run: Run, recipe: Recipe, history: list[dict[str, Any]], eval_result: dict[str, Any], cycle: int, round: int) -> dict[str, Any]:
+@task(
+    name="verdict", task_run_name="verdict (cycle {cycle}, round {round})", cache_policy=NO_CACHE, persist_result=False
+)
+def record_verdict(
+    run: Run, recipe: Recipe, history: list[dict[str, Any]], eval_result: dict[str, Any], cycle: int, round: int
+) -> dict[str, Any]:
     """Evaluation measures; the flow decides: the pure decision on the history, kept beside the evaluation."""
     decision = decide([Evaluation.from_dict(e) for e in history], recipe.cycle).as_dict()
-    record = {"eval_version": eval_result["version"], "eval_fingerprint": eval_result["ref"]["fingerprint"], "cycle": cycle, "round": round,
-              "cycle_settings": recipe.cycle.model_dump(mode="json"), "history": history, **decision}
+    record = {
+        "eval_version": eval_result["version"],
+        "eval_fingerprint": eval_result["ref"]["fingerprint"],
+        "cycle": cycle,
+        "round": round,
+        "cycle_settings": recipe.cycle.model_dump(mode="json"),
+        "history": history,
+        **decision,
+    }
     run.store.ledger.record_decision(run.experiment, record)
     run.presenter.submit(publish_verdict, run.experiment, record, eval_result["path"])
     return record
@@ -149,7 +214,9 @@ def _refuse_when_tampered(flow, flow_run, state) -> None:
         client.set_flow_run_state(flow_run.id, Failed(message=f"refused: {refused}"), force=True)
 
 
-@flow(name="regimen-cycle", persist_result=False, on_failure=[_refuse_when_tampered], on_crashed=[_refuse_when_tampered])
+@flow(
+    name="regimen-cycle", persist_result=False, on_failure=[_refuse_when_tampered], on_crashed=[_refuse_when_tampered]
+)
 def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, overrides: dict[str, Any] | None = None):
     """Train a policy in cycles of SFT and GRPO from a recipe.
 
@@ -186,8 +253,12 @@ def _tampered_event(reason: str, run=None) -> None:
     from prefect.events import emit_event
 
     run = run or FlowRunContext.get().flow_run
-    emit_event(event="regimen.deployment.tampered", resource={"prefect.resource.id": f"prefect.deployment.{run.deployment_id}"},
-               related=[{"prefect.resource.id": f"prefect.flow-run.{run.id}", "prefect.resource.role": "flow-run"}], payload={"reason": reason})
+    emit_event(
+        event="regimen.deployment.tampered",
+        resource={"prefect.resource.id": f"prefect.deployment.{run.deployment_id}"},
+        related=[{"prefect.resource.id": f"prefect.flow-run.{run.id}", "prefect.resource.role": "flow-run"}],
+        payload={"reason": reason},
+    )
 
 
 @flow(name="regimen-cycle", validate_parameters=False, persist_result=False)
@@ -234,7 +305,9 @@ def _run_cycles(recipe: Recipe, experiment: str):
                 cycles(recipe, run)
                 crown(recipe, run, stopped=None)
             except StageStopped as exc:
-                if exc.stage in registry.in_role("train") and str(exc.reason).startswith((REWARD_HACKING, OVERFITTING_VERDICT)):
+                if exc.stage in registry.in_role("train") and str(exc.reason).startswith(
+                    (REWARD_HACKING, OVERFITTING_VERDICT)
+                ):
                     presenter.submit(_publish_stopped, experiment, run.store, exc)
                 crown(recipe, run, stopped=str(exc.reason).split(":")[0] if exc.reason else exc.stage)
                 raise
@@ -242,11 +315,18 @@ def _run_cycles(recipe: Recipe, experiment: str):
                 if results:
                     presenter.submit(publish_report, run.store, recipe, experiment)
                 interrupted = isinstance(sys.exc_info()[1], StageInterrupted)  # a person asked to stop: not long
-                presenter.close(patience=5.0 if interrupted else None)  # what is still queued is published before the run ends
+                presenter.close(
+                    patience=5.0 if interrupted else None
+                )  # what is still queued is published before the run ends
     except StageInterrupted as exc:
-        return Cancelled(message=str(exc), data=RunResult(results, exc.exit_code, str(exc), exc.stage, type(exc).__name__))
+        return Cancelled(
+            message=str(exc), data=RunResult(results, exc.exit_code, str(exc), exc.stage, type(exc).__name__)
+        )
     except RegimenError as exc:  # a gate, the guard, a stage, the store, the lock; bad input found at preflight
-        return Failed(message=str(exc), data=RunResult(results, exc.exit_code, str(exc), getattr(exc, "stage", None), type(exc).__name__))
+        return Failed(
+            message=str(exc),
+            data=RunResult(results, exc.exit_code, str(exc), getattr(exc, "stage", None), type(exc).__name__),
+        )
     finally:
         presenter.close(patience=5.0)  # closed above unless the run stopped before taking the lock
     return RunResult(results)
@@ -287,7 +367,9 @@ def gates(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int) -> dict[
     return seen
 
 
-def train_round(recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int, round: int, seen: dict[str, Any] | None = None) -> dict[str, Any]:
+def train_round(
+    recipe: Recipe, policy: dict[str, Any], run: Run, cycle: int, round: int, seen: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The train stages of one round, each from the previous one's policy; the last one's result. With the
     curriculum on, `seen` (the dry run's or the round before's pass rates) is where it starts."""
     for name in registry.in_role("train"):
@@ -307,9 +389,17 @@ def prepare_data(recipe: Recipe, run: Run) -> None:
     task = load_task(recipe.data, run.heldout)
     run.data = data_records.record_training_data(run.store, run.experiment, task.train, task.dropped_heldout)
     d = run.data
-    log.info("data: %d training rows (%d new since data v%s%s%s); held-out set v%d, %d prompts%s", d["rows"], d["new"], d["version"] - 1 if d["changed"] else d["version"],
-             f", {d['gone']} gone" if d["gone"] else "", f", {d['dropped_heldout']} dropped as held-out prompts" if d["dropped_heldout"] else "",
-             run.heldout["version"], run.heldout.get("rows") or 0, " (frozen now: the experiment's first run)" if frozen_now else "")
+    log.info(
+        "data: %d training rows (%d new since data v%s%s%s); held-out set v%d, %d prompts%s",
+        d["rows"],
+        d["new"],
+        d["version"] - 1 if d["changed"] else d["version"],
+        f", {d['gone']} gone" if d["gone"] else "",
+        f", {d['dropped_heldout']} dropped as held-out prompts" if d["dropped_heldout"] else "",
+        run.heldout["version"],
+        run.heldout.get("rows") or 0,
+        " (frozen now: the experiment's first run)" if frozen_now else "",
+    )
 
 
 def starting_policy(recipe: Recipe, run: Run) -> dict[str, Any]:
@@ -345,8 +435,16 @@ def crown(recipe: Recipe, run: Run, stopped: str | None) -> None:
         return
     measured = champion.measured(run.challenger[0], run.challenger[1], run.heldout) if run.challenger else None
     try:
-        line = champion.conclude(run.store, recipe, run.experiment, challenger=measured, stopped=stopped, trained_from=run.started_from, data_digest=_data_digest(run),
-                                 champion_eval=lambda policy: stage(registry.judge(), recipe, {"policy": policy}, run, 0, 0))
+        line = champion.conclude(
+            run.store,
+            recipe,
+            run.experiment,
+            challenger=measured,
+            stopped=stopped,
+            trained_from=run.started_from,
+            data_digest=_data_digest(run),
+            champion_eval=lambda policy: stage(registry.judge(), recipe, {"policy": policy}, run, 0, 0),
+        )
     except RegimenError as exc:
         if stopped:
             log.warning("champion: not decided (%s)", exc)
@@ -366,7 +464,11 @@ def cycles(recipe: Recipe, run: Run) -> None:
         if recipe.cycle.stop_when_taught and baseline >= recipe.cycle.target:
             # the cycle's start already meets the target: GRPO has nothing left to add. Measured by the judge
             # like any challenger (the champion's comparison needs its per-prompt outcomes), and recorded.
-            log.info("held-out accuracy %.3f before GRPO already meets the target %.3f: no GRPO round this cycle", baseline, recipe.cycle.target)
+            log.info(
+                "held-out accuracy %.3f before GRPO already meets the target %.3f: no GRPO round this cycle",
+                baseline,
+                recipe.cycle.target,
+            )
             ev = stage(registry.judge(), recipe, {"policy": policy}, run, cycle, 0)
             if ev["metrics"]["heldout_accuracy"] >= recipe.cycle.target:
                 run.challenger = (policy, ev)
@@ -380,13 +482,23 @@ def cycles(recipe: Recipe, run: Run) -> None:
             seen = policy
             ev = stage(registry.judge(), recipe, {"policy": policy}, run, cycle, round)
             run.challenger = (policy, ev)
-            history.append(Evaluation(cycle, round, ev["metrics"]["heldout_accuracy"], g.get("train_reward_last"), g.get("train_reward_first"),
-                                      trained.get("finding")).__dict__)
+            history.append(
+                Evaluation(
+                    cycle,
+                    round,
+                    ev["metrics"]["heldout_accuracy"],
+                    g.get("train_reward_last"),
+                    g.get("train_reward_first"),
+                    trained.get("finding"),
+                ).__dict__
+            )
             verdict = record_verdict(run, recipe, list(history), ev, cycle, round)
             ev.update(verdict=verdict["verdict"], decision=verdict)
             if verdict["verdict"] != CONTINUE:
                 break
         if verdict["verdict"] in (REWARD_HACKING, OVERFITTING_VERDICT):
-            raise StageStopped(registry.judge(), f"{verdict['verdict']}: {verdict['reason']} (trajectories: {ev['path']})")
+            raise StageStopped(
+                registry.judge(), f"{verdict['verdict']}: {verdict['reason']} (trajectories: {ev['path']})"
+            )
         if verdict["verdict"] != BACK_TO_SFT:
             return

@@ -53,7 +53,9 @@ DEFAULT_CRON = "0 2 * * *"
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
 
 
-def deployment_options(config: str, *, cron: str = DEFAULT_CRON, timezone: str = "UTC", nightly_paused: bool = False) -> dict[str, dict[str, Any]]:
+def deployment_options(
+    config: str, *, cron: str = DEFAULT_CRON, timezone: str = "UTC", nightly_paused: bool = False
+) -> dict[str, dict[str, Any]]:
     """The two deployments' options (`Runner.add_flow` keyword arguments), with `config` (a recipe name
     inside the configs folder) as their default."""
     common: dict[str, Any] = dict(
@@ -64,10 +66,17 @@ def deployment_options(config: str, *, cron: str = DEFAULT_CRON, timezone: str =
         tags=["regimen"],
     )
     return {
-        ON_DEMAND: dict(description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, experiment or overrides).", **common),
-        NIGHTLY: dict(schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone=timezone), active=not nightly_paused)],
-                      description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
-                      **common),
+        ON_DEMAND: dict(
+            description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, experiment or overrides).",
+            **common,
+        ),
+        NIGHTLY: dict(
+            schedules=[
+                DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone=timezone), active=not nightly_paused)
+            ],
+            description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
+            **common,
+        ),
     }
 
 
@@ -109,7 +118,9 @@ def nightly_paused_by_a_person() -> bool:
     return bool(d.paused or (d.schedules and not any(s.active for s in d.schedules)))
 
 
-def operator_environment(config: str, store: str, allow: list[str], configs_dir: str | None = None, limits: dict[str, Any] | None = None) -> str:
+def operator_environment(
+    config: str, store: str, allow: list[str], configs_dir: str | None = None, limits: dict[str, Any] | None = None
+) -> str:
     """Fix the operator's choices for the flow runs this process starts; returns the recipe's name
     inside the configs folder (the deployments' default `config`). UI runs choose recipes from
     `configs_dir` (default: `./configs`), which must hold the served recipe and be writable only by its
@@ -129,10 +140,14 @@ def operator_environment(config: str, store: str, allow: list[str], configs_dir:
     if not configs.is_dir():
         raise InputError(f"--configs {configs}: not a folder (UI runs choose their recipe from it)")
     if not path.is_relative_to(configs):
-        raise InputError(f"recipe {config}: must be inside the configs folder {configs} that UI runs choose from (or pass --configs DIR)")
+        raise InputError(
+            f"recipe {config}: must be inside the configs folder {configs} that UI runs choose from (or pass --configs DIR)"
+        )
     for folder in [configs, *[p for p in configs.rglob("*") if p.is_dir()]]:
         if folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise InputError(f"--configs: {folder} is writable by other users; UI runs choose recipes from it, so it must not be")
+            raise InputError(
+                f"--configs: {folder} is writable by other users; UI runs choose recipes from it, so it must not be"
+            )
     for recipe in [p for p in configs.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()]:
         boundary.check_owner_only(recipe)
     os.environ["REGIMEN_CONFIGS"] = str(configs)
@@ -158,13 +173,24 @@ def check_api_protected(allow_unauthenticated: bool = False) -> None:
     local = host in ("", "127.0.0.1", "localhost", "::1") or host.startswith("127.")
     if local or allow_unauthenticated or PREFECT_API_AUTH_STRING.value() or PREFECT_API_KEY.value():
         return
-    raise InputError(f"PREFECT_API_URL {url}: a Prefect API other machines can reach, without authentication: anyone who can reach it could "
-                     "run flows and change deployments. Start the server with PREFECT_SERVER_API_AUTH_STRING='user:secret' and set "
-                     "PREFECT_API_AUTH_STRING to the same here (or pass --allow-unauthenticated-api, e.g. behind your own authenticating proxy)")
+    raise InputError(
+        f"PREFECT_API_URL {url}: a Prefect API other machines can reach, without authentication: anyone who can reach it could "
+        "run flows and change deployments. Start the server with PREFECT_SERVER_API_AUTH_STRING='user:secret' and set "
+        "PREFECT_API_AUTH_STRING to the same here (or pass --allow-unauthenticated-api, e.g. behind your own authenticating proxy)"
+    )
 
 
-def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFAULT_CRON, timezone: str = "UTC", allow: list[str] | None = None,
-                      configs_dir: str | None = None, allow_unauthenticated: bool = False, limits: dict[str, Any] | None = None) -> None:
+def serve_deployments(
+    config: str,
+    *,
+    store: str | None = None,
+    cron: str = DEFAULT_CRON,
+    timezone: str = "UTC",
+    allow: list[str] | None = None,
+    configs_dir: str | None = None,
+    allow_unauthenticated: bool = False,
+    limits: dict[str, Any] | None = None,
+) -> None:
     """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped. Refused
     at once while the pool's deployments exist or another serve serves from the same Prefect server (`claim_serve`)."""
     from rich.console import Console
@@ -176,7 +202,9 @@ def serve_deployments(config: str, *, store: str | None = None, cron: str = DEFA
 
     from prefect.exceptions import TerminationSignal
 
-    def _terminate(signum, frame):  # until serve's loop runs (`_serve`): a SIGTERM while starting still releases the claim
+    def _terminate(
+        signum, frame
+    ):  # until serve's loop runs (`_serve`): a SIGTERM while starting still releases the claim
         raise TerminationSignal(signal=signum)
 
     signal.signal(signal.SIGTERM, _terminate)
@@ -193,18 +221,26 @@ def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, le
 
     from regimen.stages.recipe import load_recipe
 
-    recipe = load_recipe(config, {"store": store} if store else {})  # a bad recipe is refused here (exit 2), not at 2 am
+    recipe = load_recipe(
+        config, {"store": store} if store else {}
+    )  # a bad recipe is refused here (exit 2), not at 2 am
     check_schedule(cron, timezone)
     name = operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
     from regimen.flows.boundary import operator_limits
 
-    load_recipe(config, {"store": recipe.store, **operator_limits()})  # the served recipe itself keeps inside the limits
+    load_recipe(
+        config, {"store": recipe.store, **operator_limits()}
+    )  # the served recipe itself keeps inside the limits
     if allow:
         err.print(f"UI runs may also set: {', '.join(allow)}", markup=False, highlight=False)
     paused = nightly_paused_by_a_person()
     if paused:
-        err.print(f"{FLOW}/{NIGHTLY} was paused on the server and stays paused: resume its schedule in the UI "
-                  f"or with `prefect deployment schedule resume {FLOW}/{NIGHTLY} SCHEDULE_ID`", markup=False, highlight=False)
+        err.print(
+            f"{FLOW}/{NIGHTLY} was paused on the server and stays paused: resume its schedule in the UI "
+            f"or with `prefect deployment schedule resume {FLOW}/{NIGHTLY} SCHEDULE_ID`",
+            markup=False,
+            highlight=False,
+        )
     from prefect.exceptions import TerminationSignal
 
     try:
@@ -214,10 +250,18 @@ def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, le
     except SystemExit as exc:  # Prefect's runner exits on a SIGTERM that comes while it is starting
         if exc.code not in (0, None):
             raise
-    err.print(f"serve stopped. The schedule of {FLOW}/{NIGHTLY} is left as it is"
-              + ("" if paused else ": runs due while nothing serves them show as Late and start when `regimen serve` runs again")
-              + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause {FLOW}/{NIGHTLY} SCHEDULE_ID`"
-              " (`prefect deployment schedule ls` shows the id).", markup=False, highlight=False)
+    err.print(
+        f"serve stopped. The schedule of {FLOW}/{NIGHTLY} is left as it is"
+        + (
+            ""
+            if paused
+            else ": runs due while nothing serves them show as Late and start when `regimen serve` runs again"
+        )
+        + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause {FLOW}/{NIGHTLY} SCHEDULE_ID`"
+        " (`prefect deployment schedule ls` shows the id).",
+        markup=False,
+        highlight=False,
+    )
 
 
 async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
@@ -237,18 +281,16 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     import json
     import logging
     import os
+    import signal
     import sys
 
+    import prefect.runner.server  # noqa: F401 - imported now: a SIGTERM in the middle of an import (FastAPI's
     from prefect import get_client
     from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.runner import Runner
 
     from regimen.flows.boundary import record_digest
     from regimen.flows.cycle import regimen_cycle
-
-    import signal
-
-    import prefect.runner.server  # noqa: F401 - imported now: a SIGTERM in the middle of an import (FastAPI's
     # models, which the runner imports as it starts) comes out as a pydantic SchemaError, not as a stop
 
     log = logging.getLogger("regimen.serve")
@@ -265,21 +307,39 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
             digests = {}
             async with get_client() as client:
                 for deployment_id in ids.values():
-                    await client.update_deployment(deployment_id, DeploymentUpdate(
-                        parameter_openapi_schema=schema, path=None, pull_steps=[], job_variables={}, storage_document_id=None,
-                        infrastructure_document_id=None, entrypoint="regimen.flows.cycle.regimen_cycle"))
+                    await client.update_deployment(
+                        deployment_id,
+                        DeploymentUpdate(
+                            parameter_openapi_schema=schema,
+                            path=None,
+                            pull_steps=[],
+                            job_variables={},
+                            storage_document_id=None,
+                            infrastructure_document_id=None,
+                            entrypoint="regimen.flows.cycle.regimen_cycle",
+                        ),
+                    )
                     digests[str(deployment_id)] = record_digest(await client.read_deployment(deployment_id))
             os.environ["REGIMEN_DEPLOYMENTS"] = json.dumps({k: v[0] for k, v in digests.items()})
             os.environ["REGIMEN_DEPLOYMENT_FIELDS"] = json.dumps({k: v[1] for k, v in digests.items()})
             # only now is the record what serve means: a change made through the API before this line is
             # overwritten by the registration, one made after it refuses the runs (`check_deployment`)
-            print(f"serving {', '.join(f'{FLOW}/{name}' for name in ids)}: registered, runs start here", file=sys.stderr, flush=True)
+            print(
+                f"serving {', '.join(f'{FLOW}/{name}' for name in ids)}: registered, runs start here",
+                file=sys.stderr,
+                flush=True,
+            )
             await runner.start()
             return
         except Exception as exc:  # noqa: BLE001 - the API went away (a refused connection, the runner's "Service exceeded error threshold"); else re-raised
-            if not (_api_unreachable(exc) or not await _api_answers()):  # also a failure of another kind while the API is gone
+            if not (
+                _api_unreachable(exc) or not await _api_answers()
+            ):  # also a failure of another kind while the API is gone
                 raise
-            log.warning("Prefect's API is unreachable (%s): serve waits for it to come back, then registers again", str(exc)[:200])
+            log.warning(
+                "Prefect's API is unreachable (%s): serve waits for it to come back, then registers again",
+                str(exc)[:200],
+            )
             try:
                 await runner.astop()
             except Exception:  # noqa: BLE001 - it is stopping because it failed
@@ -293,7 +353,6 @@ def _api_unreachable(exc: BaseException) -> bool:
     """The API went away: a transport error, or the runner's loops giving up on it, also when anyio's task
     groups wrap them in exception groups (seen: "unhandled errors in a TaskGroup" around the threshold)."""
     import httpx
-
     from websockets.exceptions import WebSocketException
 
     if isinstance(exc, BaseExceptionGroup):
@@ -344,9 +403,11 @@ def refuse_serve_beside_a_pool() -> None:
     found = pool_deployments()
     if found:
         pool = sorted(set(found.values()))[0]
-        raise InputError(f"regimen-cycle/{', /'.join(sorted(found))} belong to the work pool {pool!r} (`regimen pool setup`): their runs go to "
-                         f"that pool's workers (`{WORKER_COMMAND.format(pool=pool)}` on each host), so `regimen serve` is refused here; to "
-                         "serve on one host instead, delete them first (`prefect deployment delete regimen-cycle/on-demand`, and /nightly)")
+        raise InputError(
+            f"regimen-cycle/{', /'.join(sorted(found))} belong to the work pool {pool!r} (`regimen pool setup`): their runs go to "
+            f"that pool's workers (`{WORKER_COMMAND.format(pool=pool)}` on each host), so `regimen serve` is refused here; to "
+            "serve on one host instead, delete them first (`prefect deployment delete regimen-cycle/on-demand`, and /nightly)"
+        )
 
 
 def serve_lease_s() -> float:
@@ -358,7 +419,9 @@ def serve_lease_s() -> float:
     except ValueError:
         value = 0.0
     if not (math.isfinite(value) and value >= SERVE_LEASE_S):
-        raise InputError(f"REGIMEN_SERVE_LEASE_S={raw!r}: a number of seconds >= {SERVE_LEASE_S:.0f} (Prefect's least lease)")
+        raise InputError(
+            f"REGIMEN_SERVE_LEASE_S={raw!r}: a number of seconds >= {SERVE_LEASE_S:.0f} (Prefect's least lease)"
+        )
     return value
 
 
@@ -382,7 +445,9 @@ def claim_serve() -> UUID:
     lease_s = serve_lease_s()  # a bad REGIMEN_SERVE_LEASE_S is refused before anything reaches the server
     with get_client(sync_client=True) as client:
         client.upsert_global_concurrency_limit_by_name(SERVE_LIMIT, 1)
-        changed = client.read_global_concurrency_limit_by_name(SERVE_LIMIT).updated  # before our own try (a refused one counts too)
+        changed = client.read_global_concurrency_limit_by_name(
+            SERVE_LIMIT
+        ).updated  # before our own try (a refused one counts too)
     for attempt in (1, 2):
         lease = asyncio.run(take_serve_slot())
         if lease is not None:
@@ -391,10 +456,12 @@ def claim_serve() -> UUID:
         if attempt == 1 and not served_lately() and not lately(changed):
             _reset_stale_slot()
             continue
-        raise InputError("another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
-                         f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool setup "
-                         f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve that died "
-                         f"frees it within {lease_s + 15:.0f} s)")
+        raise InputError(
+            "another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
+            f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool setup "
+            f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve that died "
+            f"frees it within {lease_s + 15:.0f} s)"
+        )
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -404,7 +471,9 @@ async def take_serve_slot() -> UUID | None:
 
     async with get_client() as client:
         try:
-            response = await client.increment_concurrency_slots_with_lease([SERVE_LIMIT], 1, "concurrency", serve_lease_s())
+            response = await client.increment_concurrency_slots_with_lease(
+                [SERVE_LIMIT], 1, "concurrency", serve_lease_s()
+            )
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code == 423:  # Locked: the slot is taken
                 return None
@@ -499,8 +568,12 @@ def release_serve(lease: UUID, err: Any = None) -> None:
             last = exc
             time.sleep(1.0 if attempt < 2 else 0.0)
     if err is not None:
-        err.print(f"warning: serve's slot ({SERVE_LIMIT!r}) was not given back ({type(last).__name__}): the next `regimen serve` "
-                  f"is refused until its lease expires, within {serve_lease_s() + 15:.0f} s", markup=False, highlight=False)
+        err.print(
+            f"warning: serve's slot ({SERVE_LIMIT!r}) was not given back ({type(last).__name__}): the next `regimen serve` "
+            f"is refused until its lease expires, within {serve_lease_s() + 15:.0f} s",
+            markup=False,
+            highlight=False,
+        )
 
 
 def serve_limit_exists() -> bool:

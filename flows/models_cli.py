@@ -6,7 +6,7 @@ and, when a Prefect server is configured (`PREFECT_API_URL`), announced as an ev
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -24,17 +24,31 @@ def _announce(experiment: str, event: str, line: dict) -> None:
     if not url:
         return
     if not _api_answers(url):
-        console.print(f"recorded; not announced to Prefect: its API at {url} does not answer (automations on regimen.model.{event} "
-                      "will not see this move)", markup=False, highlight=False)
+        console.print(
+            f"recorded; not announced to Prefect: its API at {url} does not answer (automations on regimen.model.{event} "
+            "will not see this move)",
+            markup=False,
+            highlight=False,
+        )
         return
     try:
         from prefect.events import emit_event
 
-        emit_event(event=f"regimen.model.{event}", resource={"prefect.resource.id": f"regimen.experiment.{experiment}", "prefect.resource.name": experiment},
-                   payload={"experiment": experiment, "by": "person", "policy": line.get("policy"), "heldout_accuracy": line.get("heldout_accuracy"),
-                            "reason": line.get("reason")})
+        emit_event(
+            event=f"regimen.model.{event}",
+            resource={"prefect.resource.id": f"regimen.experiment.{experiment}", "prefect.resource.name": experiment},
+            payload={
+                "experiment": experiment,
+                "by": "person",
+                "policy": line.get("policy"),
+                "heldout_accuracy": line.get("heldout_accuracy"),
+                "reason": line.get("reason"),
+            },
+        )
     except Exception as exc:  # noqa: BLE001 - an unreachable server does not undo the recorded move
-        console.print(f"recorded; not announced to Prefect: {' '.join(str(exc).split())[:120]}", markup=False, highlight=False)
+        console.print(
+            f"recorded; not announced to Prefect: {' '.join(str(exc).split())[:120]}", markup=False, highlight=False
+        )
 
 
 def _api_answers(url: str) -> bool:
@@ -43,7 +57,9 @@ def _api_answers(url: str) -> bool:
 
     auth = os.environ.get("PREFECT_API_AUTH_STRING")
     try:
-        r = httpx.get(f"{url.rstrip('/')}/health", timeout=5, auth=tuple(auth.split(":", 1)) if auth and ":" in auth else None)
+        r = httpx.get(
+            f"{url.rstrip('/')}/health", timeout=5, auth=tuple(auth.split(":", 1)) if auth and ":" in auth else None
+        )
         return r.status_code == 200
     except httpx.HTTPError:
         return False
@@ -63,8 +79,12 @@ def champion(experiment: Annotated[str, typer.Argument(help="experiment name")],
     current = rec.get("champion")
     if current:
         low, high = current.get("interval_95") or (None, None)
-        console.print(f"champion of {experiment}: {current['policy']}, held-out {current['heldout_accuracy']:.3f} (95% {low:.3f}–{high:.3f}) "
-                      f"on held-out set v{current['heldout_set']}, {current['prompts']} prompts", markup=False, highlight=False)
+        console.print(
+            f"champion of {experiment}: {current['policy']}, held-out {current['heldout_accuracy']:.3f} (95% {low:.3f}–{high:.3f}) "
+            f"on held-out set v{current['heldout_set']}, {current['prompts']} prompts",
+            markup=False,
+            highlight=False,
+        )
     else:
         console.print(f"{experiment} has no champion yet", markup=False)
     rows = champion_table(rec)
@@ -78,31 +98,50 @@ def champion(experiment: Annotated[str, typer.Argument(help="experiment name")],
         console.print(table)
 
 
-def promote(experiment: Annotated[str, typer.Argument(help="experiment name")],
-            version: Annotated[str, typer.Argument(help="the policy: grpo/v3, v3 or 3 (a GRPO version), or sft/v2")],
-            store: StoreOpt = "artifacts", reason: ReasonOpt = "") -> None:
+def promote(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    version: Annotated[str, typer.Argument(help="the policy: grpo/v3, v3 or 3 (a GRPO version), or sft/v2")],
+    store: StoreOpt = "artifacts",
+    reason: ReasonOpt = "",
+) -> None:
     """Make a policy the champion (a person's decision; it must have been evaluated on the frozen held-out set)."""
     from regimen.flows.champion import person_promotes
     from regimen.stages.store import Store
 
     line = person_promotes(Store(store), experiment, version, reason)
-    console.print(f"{experiment}: {line['policy']} is the champion (held-out {line['heldout_accuracy']:.3f}), by a person", markup=False, highlight=False)
+    console.print(
+        f"{experiment}: {line['policy']} is the champion (held-out {line['heldout_accuracy']:.3f}), by a person",
+        markup=False,
+        highlight=False,
+    )
     _announce(experiment, "promoted", line)
 
 
-def rollback(experiment: Annotated[str, typer.Argument(help="experiment name")], store: StoreOpt = "artifacts", reason: ReasonOpt = "") -> None:
+def rollback(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    store: StoreOpt = "artifacts",
+    reason: ReasonOpt = "",
+) -> None:
     """Make the previous champion the champion again (a person's decision; it holds until a better challenger)."""
     from regimen.flows.champion import person_rolls_back
     from regimen.stages.store import Store
 
     line = person_rolls_back(Store(store), experiment, reason)
-    console.print(f"{experiment}: rolled back from {line['from']} to {line['policy']} (held-out {line['heldout_accuracy']:.3f})", markup=False, highlight=False)
+    console.print(
+        f"{experiment}: rolled back from {line['from']} to {line['policy']} (held-out {line['heldout_accuracy']:.3f})",
+        markup=False,
+        highlight=False,
+    )
     _announce(experiment, "rollback", line)
 
 
-def export(experiment: Annotated[str, typer.Argument(help="experiment name")],
-           out: Annotated[str, typer.Argument(help="a new folder: the champion as a plain model folder (from_pretrained loads it)")],
-           store: StoreOpt = "artifacts") -> None:
+def export(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    out: Annotated[
+        str, typer.Argument(help="a new folder: the champion as a plain model folder (from_pretrained loads it)")
+    ],
+    store: StoreOpt = "artifacts",
+) -> None:
     """Write the champion as a model folder that `AutoModelForCausalLM.from_pretrained` loads."""
     from regimen.flows.champion import export as do_export
     from regimen.stages.store import Store
@@ -115,13 +154,15 @@ heldout_app = typer.Typer(help="The experiment's frozen held-out set.", no_args_
 
 
 @heldout_app.command("refresh")
-def heldout_refresh(config: Annotated[str, typer.Argument(help="the experiment's recipe (its data gives the new set)")],
-                    reason: Annotated[str, typer.Option("--reason", help="why a new set (recorded)")],
-                    store: Annotated[Optional[str], typer.Option("--store", help="artifact store")] = None,
-                    experiment: Annotated[Optional[str], typer.Option("--experiment", help="experiment name")] = None) -> None:
+def heldout_refresh(
+    config: Annotated[str, typer.Argument(help="the experiment's recipe (its data gives the new set)")],
+    reason: Annotated[str, typer.Option("--reason", help="why a new set (recorded)")],
+    store: Annotated[str | None, typer.Option("--store", help="artifact store")] = None,
+    experiment: Annotated[str | None, typer.Option("--experiment", help="experiment name")] = None,
+) -> None:
     """Start a new frozen held-out set from the recipe's data (a person's decision; accuracies compare within one set)."""
-    from regimen.stages.records import datasets as data_records
     from regimen.stages.recipe import load_recipe
+    from regimen.stages.records import datasets as data_records
     from regimen.stages.store import Store, check_name
     from regimen.stages.tasks.registry import load_task
 
@@ -130,9 +171,17 @@ def heldout_refresh(config: Annotated[str, typer.Argument(help="the experiment's
     st = Store(recipe.store)
     with st.lock(experiment):
         ref = data_records.refresh(st, experiment, load_task(recipe.data).heldout, reason=reason)
-    left_out = f", {ref['excluded_trained']} prompts left out because the experiment trained on them" if ref["excluded_trained"] else ""
-    console.print(f"{experiment}: held-out set v{ref['version']} ({ref['rows']} prompts{left_out}) from now on; the champion is compared "
-                  "with challengers on it at the next run", markup=False, highlight=False)
+    left_out = (
+        f", {ref['excluded_trained']} prompts left out because the experiment trained on them"
+        if ref["excluded_trained"]
+        else ""
+    )
+    console.print(
+        f"{experiment}: held-out set v{ref['version']} ({ref['rows']} prompts{left_out}) from now on; the champion is compared "
+        "with challengers on it at the next run",
+        markup=False,
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -32,7 +32,13 @@ from collections.abc import Iterator
 log = logging.getLogger("regimen.orchestrator")
 
 _DOWN = threading.Event()
-NOISY = ("prefect.events.clients", "prefect._internal.concurrency", "prefect.client", "prefect.runner", "prefect.flow_runs.runner")
+NOISY = (
+    "prefect.events.clients",
+    "prefect._internal.concurrency",
+    "prefect.client",
+    "prefect.runner",
+    "prefect.flow_runs.runner",
+)
 
 
 def down() -> bool:
@@ -55,8 +61,10 @@ def mark_down() -> None:
         log.warning(DOWN_MESSAGE)
 
 
-DOWN_MESSAGE = ("Prefect's API does not answer: training goes on; logs, events and artifacts for Prefect are dropped "
-                "until it is back (the store keeps every result)")
+DOWN_MESSAGE = (
+    "Prefect's API does not answer: training goes on; logs, events and artifacts for Prefect are dropped "
+    "until it is back (the store keeps every result)"
+)
 
 
 def _health_url() -> str | None:
@@ -92,7 +100,10 @@ def answers(timeout: float = 2.0) -> bool:
 def _install_filters() -> None:
     from prefect.logging.handlers import APILogHandler
 
-    loggers = [logging.getLogger(), *[lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]]
+    loggers = [
+        logging.getLogger(),
+        *[lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)],
+    ]
     for logger in loggers:
         for handler in logger.handlers:
             if isinstance(handler, APILogHandler) and not any(isinstance(f, _WhileUp) for f in handler.filters):

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from regimen.flows.deploy import DEFAULT_POOL, WORKER_COMMAND
+from regimen.flows.deploy import DEFAULT_POOL
 from regimen.stages.core.errors import InputError
 
 HOST_LOST = "HostLost"
@@ -55,6 +55,7 @@ DEFAULT_HEARTBEAT_S = 30
 
 
 # -- serve is the one-host path: its claim lives in deploy.py -----------------------------------------
+
 
 def refuse_pool_while_serving() -> None:
     """pool setup while a serve holds `regimen-serve` (a live one: its lease is renewed) is refused."""
@@ -72,11 +73,14 @@ def refuse_pool_while_serving() -> None:
             client.release_concurrency_slots_with_lease(lease)
         return
     if deploy.served_lately() or deploy.lately(changed):  # a live serve, or one still starting (`claim_serve`)
-        raise InputError(f"a `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds {deploy.SERVE_LIMIT!r}): "
-                         "stop it first (Ctrl-C); the work pool's deployments take the same names")
+        raise InputError(
+            f"a `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds {deploy.SERVE_LIMIT!r}): "
+            "stop it first (Ctrl-C); the work pool's deployments take the same names"
+        )
 
 
 # -- pool setup ------------------------------------------------------------------------------------------
+
 
 def check_store_url(store: str) -> None:
     """A store every host can reach: a bucket URL, reachable and honouring conditional writes (one line otherwise)."""
@@ -84,8 +88,10 @@ def check_store_url(store: str) -> None:
 
     protocol = split_protocol(store)[0] if store else None
     if not store or protocol in (None, "file", "local", "memory"):
-        raise InputError(f"--store {store!r}: a work pool's hosts share one store, so give a bucket URL that each of them can reach "
-                         "(s3://bucket/prefix); a folder or memory:// is this host's alone")
+        raise InputError(
+            f"--store {store!r}: a work pool's hosts share one store, so give a bucket URL that each of them can reach "
+            "(s3://bucket/prefix); a folder or memory:// is this host's alone"
+        )
     if protocol in ("s3", "s3a"):
         rest = store.split("://", 1)[1]
         if not rest or rest.startswith("/") or not rest.split("/", 1)[0]:
@@ -95,7 +101,9 @@ def check_store_url(store: str) -> None:
     try:
         check_store(store)
     except (ImportError, ValueError) as exc:
-        raise InputError(f"--store {store!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} (for s3://, pip install 'regimen-rl[s3]')") from None
+        raise InputError(
+            f"--store {store!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} (for s3://, pip install 'regimen-rl[s3]')"
+        ) from None
 
 
 def host_lost_after(heartbeat_s: int, lease_ttl_s: float | None = None) -> int:
@@ -108,9 +116,20 @@ def host_lost_after(heartbeat_s: int, lease_ttl_s: float | None = None) -> int:
     return int(max(ttl + heartbeat_s, heartbeat_s + 15))
 
 
-def pool_setup(store: str, *, pool: str = DEFAULT_POOL, config: str = "configs/default.yaml", configs_dir: str | None = None,
-               cron: str = "0 2 * * *", timezone: str = "UTC", allow: list[str] | None = None, limits: dict[str, Any] | None = None,
-               heartbeat_s: int = DEFAULT_HEARTBEAT_S, host_lost_after_s: int | None = None, allow_unauthenticated: bool = False) -> dict[str, Any]:
+def pool_setup(
+    store: str,
+    *,
+    pool: str = DEFAULT_POOL,
+    config: str = "configs/default.yaml",
+    configs_dir: str | None = None,
+    cron: str = "0 2 * * *",
+    timezone: str = "UTC",
+    allow: list[str] | None = None,
+    limits: dict[str, Any] | None = None,
+    heartbeat_s: int = DEFAULT_HEARTBEAT_S,
+    host_lost_after_s: int | None = None,
+    allow_unauthenticated: bool = False,
+) -> dict[str, Any]:
     """Create or update the pool, its two deployments and the two automations; returns what was made."""
     from regimen.flows import deploy
     from regimen.stages.recipe import load_recipe
@@ -119,18 +138,24 @@ def pool_setup(store: str, *, pool: str = DEFAULT_POOL, config: str = "configs/d
         raise InputError(f"--heartbeat-s {heartbeat_s}: Prefect sends flow-run heartbeats at most every 30 s")
     lost_after = host_lost_after_s if host_lost_after_s is not None else host_lost_after(heartbeat_s)
     if lost_after < heartbeat_s + 10:
-        raise InputError(f"--host-lost-after-s {lost_after}: must exceed the heartbeat ({heartbeat_s} s) by 10 s at least")
+        raise InputError(
+            f"--host-lost-after-s {lost_after}: must exceed the heartbeat ({heartbeat_s} s) by 10 s at least"
+        )
     if not pool or not pool.replace("-", "").replace("_", "").isalnum():
         raise InputError(f"--pool {pool!r}: a work pool name of letters, digits, - and _")
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
-        raise InputError("PREFECT_API_URL is not set: a work pool lives on the Prefect server every host's worker reaches; set it to that server's API")
+        raise InputError(
+            "PREFECT_API_URL is not set: a work pool lives on the Prefect server every host's worker reaches; set it to that server's API"
+        )
     deploy.check_api_protected(allow_unauthenticated)
     check_store_url(store)
     deploy.check_schedule(cron, timezone)
     recipe = load_recipe(config, {"store": store})
-    saved = {k: os.environ.get(k) for k in ("REGIMEN_CONFIGS", "REGIMEN_STORE", "REGIMEN_UI_ALLOW", "REGIMEN_UI_LIMITS")}
+    saved = {
+        k: os.environ.get(k) for k in ("REGIMEN_CONFIGS", "REGIMEN_STORE", "REGIMEN_UI_ALLOW", "REGIMEN_UI_LIMITS")
+    }
     try:
         name = deploy.operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
         env = {k: os.environ[k] for k in saved if os.environ.get(k) is not None}
@@ -149,7 +174,14 @@ def pool_setup(store: str, *, pool: str = DEFAULT_POOL, config: str = "configs/d
     options = deploy.deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused)
     ids = asyncio.run(_apply(pool, options, env, Path.cwd().resolve()))
     asyncio.run(_automations(list(ids.values()), lost_after))
-    return {"pool": pool, "deployments": ids, "host_lost_after_s": lost_after, "heartbeat_s": heartbeat_s, "config": name, "paused": paused}
+    return {
+        "pool": pool,
+        "deployments": ids,
+        "host_lost_after_s": lost_after,
+        "heartbeat_s": heartbeat_s,
+        "config": name,
+        "paused": paused,
+    }
 
 
 async def _apply(pool: str, options: dict[str, dict[str, Any]], env: dict[str, str], project: Path) -> dict[str, UUID]:
@@ -167,22 +199,40 @@ async def _apply(pool: str, options: dict[str, dict[str, Any]], env: dict[str, s
         try:
             existing = await client.read_work_pool(pool)
             if existing.type != "process":
-                raise InputError(f"--pool {pool!r}: a work pool of type {existing.type!r} exists by that name; choose another name (a process pool is made)")
+                raise InputError(
+                    f"--pool {pool!r}: a work pool of type {existing.type!r} exists by that name; choose another name (a process pool is made)"
+                )
         except ObjectNotFound:
-            await client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=ProcessWorker.get_default_base_job_template(),
-                                                         description="Regimen: one worker per host (`prefect worker start --pool "
-                                                                     f"{pool} --limit 1`); made by `regimen pool setup`"))
+            await client.create_work_pool(
+                WorkPoolCreate(
+                    name=pool,
+                    type="process",
+                    base_job_template=ProcessWorker.get_default_base_job_template(),
+                    description="Regimen: one worker per host (`prefect worker start --pool "
+                    f"{pool} --limit 1`); made by `regimen pool setup`",
+                )
+            )
         flow_id = await client.create_flow(regimen_cycle)
         ids = {}
         for name, kw in options.items():
             limit = kw["concurrency_limit"]
             ids[name] = await client.create_deployment(
-                flow_id=flow_id, name=name, description=kw["description"], tags=kw["tags"], parameters=kw["parameters"],
-                schedules=kw.get("schedules") or [], concurrency_limit=limit.limit,
+                flow_id=flow_id,
+                name=name,
+                description=kw["description"],
+                tags=kw["tags"],
+                parameters=kw["parameters"],
+                schedules=kw.get("schedules") or [],
+                concurrency_limit=limit.limit,
                 concurrency_options=ConcurrencyOptions(collision_strategy=limit.collision_strategy),
-                work_pool_name=pool, entrypoint="regimen.flows.cycle.regimen_cycle", path=None, enforce_parameter_schema=True,
-                parameter_openapi_schema=schema, job_variables={"env": env},
-                pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(project)}}])
+                work_pool_name=pool,
+                entrypoint="regimen.flows.cycle.regimen_cycle",
+                path=None,
+                enforce_parameter_schema=True,
+                parameter_openapi_schema=schema,
+                job_variables={"env": env},
+                pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(project)}}],
+            )
     return ids
 
 
@@ -194,23 +244,54 @@ async def _automations(deployment_ids: list[UUID], lost_after_s: int) -> None:
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
     runs = {"prefect.resource.id": "prefect.flow-run.*"}
-    of_ours = {"prefect.resource.role": "deployment", "prefect.resource.id": [f"prefect.deployment.{i}" for i in deployment_ids]}
-    ended = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed", HOST_LOST, "Cancelling", "Paused", "Suspended")}
+    of_ours = {
+        "prefect.resource.role": "deployment",
+        "prefect.resource.id": [f"prefect.deployment.{i}" for i in deployment_ids],
+    }
+    ended = {
+        f"prefect.flow-run.{s}"
+        for s in ("Completed", "Failed", "Cancelled", "Crashed", HOST_LOST, "Cancelling", "Paused", "Suspended")
+    }
     crash = AutomationCore(
         name=AUTOMATION_CRASH,
         description=f"A run of the Regimen pool whose flow-run heartbeats stopped for {lost_after_s} s: its host is presumed lost (made by `regimen pool setup`).",
-        trigger=EventTrigger(match=runs, match_related=of_ours, after={"prefect.flow-run.heartbeat"},
-                             expect={"prefect.flow-run.heartbeat", *ended}, for_each={"prefect.resource.id"},
-                             posture=Posture.Proactive, threshold=1, within=timedelta(seconds=lost_after_s)),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED, name=HOST_LOST,
-                                    message=f"no heartbeat for {lost_after_s} s: its host is presumed lost; rescheduled for a live worker")])
+        trigger=EventTrigger(
+            match=runs,
+            match_related=of_ours,
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *ended},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=lost_after_s),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                name=HOST_LOST,
+                message=f"no heartbeat for {lost_after_s} s: its host is presumed lost; rescheduled for a live worker",
+            )
+        ],
+    )
     rerun = AutomationCore(
         name=AUTOMATION_RERUN,
         description="Schedule again a run of the Regimen pool whose host was lost: a live worker takes it and resumes from the store (made by `regimen pool setup`).",
-        trigger=EventTrigger(match=runs, match_related=of_ours, expect={f"prefect.flow-run.{HOST_LOST}"}, for_each={"prefect.resource.id"},
-                             posture=Posture.Reactive, threshold=1, within=timedelta(0)),
-        actions=[ChangeFlowRunState(state=StateType.SCHEDULED,
-                                    message="scheduled again: its host was lost; a live worker resumes it from the store's last checkpoint")])
+        trigger=EventTrigger(
+            match=runs,
+            match_related=of_ours,
+            expect={f"prefect.flow-run.{HOST_LOST}"},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Reactive,
+            threshold=1,
+            within=timedelta(0),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.SCHEDULED,
+                message="scheduled again: its host was lost; a live worker resumes it from the store's last checkpoint",
+            )
+        ],
+    )
     async with get_client() as client:
         for automation in (crash, rerun):
             found = await client.read_automations_by_name(automation.name)

@@ -16,9 +16,10 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
@@ -26,7 +27,6 @@ from regimen.flows.present.fmt import cell, rounded
 from regimen.stages import registry
 from regimen.stages.run.runner import StageResult
 from regimen.stages.training import trajectories
-
 
 log = logging.getLogger("regimen.publish")
 
@@ -73,7 +73,11 @@ class Presenter:
         except Exception as exc:  # noqa: BLE001 - presentation never fails a run
             if orchestrator.down():
                 return  # said once, by the orchestrator's watch
-            log.warning("could not publish %s: %s", getattr(fn, "__name__", "an artifact"), str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            log.warning(
+                "could not publish %s: %s",
+                getattr(fn, "__name__", "an artifact"),
+                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+            )
 
     def close(self, patience: float | None = None) -> None:
         """Wait for what is queued, then stop the thread. Not while Prefect's API is down (what is queued is
@@ -116,8 +120,12 @@ def trajectories_markdown(path: Path, title: str, limit: int = 12) -> str:
         return f"### {title}\n\n(no trajectories)"
     names = sorted({k for r in rows for k in (r.get("rewards") or {})})
     head = "| prompt | completion | " + " | ".join(names) + " |\n|" + "---|" * (2 + len(names))
-    lines = [f"| {cell(r.get('rendered_prompt') or r.get('prompt'))} | {cell(turns_text(r['episode']) if r.get('episode') else r.get('completion'))} | "
-             + " | ".join(cell(rounded((r.get('rewards') or {}).get(n))) for n in names) + " |" for r in rows]
+    lines = [
+        f"| {cell(r.get('rendered_prompt') or r.get('prompt'))} | {cell(turns_text(r['episode']) if r.get('episode') else r.get('completion'))} | "
+        + " | ".join(cell(rounded((r.get("rewards") or {}).get(n))) for n in names)
+        + " |"
+        for r in rows
+    ]
     return f"### {title}\n\n{head}\n" + "\n".join(lines)
 
 
@@ -126,7 +134,11 @@ def turns_text(episode: dict) -> str:
     parts = []
     for t in episode.get("turns", []):
         if "call" in t:
-            args = ", ".join(f"{k}={v!r}" for k, v in (t.get("arguments") or {}).items()) if isinstance(t.get("arguments"), dict) else t.get("arguments")
+            args = (
+                ", ".join(f"{k}={v!r}" for k, v in (t.get("arguments") or {}).items())
+                if isinstance(t.get("arguments"), dict)
+                else t.get("arguments")
+            )
             parts.append(f"{t['call']}({args})")
         elif "result" in t:
             parts.append(f"→ {t['result']}")
@@ -143,24 +155,43 @@ def publish(result: StageResult, store) -> None:
     state = "reused" if result.reused else "ran"
     table = [{"metric": k, "value": rounded(v)} for k, v in sorted(m.get("metrics", {}).items())]
     table += [{"metric": "version", "value": m["version"]}, {"metric": "cycle", "value": m.get("cycle")}]
-    create_table_artifact(table=table, key=base, description=f"{m['stage']} v{m['version']} ({state}), cycle {m.get('cycle')}: metrics")
+    create_table_artifact(
+        table=table, key=base, description=f"{m['stage']} v{m['version']} ({state}), cycle {m.get('cycle')}: metrics"
+    )
     create_markdown_artifact(
         markdown=trajectories_markdown(result.path, f"{m['stage']} v{m['version']}: sample trajectories"),
         key=artifact_key(base, "trajectories"),
         description=f"what the model wrote in {m['stage']} v{m['version']}",
     )
-    create_link_artifact(link=result.path.resolve().as_uri() if result.path.is_absolute() else str(result.path),
-                         link_text=f"{m['stage']}/v{m['version']}", key=artifact_key(base, "folder"),
-                         description="the version folder (manifest.json, metrics.json, trajectories.jsonl)")
+    create_link_artifact(
+        link=result.path.resolve().as_uri() if result.path.is_absolute() else str(result.path),
+        link_text=f"{m['stage']}/v{m['version']}",
+        key=artifact_key(base, "folder"),
+        description="the version folder (manifest.json, metrics.json, trajectories.jsonl)",
+    )
     if registry.trains(m["stage"]) and (result.path / "train_log.jsonl").exists():
         name = f"{m['stage']} v{m['version']}"
         log = trajectories.read(result.path / "train_log.jsonl")
-        rewarded = any("reward" in h for h in log)  # GRPO's curves; a training without a reward (distillation) shows its divergence
-        publish_curves(m["experiment"], {name: log}, store.experiment_dir(m["experiment"], "plots") / f"{m['stage']}_v{m['version']}.png",
-                       f"{name}: training and held-out probe", kind="training" if rewarded else "divergence")
+        rewarded = any(
+            "reward" in h for h in log
+        )  # GRPO's curves; a training without a reward (distillation) shows its divergence
+        publish_curves(
+            m["experiment"],
+            {name: log},
+            store.experiment_dir(m["experiment"], "plots") / f"{m['stage']}_v{m['version']}.png",
+            f"{name}: training and held-out probe",
+            kind="training" if rewarded else "divergence",
+        )
 
 
-def publish_curves(experiment: str, runs: dict[str, list[dict[str, Any]]], png: Path, title: str, key: str = "curves", kind: str = "training") -> None:
+def publish_curves(
+    experiment: str,
+    runs: dict[str, list[dict[str, Any]]],
+    png: Path,
+    title: str,
+    key: str = "curves",
+    kind: str = "training",
+) -> None:
     """The training curves (with the held-out probe) as an image the UI shows."""
     from regimen.flows.present import plots
 
@@ -168,8 +199,11 @@ def publish_curves(experiment: str, runs: dict[str, list[dict[str, Any]]], png: 
         (plots.training_curves if kind == "training" else plots.divergence_curves)(runs, png, title)
     except OSError:
         return
-    create_markdown_artifact(markdown=f"### {title}\n\n![{title}]({plots.data_uri(png)})", key=artifact_key(experiment, key),
-                             description=title)
+    create_markdown_artifact(
+        markdown=f"### {title}\n\n![{title}]({plots.data_uri(png)})",
+        key=artifact_key(experiment, key),
+        description=title,
+    )
 
 
 def champion_table(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -179,10 +213,19 @@ def champion_table(record: dict[str, Any]) -> list[dict[str, Any]]:
     for h in reversed(record.get("history", [])):
         figures = h.get("figures") or {}
         champ = figures.get("champion") or {}
-        rows.append({"when": str(h.get("at", ""))[:19], "event": h["event"], "by": h.get("by"), "policy": h.get("policy", "-"),
-                     "held-out": rounded(h.get("heldout_accuracy")), "interval 95%": h.get("interval_95"),
-                     "champion then": f"{champ.get('policy')} {rounded(champ.get('heldout_accuracy'))}" if champ else "-",
-                     "held-out set": h.get("heldout_set"), "reason": h.get("reason")})
+        rows.append(
+            {
+                "when": str(h.get("at", ""))[:19],
+                "event": h["event"],
+                "by": h.get("by"),
+                "policy": h.get("policy", "-"),
+                "held-out": rounded(h.get("heldout_accuracy")),
+                "interval 95%": h.get("interval_95"),
+                "champion then": f"{champ.get('policy')} {rounded(champ.get('heldout_accuracy'))}" if champ else "-",
+                "held-out set": h.get("heldout_set"),
+                "reason": h.get("reason"),
+            }
+        )
     if rows and current:
         rows[0]["current champion"] = current
     return rows
@@ -194,14 +237,25 @@ def publish_champion(experiment: str, record: dict[str, Any], line: dict[str, An
     from prefect.events import emit_event
 
     current = record.get("champion") or {}
-    create_table_artifact(table=champion_table(record), key=artifact_key(experiment, "champion"),
-                          description=f"{experiment}: champion {current.get('policy', 'none')} "
-                                      f"(held-out {rounded(current.get('heldout_accuracy'))} on set v{current.get('heldout_set')}); {line['event']}: {line['reason']}")
-    emit_event(event=f"regimen.model.{line['event']}", resource={"prefect.resource.id": f"regimen.experiment.{experiment}",
-                                                                  "prefect.resource.name": experiment},
-               payload={"experiment": experiment, "champion": current.get("policy"), "champion_heldout_accuracy": current.get("heldout_accuracy"),
-                        "challenger": line.get("policy"), "challenger_heldout_accuracy": line.get("heldout_accuracy"), "reason": line["reason"],
-                        "figures": line.get("figures", {})})
+    create_table_artifact(
+        table=champion_table(record),
+        key=artifact_key(experiment, "champion"),
+        description=f"{experiment}: champion {current.get('policy', 'none')} "
+        f"(held-out {rounded(current.get('heldout_accuracy'))} on set v{current.get('heldout_set')}); {line['event']}: {line['reason']}",
+    )
+    emit_event(
+        event=f"regimen.model.{line['event']}",
+        resource={"prefect.resource.id": f"regimen.experiment.{experiment}", "prefect.resource.name": experiment},
+        payload={
+            "experiment": experiment,
+            "champion": current.get("policy"),
+            "champion_heldout_accuracy": current.get("heldout_accuracy"),
+            "challenger": line.get("policy"),
+            "challenger_heldout_accuracy": line.get("heldout_accuracy"),
+            "reason": line["reason"],
+            "figures": line.get("figures", {}),
+        },
+    )
 
 
 def publish_verdict(experiment: str, record: dict[str, Any], eval_path: str) -> None:
@@ -209,10 +263,16 @@ def publish_verdict(experiment: str, record: dict[str, Any], eval_path: str) -> 
     if record.get("warning"):
         md += f"\n**Warning:** {record['warning']}\n"
     if record.get("evidence"):
-        md += "\n| evidence | value |\n|---|---|\n" + "\n".join(f"| {k} | {cell(rounded(v))} |" for k, v in record["evidence"].items())
+        md += "\n| evidence | value |\n|---|---|\n" + "\n".join(
+            f"| {k} | {cell(rounded(v))} |" for k, v in record["evidence"].items()
+        )
     if record["verdict"] == "reward-hacking-suspected":
         md += "\n\n" + hacked_trajectories_markdown(Path(eval_path))
-    create_markdown_artifact(markdown=md, key=artifact_key(experiment, "verdict"), description=f"cycle {record.get('cycle')} round {record.get('round')}")
+    create_markdown_artifact(
+        markdown=md,
+        key=artifact_key(experiment, "verdict"),
+        description=f"cycle {record.get('cycle')} round {record.get('round')}",
+    )
 
 
 def publish_stopped(experiment: str, stage: str, reason: str, attempt: str | None) -> None:
@@ -220,7 +280,9 @@ def publish_stopped(experiment: str, stage: str, reason: str, attempt: str | Non
     md = f"### Stopped at `{stage}`\n\n{reason}\n"
     if attempt and stage in registry.in_role("train"):
         md += "\n\n" + hacked_trajectories_markdown(Path(attempt), training=True)
-    create_markdown_artifact(markdown=md, key=artifact_key(experiment, "verdict"), description=f"{stage} stopped the flow")
+    create_markdown_artifact(
+        markdown=md, key=artifact_key(experiment, "verdict"), description=f"{stage} stopped the flow"
+    )
 
 
 def hacked_trajectories_markdown(path: Path, limit: int = 12, training: bool = False) -> str:
@@ -229,16 +291,29 @@ def hacked_trajectories_markdown(path: Path, limit: int = 12, training: bool = F
         return "(no trajectories)"
     rows = trajectories.read(path)
     if training:
-        rows = [r for r in rows if max([v for v in (r.get("rewards") or {}).values() if v is not None], default=0) >= 0.5
-                and any(v == 0 for v in (r.get("rewards") or {}).values())]
+        rows = [
+            r
+            for r in rows
+            if max([v for v in (r.get("rewards") or {}).values() if v is not None], default=0) >= 0.5
+            and any(v == 0 for v in (r.get("rewards") or {}).values())
+        ]
     else:
-        rows = [r for r in rows if not r.get("correct") and max([v for v in (r.get("rewards") or {}).values() if v is not None], default=0) >= 0.5]
+        rows = [
+            r
+            for r in rows
+            if not r.get("correct")
+            and max([v for v in (r.get("rewards") or {}).values() if v is not None], default=0) >= 0.5
+        ]
     if not rows:
         return "(no sample scored high while wrong)"
     names = sorted({k for r in rows for k in r.get("rewards", {})})
     head = "| prompt | completion | reference | " + " | ".join(names) + " |\n|" + "---|" * (3 + len(names))
-    lines = [f"| {cell(r.get('prompt'))} | {cell(r.get('completion'))} | {cell(r.get('answer'))} | "
-             + " | ".join(cell(rounded(r['rewards'].get(n))) for n in names) + " |" for r in rows[:limit]]
+    lines = [
+        f"| {cell(r.get('prompt'))} | {cell(r.get('completion'))} | {cell(r.get('answer'))} | "
+        + " | ".join(cell(rounded(r["rewards"].get(n))) for n in names)
+        + " |"
+        for r in rows[:limit]
+    ]
     where = "training samples (a trained reward high, a monitor at 0)" if training else "held-out samples"
     return f"### High reward, wrong answer ({len(rows)} {where})\n\n{head}\n" + "\n".join(lines)
 
@@ -250,9 +325,20 @@ def publish_report(store, recipe, experiment: str) -> None:
 
     for png in make_plots(store, experiment, recipe.cycle.target):
         title = f"{experiment}: {png.stem.replace('_', ' ')}"
-        create_markdown_artifact(markdown=f"### {title}\n\n![{png.stem}]({plots.data_uri(png)})",
-                                 key=artifact_key(experiment, "plot", png.stem), description=title)
-    rows = [{k: rounded(v) for k, v in r.items() if k in ("label", "heldout_accuracy", "train_reward", "verdict", "kl", "frac_reward_zero_std", "best_step")}
-            for r in history(store, experiment)]
+        create_markdown_artifact(
+            markdown=f"### {title}\n\n![{png.stem}]({plots.data_uri(png)})",
+            key=artifact_key(experiment, "plot", png.stem),
+            description=title,
+        )
+    rows = [
+        {
+            k: rounded(v)
+            for k, v in r.items()
+            if k in ("label", "heldout_accuracy", "train_reward", "verdict", "kl", "frac_reward_zero_std", "best_step")
+        }
+        for r in history(store, experiment)
+    ]
     if rows:
-        create_table_artifact(table=rows, key=artifact_key(experiment, "history"), description=f"{experiment}: evaluations across cycles")
+        create_table_artifact(
+            table=rows, key=artifact_key(experiment, "history"), description=f"{experiment}: evaluations across cycles"
+        )

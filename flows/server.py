@@ -34,8 +34,13 @@ class TemporaryServer:
 
     def __init__(self) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="regimen-prefect-server-", suffix=".log", delete=False)  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "regimen.flows.server", str(os.getpid())], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=self.log, env={**os.environ, "PREFECT_UI_ENABLED": "false"})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "regimen.flows.server", str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env={**os.environ, "PREFECT_UI_ENABLED": "false"},
+        )
         line = self.proc.stdout.readline().decode().strip() if self.proc.stdout else ""
         if not line.isdigit():
             self.stop()
@@ -55,14 +60,18 @@ class TemporaryServer:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the temporary Prefect server exited with code {self.proc.returncode}: {self.tail()}")
+                raise RuntimeError(
+                    f"the temporary Prefect server exited with code {self.proc.returncode}: {self.tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the temporary Prefect server did not answer within {timeout_s:.0f} s: {self.tail()}")
+                raise RuntimeError(
+                    f"the temporary Prefect server did not answer within {timeout_s:.0f} s: {self.tail()}"
+                )
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -86,7 +95,12 @@ def api_for_this_run():
     with Prefect's ephemeral mode allowed) a temporary server is started as this process's child and
     PREFECT_API_URL points at it until the block ends (and flow-run heartbeats are off: nothing outlives
     the run to watch them); otherwise nothing is started."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_EPHEMERAL_ENABLED,
+        temporary_settings,
+    )
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         yield lambda: None

@@ -22,7 +22,9 @@ from regimen.stages.training.policy import base_policy
 
 
 @flow(name="regimen-sweep", validate_parameters=False)
-def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[Recipe], experiment: str | None = None) -> dict[str, Any]:
+def regimen_sweep(
+    recipe: Recipe, field: str, values: list[Any], variants: list[Recipe], experiment: str | None = None
+) -> dict[str, Any]:
     """Compare values of one recipe field (e.g. grpo.num_generations=[2, 8, 16]) from the same SFT policy, in
     `experiment` (data of the run, as for the cycle; None: the recipe's `experiment:`)."""
     preflight(recipe)
@@ -43,17 +45,34 @@ def regimen_sweep(recipe: Recipe, field: str, values: list[Any], variants: list[
             g = grpo["metrics"]
             ev = stage(registry.judge(), r, {"policy": grpo["ref"]}, run, 1, 1)
             per_step = r.grpo_value("per_device_train_batch_size") * r.num_processes()
-            rows.append({field: value, "heldout_accuracy": ev["metrics"]["heldout_accuracy"], "train_reward_mean": g.get("train_reward_mean"),
-                         "frac_reward_zero_std_mean": g.get("frac_reward_zero_std_mean"),
-                         "prompts_per_step": per_step // r.grpo_value("num_generations"), "completions_per_step": per_step,
-                         "grpo_wall_s": grpo["stage_wall_s"], "grpo_reused": grpo["reused"],
-                         "wall_s": time.perf_counter() - t0, "grpo_version": grpo["version"]})
+            rows.append(
+                {
+                    field: value,
+                    "heldout_accuracy": ev["metrics"]["heldout_accuracy"],
+                    "train_reward_mean": g.get("train_reward_mean"),
+                    "frac_reward_zero_std_mean": g.get("frac_reward_zero_std_mean"),
+                    "prompts_per_step": per_step // r.grpo_value("num_generations"),
+                    "completions_per_step": per_step,
+                    "grpo_wall_s": grpo["stage_wall_s"],
+                    "grpo_reused": grpo["reused"],
+                    "wall_s": time.perf_counter() - t0,
+                    "grpo_version": grpo["version"],
+                }
+            )
             logs[str(value)] = read_log(Path(grpo["path"]) / "train_log.jsonl")
     completions = {row["completions_per_step"] for row in rows}
-    note = (f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for every value "
-            f"(prompts per step = completions / num_generations); SFT and its gates (dry run, smoke test with the base recipe) are shared.")
+    note = (
+        f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for every value "
+        f"(prompts per step = completions / num_generations); SFT and its gates (dry run, smoke test with the base recipe) are shared."
+    )
     tag = f"{field}={'_'.join(map(str, values))}".replace("/", "-")
     files = comparison(rows, field, st.experiment_dir(experiment, "sweeps", tag), logs, note)
     markdown = files["md"].read_text().replace("](sweep.png)", f"]({data_uri(files['png'])})")
     create_markdown_artifact(markdown=markdown, key=artifact_key(experiment, "sweep", field), description=note)
-    return {"field": field, "rows": rows, "note": note, "files": {k: str(v) for k, v in files.items()}, "results": results}
+    return {
+        "field": field,
+        "rows": rows,
+        "note": note,
+        "files": {k: str(v) for k, v in files.items()},
+        "results": results,
+    }

@@ -62,21 +62,37 @@ def resolve_teacher(recipe) -> dict[str, Any]:
         record = store.ledger.read(experiment, "champion.json") if store.workspace.has_experiment(experiment) else None
         current = record.get("champion") if isinstance(record, dict) else None
         if not current:
-            raise InputError(f"distill.teacher_model_name_or_path {spec!r}: experiment {experiment!r} has no champion in store {recipe.store} "
-                             f"(run it first, e.g. `regimen run configs/{experiment}.yaml`)")
+            raise InputError(
+                f"distill.teacher_model_name_or_path {spec!r}: experiment {experiment!r} has no champion in store {recipe.store} "
+                f"(run it first, e.g. `regimen run configs/{experiment}.yaml`)"
+            )
         ref = policy_from_ref(store, experiment, current["policy_ref"])
         if ref is None:
-            raise InputError(f"distill.teacher_model_name_or_path {spec!r}: the champion {current.get('policy')} of {experiment!r} is damaged in "
-                             f"store {recipe.store} (its files do not match its manifest)")
-        return {"path": ref["model"], "identity": {"champion": experiment, "policy": current.get("policy"), "stage": ref["stage"],
-                                                    "version": ref["version"], "fingerprint": ref["fingerprint"], "content": ref.get("content")}}
+            raise InputError(
+                f"distill.teacher_model_name_or_path {spec!r}: the champion {current.get('policy')} of {experiment!r} is damaged in "
+                f"store {recipe.store} (its files do not match its manifest)"
+            )
+        return {
+            "path": ref["model"],
+            "identity": {
+                "champion": experiment,
+                "policy": current.get("policy"),
+                "stage": ref["stage"],
+                "version": ref["version"],
+                "fingerprint": ref["fingerprint"],
+                "content": ref.get("content"),
+            },
+        }
     local = Path(spec).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
             raise InputError(f"distill.teacher_model_name_or_path {spec!r}: not a model folder (no config.json)")
         from regimen.stages.core.fingerprint import tree_digest
 
-        return {"path": str(local.resolve()), "identity": {"folder": str(local.resolve()), "sha256": tree_digest(local)}}
+        return {
+            "path": str(local.resolve()),
+            "identity": {"folder": str(local.resolve()), "sha256": tree_digest(local)},
+        }
     if spec.startswith(("/", ".", "~")) or spec.count("/") > 1:
         raise InputError(f"distill.teacher_model_name_or_path {spec!r}: no such folder (and not a hub id)")
     return {"path": spec, "identity": {"hub": spec}}
@@ -94,12 +110,16 @@ def door(recipe) -> dict[str, Any]:
 
         theirs = load_tokenizer(teacher["path"])
     except (OSError, ValueError) as exc:
-        raise InputError(f"distill.teacher_model_name_or_path {teacher_spec(recipe)!r}: its tokenizer does not load ({str(exc).splitlines()[0][:160]})") from None
+        raise InputError(
+            f"distill.teacher_model_name_or_path {teacher_spec(recipe)!r}: its tokenizer does not load ({str(exc).splitlines()[0][:160]})"
+        ) from None
     if student.get_vocab() != theirs.get_vocab() or student.eos_token != theirs.eos_token:
-        raise InputError(f"distill: the teacher's tokenizer ({teacher_spec(recipe)}: {type(theirs).__name__}, {len(theirs)} tokens) differs from the "
-                         f"student's ({recipe.model.name_or_path}: {type(student).__name__}, {len(student)} tokens); on-policy distillation here "
-                         "compares next-token distributions over one vocabulary: use a teacher with the student's tokenizer (TRL's cross-tokenizer "
-                         "GOLD trainer, trl.experimental.gold, is not a Regimen stage)")
+        raise InputError(
+            f"distill: the teacher's tokenizer ({teacher_spec(recipe)}: {type(theirs).__name__}, {len(theirs)} tokens) differs from the "
+            f"student's ({recipe.model.name_or_path}: {type(student).__name__}, {len(student)} tokens); on-policy distillation here "
+            "compares next-token distributions over one vocabulary: use a teacher with the student's tokenizer (TRL's cross-tokenizer "
+            "GOLD trainer, trl.experimental.gold, is not a Regimen stage)"
+        )
     return teacher["identity"]
 
 
@@ -130,7 +150,11 @@ def config_section(recipe) -> dict[str, Any]:
         "teacher": resolve_teacher(recipe)["identity"],
         "peft": recipe.peft,
         "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
-        "probe": {**recipe.probe.model_dump(mode="json"), "metric": recipe.eval.metric, "max_new_tokens": recipe.max_new_tokens()},
+        "probe": {
+            **recipe.probe.model_dump(mode="json"),
+            "metric": recipe.eval.metric,
+            "max_new_tokens": recipe.max_new_tokens(),
+        },
         "eval": {"max_new_tokens": recipe.max_new_tokens(), "metric": recipe.eval.metric},
     }
 
@@ -155,18 +179,32 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     model = load_model(policy, dtype=recipe.model.dtype)
     teacher_model = load_model(teacher["path"], dtype=recipe.model.dtype)
     args = for_stage(recipe, "distill", dirs.checkpoints)
-    probe = HeldoutProbe(recipe, probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed), tokenizer, dirs.checkpoints,
-                         progress=getattr(dirs, "progress", None))
-    trainer = DistillationTrainer(model=model, teacher_model=teacher_model, args=args, processing_class=tokenizer, peft_config=peft_config(recipe),
-                                  train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in task.train]),
-                                  callbacks=[probe, MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)])
+    probe = HeldoutProbe(
+        recipe,
+        probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed),
+        tokenizer,
+        dirs.checkpoints,
+        progress=getattr(dirs, "progress", None),
+    )
+    trainer = DistillationTrainer(
+        model=model,
+        teacher_model=teacher_model,
+        args=args,
+        processing_class=tokenizer,
+        peft_config=peft_config(recipe),
+        train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in task.train]),
+        callbacks=[probe, MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)],
+    )
     probe.trainer = trainer
     progress.quiet(trainer, NAME)
     resumed = train_resumable(trainer, dirs.checkpoints, args.max_steps)
     history = trainer.state.log_history
     losses = [h["loss"] for h in history if "loss" in h]
-    metrics: dict[str, float] = {"steps": float(trainer.state.global_step), "train_loss_first": losses[0] if losses else float("nan"),
-                                 "train_loss_last": losses[-1] if losses else float("nan")}
+    metrics: dict[str, float] = {
+        "steps": float(trainer.state.global_step),
+        "train_loss_first": losses[0] if losses else float("nan"),
+        "train_loss_last": losses[-1] if losses else float("nan"),
+    }
     curve = HeldoutProbe.curve(history)
     extra: dict[str, Any] = {"resumed_from_step": resumed, "teacher": teacher["identity"], "heldout_probe": curve}
     kept, best = "last", probe.best()
@@ -182,23 +220,41 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if not is_main_process(trainer):  # under accelerate launch, rank 0 measures; the others are done
         return StageOutput(metrics, extra=extra)
     shutil.rmtree(probe.best_dir, ignore_errors=True)
-    with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:  # the divergence and the probe per step (the UI plots them)
+    with open(
+        Path(dirs.out) / "train_log.jsonl", "w"
+    ) as fh:  # the divergence and the probe per step (the UI plots them)
         for h in history:
             fh.write(json.dumps(h) + "\n")
     device = device_for(recipe)
     student.to(device)
     teacher_model.to(device)
-    heldout_metrics, heldout_rows = heldout_eval(student, tokenizer, recipe, task.heldout, desc="held-out eval (after distillation)")
+    heldout_metrics, heldout_rows = heldout_eval(
+        student, tokenizer, recipe, task.heldout, desc="held-out eval (after distillation)"
+    )
     metrics.update(heldout_metrics)
-    metrics["teacher_heldout_accuracy"] = heldout_eval(teacher_model, tokenizer, recipe, task.heldout, desc="teacher's held-out accuracy")[0]["heldout_accuracy"]
-    samples = graded_samples(student, teacher_model, tokenizer, recipe, probe_rows(task.train, recipe.eval.trajectories, recipe.data.seed + 3))
+    metrics["teacher_heldout_accuracy"] = heldout_eval(
+        teacher_model, tokenizer, recipe, task.heldout, desc="teacher's held-out accuracy"
+    )[0]["heldout_accuracy"]
+    samples = graded_samples(
+        student,
+        teacher_model,
+        tokenizer,
+        recipe,
+        probe_rows(task.train, recipe.eval.trajectories, recipe.data.seed + 3),
+    )
     if samples:
         kls = [s["reverse_kl_mean"] for s in samples]
         metrics["reverse_kl_mean"] = sum(kls) / len(kls)
     first, last = _kl_curve(history)
-    if first is not None:  # the training loss: the divergence distill.beta chose (forward KL at 0), not always the reverse KL
+    if (
+        first is not None
+    ):  # the training loss: the divergence distill.beta chose (forward KL at 0), not always the reverse KL
         metrics.update(divergence_first=first, divergence_last=last)
-    trajectories.write(dirs.out, [{"kind": "distill", **s} for s in samples] + [{"kind": "heldout", **r} for r in heldout_rows[: recipe.eval.trajectories]])
+    trajectories.write(
+        dirs.out,
+        [{"kind": "distill", **s} for s in samples]
+        + [{"kind": "heldout", **r} for r in heldout_rows[: recipe.eval.trajectories]],
+    )
     return StageOutput(metrics, extra=extra)
 
 
@@ -220,8 +276,19 @@ def graded_samples(student, teacher, tokenizer, recipe, rows: list[dict[str, Any
         return []
     prompts = [r["prompt"] for r in rows]
     temperature = float(recipe.distill.get("temperature", 1.0) or 1.0)
-    completions = [c[0] for c in generate(student, tokenizer, prompts, do_sample=True, temperature=temperature,
-                                          max_new_tokens=recipe.max_new_tokens(), seed=recipe.data.seed, desc="distill samples")]
+    completions = [
+        c[0]
+        for c in generate(
+            student,
+            tokenizer,
+            prompts,
+            do_sample=True,
+            temperature=temperature,
+            max_new_tokens=recipe.max_new_tokens(),
+            seed=recipe.data.seed,
+            desc="distill samples",
+        )
+    ]
     out = []
     device = next(student.parameters()).device
     with torch.no_grad():
@@ -232,12 +299,19 @@ def graded_samples(student, teacher, tokenizer, recipe, rows: list[dict[str, Any
                 continue
             ids = torch.cat([p_ids, c_ids], dim=1)
             n = c_ids.shape[1]
-            s_logp = torch.log_softmax(student(ids).logits[0, -n - 1:-1].float() / temperature, dim=-1)
-            t_logp = torch.log_softmax(teacher(ids).logits[0, -n - 1:-1].float() / temperature, dim=-1)
+            s_logp = torch.log_softmax(student(ids).logits[0, -n - 1 : -1].float() / temperature, dim=-1)
+            t_logp = torch.log_softmax(teacher(ids).logits[0, -n - 1 : -1].float() / temperature, dim=-1)
             reverse_kl = (s_logp.exp() * (s_logp - t_logp)).sum(-1)
             picked = c_ids[0]
-            out.append({"prompt": prompt, "completion": completion, "answer": next((r.get("answer") for r in rows if r["prompt"] == prompt), None),
-                        "tokens": int(n), "reverse_kl_mean": round(float(reverse_kl.mean()), 5),
-                        "student_logprob_mean": round(float(s_logp[torch.arange(n), picked].mean()), 5),
-                        "teacher_logprob_mean": round(float(t_logp[torch.arange(n), picked].mean()), 5)})
+            out.append(
+                {
+                    "prompt": prompt,
+                    "completion": completion,
+                    "answer": next((r.get("answer") for r in rows if r["prompt"] == prompt), None),
+                    "tokens": int(n),
+                    "reverse_kl_mean": round(float(reverse_kl.mean()), 5),
+                    "student_logprob_mean": round(float(s_logp[torch.arange(n), picked].mean()), 5),
+                    "teacher_logprob_mean": round(float(t_logp[torch.arange(n), picked].mean()), 5),
+                }
+            )
     return out

@@ -17,7 +17,17 @@ NAME = "reward-dry-run"
 ROLE = "gate"
 TRAINS = False
 KEY_METRICS = ("mean_reward", "reward_std", "frac_reward_zero_std")
-GENERATION_FIELDS = ("num_generations", "temperature", "top_p", "top_k", "min_p", "max_completion_length", "repetition_penalty", "generation_kwargs", "seed")
+GENERATION_FIELDS = (
+    "num_generations",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_completion_length",
+    "repetition_penalty",
+    "generation_kwargs",
+    "seed",
+)
 """GRPO's sampling settings: the dry run samples with all of them, as GRPO will."""
 
 
@@ -44,7 +54,9 @@ def group_stats(totals: list[float], group: int) -> dict[str, float]:
     return {
         "mean_reward": statistics.fmean(finite) if finite else math.nan,
         "reward_std": statistics.pstdev(finite) if len(finite) > 1 else 0.0,
-        "mean_group_std": statistics.fmean(statistics.pstdev(g) if len(g) > 1 else 0.0 for g in scored) if scored else 0.0,
+        "mean_group_std": statistics.fmean(statistics.pstdev(g) if len(g) > 1 else 0.0 for g in scored)
+        if scored
+        else 0.0,
         "frac_reward_zero_std": zero / len(groups) if groups else 1.0,
         "unscored": float(len(totals) - len(finite)),
     }
@@ -57,21 +69,27 @@ def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperat
     if math.isnan(mean):
         return f"no reward scored any of {shape} (all None): check that the data has the columns the rewards need"
     if mean < cfg.min_mean_reward:
-        return (f"mean reward {mean:.3f} over {shape} is below dry_run.min_mean_reward={cfg.min_mean_reward}: the task is too hard "
-                "for this policy; run more SFT (sft.max_steps), use easier prompts, or add an easier reward (e.g. format) beside the hard one")
+        return (
+            f"mean reward {mean:.3f} over {shape} is below dry_run.min_mean_reward={cfg.min_mean_reward}: the task is too hard "
+            "for this policy; run more SFT (sft.max_steps), use easier prompts, or add an easier reward (e.g. format) beside the hard one"
+        )
     if mean > cfg.max_mean_reward:
-        return (f"mean reward {mean:.3f} over {shape} is above dry_run.max_mean_reward={cfg.max_mean_reward}: the task is trivial "
-                "for this policy; nothing is left to learn — use harder prompts")
+        return (
+            f"mean reward {mean:.3f} over {shape} is above dry_run.max_mean_reward={cfg.max_mean_reward}: the task is trivial "
+            "for this policy; nothing is left to learn — use harder prompts"
+        )
     if zero > cfg.max_frac_zero_std:
-        return (f"{zero:.0%} of groups have no reward variance ({shape}; limit dry_run.max_frac_zero_std={cfg.max_frac_zero_std}): "
-                "GRPO learns only from groups whose attempts differ; use larger groups (grpo.num_generations) or a higher grpo.temperature")
+        return (
+            f"{zero:.0%} of groups have no reward variance ({shape}; limit dry_run.max_frac_zero_std={cfg.max_frac_zero_std}): "
+            "GRPO learns only from groups whose attempts differ; use larger groups (grpo.num_generations) or a higher grpo.temperature"
+        )
     return None
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training.model import load_policy
     from regimen.stages.training.episodes import complete, transcript
+    from regimen.stages.training.model import load_policy
 
     g = recipe.grpo_value
     cfg = recipe.dry_run
@@ -81,10 +99,25 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
     model, tokenizer = load_policy(policy, recipe)
-    samples, envs = complete(model, tokenizer, recipe, rows, num_return_sequences=group, do_sample=True,
-                             temperature=float(g("temperature")), top_p=float(g("top_p") or 1.0), top_k=int(g("top_k") or 0),
-                             max_new_tokens=int(g("max_completion_length")), batch_size=recipe.eval.batch_size, desc="dry run", seed=seed,
-                             extra={**{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None}, **(g("generation_kwargs") or {})})
+    samples, envs = complete(
+        model,
+        tokenizer,
+        recipe,
+        rows,
+        num_return_sequences=group,
+        do_sample=True,
+        temperature=float(g("temperature")),
+        top_p=float(g("top_p") or 1.0),
+        top_k=int(g("top_k") or 0),
+        max_new_tokens=int(g("max_completion_length")),
+        batch_size=recipe.eval.batch_size,
+        desc="dry run",
+        seed=seed,
+        extra={
+            **{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None},
+            **(g("generation_kwargs") or {}),
+        },
+    )
     prompts = [r["prompt"] for r in rows for _ in range(group)]
     completions = [c for s in samples for c in s]
     columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k not in ("prompt", "completion")}

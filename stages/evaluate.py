@@ -47,8 +47,15 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
 
         from regimen.stages.training.probe import probe_rows
 
-        probed = {json.dumps(r["prompt"], sort_keys=True) for r in probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed)}
-        rest = [t["correct"] for t, r in zip(rows, task.heldout) if json.dumps(r["prompt"], sort_keys=True) not in probed and t["correct"] is not None]
+        probed = {
+            json.dumps(r["prompt"], sort_keys=True)
+            for r in probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed)
+        }
+        rest = [
+            t["correct"]
+            for t, r in zip(rows, task.heldout)
+            if json.dumps(r["prompt"], sort_keys=True) not in probed and t["correct"] is not None
+        ]
         if rest:
             metrics["heldout_accuracy_unprobed"] = sum(rest) / len(rest)
             metrics["heldout_unprobed_size"] = float(len(rest))

@@ -23,7 +23,14 @@ from regimen.stages.core.contract import StageOutput
 NAME = "grpo"
 ROLE = "train"
 TRAINS = True
-KEY_METRICS = ("train_reward_first", "train_reward_last", "kl_last", "frac_reward_zero_std_mean", "best_step", "completions_per_s")
+KEY_METRICS = (
+    "train_reward_first",
+    "train_reward_last",
+    "kl_last",
+    "frac_reward_zero_std_mean",
+    "best_step",
+    "completions_per_s",
+)
 
 
 def config_section(recipe) -> dict[str, Any]:
@@ -36,8 +43,13 @@ def config_section(recipe) -> dict[str, Any]:
         "grpo": recipe.grpo,
         "peft": recipe.peft,
         "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
-        "probe": {**recipe.probe.model_dump(mode="json"), "target": recipe.cycle.target if recipe.probe.stop_at_target else None, "guard": recipe.cycle.guard.model_dump(mode="json"),
-                  "metric": recipe.eval.metric, "max_new_tokens": recipe.max_new_tokens()},
+        "probe": {
+            **recipe.probe.model_dump(mode="json"),
+            "target": recipe.cycle.target if recipe.probe.stop_at_target else None,
+            "guard": recipe.cycle.guard.model_dump(mode="json"),
+            "metric": recipe.eval.metric,
+            "max_new_tokens": recipe.max_new_tokens(),
+        },
         "curriculum": recipe.curriculum.model_dump(mode="json") if curriculum_on(recipe) else None,
     }
 
@@ -93,18 +105,38 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder()
     task = load_task(recipe.data, inputs.get("heldout"))
-    probe = HeldoutProbe(recipe, probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed), load_tokenizer(policy), dirs.checkpoints,
-                          progress=getattr(dirs, "progress", None), train_rows=probe_rows(task.train, recipe.probe.train_prompts, recipe.data.seed + 1))
+    probe = HeldoutProbe(
+        recipe,
+        probe_rows(task.heldout, recipe.probe.prompts, recipe.data.seed),
+        load_tokenizer(policy),
+        dirs.checkpoints,
+        progress=getattr(dirs, "progress", None),
+        train_rows=probe_rows(task.train, recipe.probe.train_prompts, recipe.data.seed + 1),
+    )
     seen = PassRates.read((inputs.get("pass_rates") or {}).get("path"))  # the dry run's (or the round before's) table
     train_rows = task.train
     if recipe.environment is not None:
         from regimen.stages.training.episodes import chat_rows
 
         train_rows = chat_rows(train_rows)
-    pacing = Curriculum(train_rows, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen) if curriculum_on(recipe) else None
-    one_process = recipe.num_processes() == 1  # pass rates from the trainer's rewards need whole groups: one process sees them
-    trainer, fns = build_trainer(recipe, policy, dirs.checkpoints, recorder, callbacks=[probe], heldout=inputs.get("heldout"),
-                                 curriculum=pacing, rates=None if pacing or not one_process else seen)
+    pacing = (
+        Curriculum(train_rows, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen)
+        if curriculum_on(recipe)
+        else None
+    )
+    one_process = (
+        recipe.num_processes() == 1
+    )  # pass rates from the trainer's rewards need whole groups: one process sees them
+    trainer, fns = build_trainer(
+        recipe,
+        policy,
+        dirs.checkpoints,
+        recorder,
+        callbacks=[probe],
+        heldout=inputs.get("heldout"),
+        curriculum=pacing,
+        rates=None if pacing or not one_process else seen,
+    )
     probe.trainer = trainer
     return Built(trainer, fns, probe, recorder, pacing, seen, one_process)
 
@@ -116,8 +148,13 @@ def train(built: Built, dirs) -> tuple[int, float]:
     trainer, probe = built.trainer, built.probe
     t0 = time.perf_counter()
     keepers = [cb for cb in trainer.callback_handler.callbacks if callable(getattr(cb, "restore", None))]
-    resumed = train_resumable(trainer, dirs.checkpoints, trainer.args.max_steps, on_finished=probe.recheck,
-                              restore=lambda path: [cb.restore(path) for cb in keepers])
+    resumed = train_resumable(
+        trainer,
+        dirs.checkpoints,
+        trainer.args.max_steps,
+        on_finished=probe.recheck,
+        restore=lambda path: [cb.restore(path) for cb in keepers],
+    )
     return resumed, time.perf_counter() - t0
 
 
@@ -134,14 +171,21 @@ def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[st
     extra: dict[str, Any] = {"resumed_from_step": resumed, "heldout_probe": curve}
     metrics = curve_metrics(history)
     steps_run = last_step - resumed
-    metrics.update({
-        "steps": float(last_step),
-        "steps_run": float(steps_run),
-        "beta": float(trainer.args.beta),
-        "train_s": train_s,
-        "probe_s": probe.probe_s,
-        "completions_per_s": steps_run * trainer.args.generation_batch_size / trainer.args.steps_per_generation / train_s if train_s > 0 and steps_run else 0.0,
-    })
+    metrics.update(
+        {
+            "steps": float(last_step),
+            "steps_run": float(steps_run),
+            "beta": float(trainer.args.beta),
+            "train_s": train_s,
+            "probe_s": probe.probe_s,
+            "completions_per_s": steps_run
+            * trainer.args.generation_batch_size
+            / trainer.args.steps_per_generation
+            / train_s
+            if train_s > 0 and steps_run
+            else 0.0,
+        }
+    )
     if curve:
         metrics["probe_first"] = curve[0]["heldout_accuracy"]
         metrics["probe_last"] = curve[-1]["heldout_accuracy"]
@@ -154,8 +198,11 @@ def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[st
         metrics.update({f"curriculum_{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         metrics.update({f"curriculum_band_{k}": float(v) for k, v in summary["bands"].items()})
     elif recipe.curriculum.enabled:
-        extra["note"] = ("curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)" if not built.one_process
-                         else "curriculum off: it needs grpo.max_steps (training by epochs has no end for its stream)")
+        extra["note"] = (
+            "curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)"
+            if not built.one_process
+            else "curriculum off: it needs grpo.max_steps (training by epochs has no end for its stream)"
+        )
     if gameable := gameable_names(built.fns):
         extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
     return metrics, extra
@@ -181,12 +228,18 @@ def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]
     from regimen.stages.decide.verdicts import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
 
     probe = built.probe
-    found = probe.fired or probe.final_look(built.trainer.state.log_history) or probe.warned or probe.noted  # what stopped it, else the whole curves' reading
+    found = (
+        probe.fired or probe.final_look(built.trainer.state.log_history) or probe.warned or probe.noted
+    )  # what stopped it, else the whole curves' reading
     if found:
-        extra["guard_finding"] = found["finding"]  # hacking, overfitting or sharpening: what the evaluation's verdict is told
+        extra["guard_finding"] = found[
+            "finding"
+        ]  # hacking, overfitting or sharpening: what the evaluation's verdict is told
         extra["guard_evidence"] = found
     if probe.noted and not probe.fired and not probe.warned:
-        extra["guard_note"] = f"the guard saw sharpening at step {probe.noted['step']} (harmless; training went on): {describe(SHARPENING)}"
+        extra["guard_note"] = (
+            f"the guard saw sharpening at step {probe.noted['step']} (harmless; training went on): {describe(SHARPENING)}"
+        )
     if probe.warned and not probe.fired:
         extra["guard_warning"] = probe.warning
         extra["guard_warned_at_step"] = probe.warned["step"]
@@ -198,11 +251,13 @@ def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]
         return None
     fired, kind = probe.fired, probe.fired["finding"]
     verdict = REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT
-    reason = (f"{verdict}: at GRPO step {fired['step']} of {built.trainer.state.max_steps} the training reward had risen "
-              f"{fired['train_reward_rise']:+.3f} (from {fired['train_reward_start']:.3f} to {fired['train_reward_now']:.3f}) "
-              f"while held-out probe accuracy changed {fired['heldout_gain']:+.3f} (from {fired['heldout_accuracy_start']:.3f} "
-              f"to {fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
-              + (" (the high-reward wrong answers are in the failed attempt's trajectories)" if kind == HACKING else ""))
+    reason = (
+        f"{verdict}: at GRPO step {fired['step']} of {built.trainer.state.max_steps} the training reward had risen "
+        f"{fired['train_reward_rise']:+.3f} (from {fired['train_reward_start']:.3f} to {fired['train_reward_now']:.3f}) "
+        f"while held-out probe accuracy changed {fired['heldout_gain']:+.3f} (from {fired['heldout_accuracy_start']:.3f} "
+        f"to {fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
+        + (" (the high-reward wrong answers are in the failed attempt's trajectories)" if kind == HACKING else "")
+    )
     return StageOutput(metrics, status="failed", diagnosis=reason, extra=extra)
 
 
@@ -216,16 +271,24 @@ def keep_best(recipe, built: Built, dirs, metrics: dict[str, float], extra: dict
     last_step = trainer.state.global_step
     barrier(trainer)  # every rank reads best/ only once rank 0 has finished writing it
     best = probe.best()
-    if best is not None and {"step": best["step"], "heldout_accuracy": best["heldout_accuracy"]} not in extra["heldout_probe"]:
+    if (
+        best is not None
+        and {"step": best["step"], "heldout_accuracy": best["heldout_accuracy"]} not in extra["heldout_probe"]
+    ):
         best = None  # a best/ this run's probe curve does not vouch for is never loaded
     kept = "last"
     if recipe.probe.keep == "best" and best is not None and not probe.sharded:
-        if best["step"] != last_step and restore_best(trainer.accelerator.unwrap_model(trainer.model), probe.best_dir) is not None:
+        if (
+            best["step"] != last_step
+            and restore_best(trainer.accelerator.unwrap_model(trainer.model), probe.best_dir) is not None
+        ):
             kept = "best"
         elif best["step"] == last_step:
             kept = "best"
     elif recipe.probe.keep == "best" and probe.sharded:
-        extra["note"] = "the model is sharded (FSDP/DeepSpeed): the version keeps the last step, not the best-probing one"
+        extra["note"] = (
+            "the model is sharded (FSDP/DeepSpeed): the version keeps the last step, not the best-probing one"
+        )
     save_policy(trainer, trainer.processing_class, Path(dirs.out) / "model", merge=recipe.model.merge_lora)
     barrier(trainer)
     if is_main_process(trainer):

@@ -22,7 +22,9 @@ def check(order: tuple[Stage, ...]) -> None:
         raise ValueError(f"stage names repeat: {names}")
     for s in order:
         if getattr(s, "ROLE", None) not in ROLES:
-            raise ValueError(f"stage {s.NAME!r}: ROLE must be one of {', '.join(ROLES)}, not {getattr(s, 'ROLE', None)!r}")
+            raise ValueError(
+                f"stage {s.NAME!r}: ROLE must be one of {', '.join(ROLES)}, not {getattr(s, 'ROLE', None)!r}"
+            )
     if [s.ROLE for s in order].count("judge") != 1:
         raise ValueError("exactly one stage must have ROLE 'judge'")
     if not any(s.ROLE == "train" for s in order):

@@ -72,9 +72,9 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from datasets import Dataset
     from trl import SFTTrainer
 
+    from regimen.stages.recipe.trl import device_for, for_stage
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import limits, progress, trajectories
-    from regimen.stages.recipe.trl import device_for, for_stage
     from regimen.stages.training.checkpoints import MarkComplete, train_resumable
     from regimen.stages.training.heldout import heldout_eval
     from regimen.stages.training.model import load_model, load_tokenizer
@@ -85,22 +85,39 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     task = load_task(recipe.data, inputs.get("heldout"))
     rows, counts = cached_traces(recipe, task, int(inputs.get("cycle", 1)), policy, Path(dirs.checkpoints))
     if not rows:
-        raise StageStopped("sft", f"the {recipe.teacher.kind} teacher produced no trace that clears teacher.min_reward={recipe.teacher.min_reward} "
-                           f"({int(counts['traces_generated'])} generated); lower the threshold, sample more, or use a stronger teacher")
+        raise StageStopped(
+            "sft",
+            f"the {recipe.teacher.kind} teacher produced no trace that clears teacher.min_reward={recipe.teacher.min_reward} "
+            f"({int(counts['traces_generated'])} generated); lower the threshold, sample more, or use a stronger teacher",
+        )
     tokenizer = load_tokenizer(policy)
     model = load_model(policy, dtype=recipe.model.dtype)
-    args = for_stage(recipe, "sft", dirs.checkpoints, **({"assistant_only_loss": True} if recipe.environment is not None else {}))
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(as_sft_rows(rows)), processing_class=tokenizer,
-                         peft_config=peft_config(recipe), callbacks=[MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)])
+    args = for_stage(
+        recipe, "sft", dirs.checkpoints, **({"assistant_only_loss": True} if recipe.environment is not None else {})
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(as_sft_rows(rows)),
+        processing_class=tokenizer,
+        peft_config=peft_config(recipe),
+        callbacks=[MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)],
+    )
     progress.quiet(trainer, NAME)
     resumed = train_resumable(trainer, dirs.checkpoints, args.max_steps)
     model = save_policy(trainer, tokenizer, Path(dirs.out) / "model", merge=recipe.model.merge_lora)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    metrics: dict[str, float] = {**counts, "train_loss_last": losses[-1] if losses else float("nan"), "steps": float(trainer.state.global_step)}
+    metrics: dict[str, float] = {
+        **counts,
+        "train_loss_last": losses[-1] if losses else float("nan"),
+        "steps": float(trainer.state.global_step),
+    }
     if not is_main_process(trainer):  # under accelerate launch, rank 0 measures; the others are done
         return StageOutput(metrics, extra={"resumed_from_step": resumed})
     model.to(device_for(recipe))
-    heldout_metrics, heldout_rows = heldout_eval(model, tokenizer, recipe, task.heldout, desc="held-out eval (after SFT)")
+    heldout_metrics, heldout_rows = heldout_eval(
+        model, tokenizer, recipe, task.heldout, desc="held-out eval (after SFT)"
+    )
     metrics.update(heldout_metrics)
     if (acc := teacher_accuracy(recipe, task)) is not None:
         metrics["teacher_heldout_accuracy"] = acc

@@ -40,8 +40,10 @@ def verdict(logs: list[dict[str, Any]]) -> str | None:
     if bad_loss:
         return f"the loss is not finite at step(s) {bad_loss}: lower grpo.learning_rate or check the model's dtype"
     if not any(h.get("reward_std", 0) > 0 for h in steps):
-        return (f"no step among {len(steps)} showed any reward variation (reward_std = 0 throughout): every attempt scores alike, "
-                "so GRPO has nothing to learn from; check the reward on sample text (regimen reward-check), use larger groups or a higher temperature")
+        return (
+            f"no step among {len(steps)} showed any reward variation (reward_std = 0 throughout): every attempt scores alike, "
+            "so GRPO has nothing to learn from; check the reward on sample text (regimen reward-check), use larger groups or a higher temperature"
+        )
     grads = [h.get("grad_norm") for h in steps if h.get("grad_norm") is not None]
     if grads and not any(g > 0 for g in grads):
         return "every gradient was zero: the policy is not being updated (check the learning rate and that parameters are trainable)"
@@ -55,8 +57,17 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     policy = inputs["policy"]["model"]
     recorder = trajectories.Recorder(keep_first=recipe.smoke.max_steps, keep_last=0)
     scratch = Path(dirs.checkpoints) / "smoke"
-    trainer, _ = build_trainer(recipe, policy, scratch, recorder, stage=NAME, heldout=inputs.get("heldout"), max_steps=recipe.smoke.max_steps,
-                               logging_steps=1, save_strategy="no")
+    trainer, _ = build_trainer(
+        recipe,
+        policy,
+        scratch,
+        recorder,
+        stage=NAME,
+        heldout=inputs.get("heldout"),
+        max_steps=recipe.smoke.max_steps,
+        logging_steps=1,
+        save_strategy="no",
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     trajectories.write(dirs.out, recorder.rows())
@@ -70,4 +81,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         "frac_reward_zero_std_mean": sum(h.get("frac_reward_zero_std", 0.0) for h in logs) / max(len(logs), 1),
     }
     reason = verdict(trainer.state.log_history)
-    return StageOutput(metrics, status="failed" if reason else "completed", diagnosis=f"smoke test failed: {reason}" if reason else None)
+    return StageOutput(
+        metrics,
+        status="failed" if reason else "completed",
+        diagnosis=f"smoke test failed: {reason}" if reason else None,
+    )

@@ -62,7 +62,10 @@ _SHARED_API: dict = {}
 
 
 def pytest_configure(config) -> None:
-    distributing = not os.environ.get("PYTEST_XDIST_WORKER") and (config.getoption("numprocesses", None) or 0) not in (0, None)
+    distributing = not os.environ.get("PYTEST_XDIST_WORKER") and (config.getoption("numprocesses", None) or 0) not in (
+        0,
+        None,
+    )
     if distributing or os.environ.get("PREFECT_API_URL") or os.environ.get("REGIMEN_TESTS_SHARED_API", "1") == "0":
         return  # the controller of workers runs no test; a configured API is used as it is
     if "prefect" in sys.modules:  # too late to reach every thread's settings: temporary servers, as without
@@ -131,7 +134,9 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
 
     extra = dict(overrides or {})
     extra["store"] = str(store)
-    state = regimen_cycle_recipe(load_recipe(config, extra), experiment, return_state=True)  # the experiment: data of the run
+    state = regimen_cycle_recipe(
+        load_recipe(config, extra), experiment, return_state=True
+    )  # the experiment: data of the run
     outcome = state.result(raise_on_failure=False)
     if not isinstance(outcome, RunResult):
         raise outcome
@@ -142,7 +147,11 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
         if kind is errors.StageStopped:
             error = kind(outcome.stage, outcome.message.removeprefix(f"{outcome.stage}: "))
         else:
-            error = (kind if isinstance(kind, type) and kind not in (errors.StageInterrupted,) else (InputError if outcome.exit_code == 2 else RegimenError))(outcome.message)
+            error = (
+                kind
+                if isinstance(kind, type) and kind not in (errors.StageInterrupted,)
+                else (InputError if outcome.exit_code == 2 else RegimenError)
+            )(outcome.message)
         error.exit_code = outcome.exit_code
         error.results = outcome.results
         raise error
@@ -155,9 +164,21 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
 # full run on the 2-core machine; a file not named here follows in its usual order.
 _SHARED_UNITS = {"test_ui.py": "test_operations.py"}  # the UI test reads the operations scenario's runs
 _SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-04 (one shared Prefect API per worker)
-    "test_pool.py", "test_nightly_week.py", "test_api_boundary.py", "test_boundary.py", "test_launch.py",  # 255 233 205 168 154
-    "test_s3_store.py", "test_operations.py", "test_distill.py", "test_environments.py", "test_code_task.py",  # 143 136 115 114 85
-    "test_faults.py", "test_pipeline.py", "test_resume.py", "test_cycles_flow.py", "test_sandbox.py",  # 84 47 42 38 22
+    "test_pool.py",
+    "test_nightly_week.py",
+    "test_api_boundary.py",
+    "test_boundary.py",
+    "test_launch.py",  # 255 233 205 168 154
+    "test_s3_store.py",
+    "test_operations.py",
+    "test_distill.py",
+    "test_environments.py",
+    "test_code_task.py",  # 143 136 115 114 85
+    "test_faults.py",
+    "test_pipeline.py",
+    "test_resume.py",
+    "test_cycles_flow.py",
+    "test_sandbox.py",  # 84 47 42 38 22
 ]
 
 
@@ -198,4 +219,6 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items) -> None:
     """The slowest units first (xdist's scope scheduling without reordering keeps this order)."""
     rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(unit_of(item.nodeid).rpartition("/")[2], len(rank)))  # stable: a file keeps its order
+    items.sort(
+        key=lambda item: rank.get(unit_of(item.nodeid).rpartition("/")[2], len(rank))
+    )  # stable: a file keeps its order

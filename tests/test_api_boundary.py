@@ -45,19 +45,27 @@ def tampered_events(server: Server) -> list[dict]:
     return r.json().get("events", [])
 
 
-def test_a_deployment_patched_through_the_api_runs_nothing_of_the_attackers(prefect_server, faulty_serve, ops_dirs, tmp_path):
+def test_a_deployment_patched_through_the_api_runs_nothing_of_the_attackers(
+    prefect_server, faulty_serve, ops_dirs, tmp_path
+):
     server, (store, _) = prefect_server, ops_dirs
     dep = server.deployments()["on-demand"]
     original = {k: dep[k] for k in ("pull_steps", "entrypoint", "path")}
     pwned = tmp_path / "pwned"
     try:
         # 1. a pull step that runs a shell command as the user serving
-        r = patch(server, dep["id"], {"pull_steps": [{"prefect.deployments.steps.run_shell_script": {"script": f"touch {pwned}"}}]})
+        r = patch(
+            server,
+            dep["id"],
+            {"pull_steps": [{"prefect.deployments.steps.run_shell_script": {"script": f"touch {pwned}"}}]},
+        )
         assert r.status_code == 204, r.text
         run = refused_run(server, "tamper-pull", [faulty_serve.log])
         assert run["state"]["type"] == "FAILED", run["state"]
         message = run["state"]["message"] or ""
-        assert message.startswith("refused:") and "pull_steps" in message and "restart `regimen serve`" in message, message
+        assert message.startswith("refused:") and "pull_steps" in message and "restart `regimen serve`" in message, (
+            message
+        )
         assert not pwned.exists() and not (store / "tamper-pull").exists()
         assert server.task_runs(run["id"]) == []  # no stage, not even the preflight
 
@@ -73,7 +81,9 @@ def test_a_deployment_patched_through_the_api_runs_nothing_of_the_attackers(pref
         message = run["state"]["message"] or ""
         assert run["state"]["type"] == "FAILED" and message.startswith("refused:"), run["state"]
         assert "entrypoint" in message and "path" in message, message
-        found = subprocess.run(["find", "/tmp", str(ROOT), "-name", name, "-not", "-path", f"{bait}/*"], capture_output=True, text=True).stdout
+        found = subprocess.run(
+            ["find", "/tmp", str(ROOT), "-name", name, "-not", "-path", f"{bait}/*"], capture_output=True, text=True
+        ).stdout
         assert found.strip() == "", found  # nothing copied out of the attacker's folder
         assert not (store / "tamper-entry").exists()
 
@@ -82,14 +92,18 @@ def test_a_deployment_patched_through_the_api_runs_nothing_of_the_attackers(pref
         while len(tampered_events(server)) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
         events = tampered_events(server)
-        assert len(events) >= 2 and all(e["resource"]["prefect.resource.id"] == f"prefect.deployment.{dep['id']}" for e in events)
+        assert len(events) >= 2 and all(
+            e["resource"]["prefect.resource.id"] == f"prefect.deployment.{dep['id']}" for e in events
+        )
         assert "refused: deployment 'on-demand' was changed through Prefect's API" in tail(faulty_serve.log, 200_000)
     finally:
         patch(server, dep["id"], original)  # as serve registered it: the next tests' runs are honest again
     assert {k: server.deployments()["on-demand"][k] for k in original} == original
 
 
-def test_a_concurrency_limit_or_an_opened_schema_changed_through_the_api_refuses_the_runs(prefect_server, faulty_serve, ops_dirs):
+def test_a_concurrency_limit_or_an_opened_schema_changed_through_the_api_refuses_the_runs(
+    prefect_server, faulty_serve, ops_dirs
+):
     """The deployment's concurrency (1, ENQUEUE: one training at a time) is a guarded field: raised through
     the API, the next run is refused with the field named and the tampered event. A parameter schema
     opened through the API lets the server accept a parameter the flow does not have (`store`): that run
@@ -104,7 +118,11 @@ def test_a_concurrency_limit_or_an_opened_schema_changed_through_the_api_refuses
         assert r.status_code == 204, r.text
         run = refused_run(server, "tamper-concurrency", [faulty_serve.log])
         message = run["state"]["message"] or ""
-        assert run["state"]["type"] == "FAILED" and message.startswith("refused:") and "global_concurrency_limit" in message, run["state"]
+        assert (
+            run["state"]["type"] == "FAILED"
+            and message.startswith("refused:")
+            and "global_concurrency_limit" in message
+        ), run["state"]
         assert server.task_runs(run["id"]) == [] and not (store / "tamper-concurrency").exists()
         patch(server, dep["id"], {"concurrency_limit": 1})
 
@@ -114,11 +132,17 @@ def test_a_concurrency_limit_or_an_opened_schema_changed_through_the_api_refuses
         assert r.status_code == 204, r.text
         run = refused_run(server, "tamper-schema", [faulty_serve.log], store=str(store.parent / "elsewhere"))
         deadline = time.monotonic() + 30  # Prefect's engine stops the run process before the flow's first line; serve's
-        while run["state"]["type"] == "CRASHED" and time.monotonic() < deadline:  # runner then calls the flow's crash hook
+        while (
+            run["state"]["type"] == "CRASHED" and time.monotonic() < deadline
+        ):  # runner then calls the flow's crash hook
             time.sleep(0.5)
             run = server.run(run["id"])
         message = run["state"]["message"] or ""
-        assert run["state"]["type"] == "FAILED" and message.startswith("refused:") and "parameter_openapi_schema" in message, run["state"]
+        assert (
+            run["state"]["type"] == "FAILED"
+            and message.startswith("refused:")
+            and "parameter_openapi_schema" in message
+        ), run["state"]
         assert not (store.parent / "elsewhere").exists() and not (store / "tamper-schema").exists()
         deadline = time.monotonic() + 30
         while len(tampered_events(server)) < before + 2 and time.monotonic() < deadline:
@@ -142,7 +166,10 @@ OVER = {  # the door's bounds and the operator's limits (serve's defaults: 100,0
     "steps-over-limit": ({"grpo.max_steps": 200_000}, "limits.max_steps"),
     "checkpoints-over-limit": ({"grpo.save_total_limit": 50, "grpo.save_steps": 1}, "limits.max_checkpoints"),
     "limits-themselves": ({"limits.max_steps": 10**9}, "'limits.max_steps' is not a UI parameter"),
-    "guard-off": ({"cycle.guard.action": "warn"}, "'cycle.guard.action' is not a UI parameter"),  # the operator's policy
+    "guard-off": (
+        {"cycle.guard.action": "warn"},
+        "'cycle.guard.action' is not a UI parameter",
+    ),  # the operator's policy
     "guard-blind": ({"cycle.guard.train_rise": 1000.0}, "'cycle.guard.train_rise' is not a UI parameter"),
 }
 
@@ -152,7 +179,9 @@ THROUGH_THE_SERVER = ("lr-huge", "steps-over-limit", "limits-themselves", "guard
 the same door function in-process below, which is what the flow calls (`resolve_ui_recipe`)."""
 
 
-def test_values_out_of_bounds_and_over_the_operators_limits_are_refused_naming_the_field(prefect_server, faulty_serve, ops_dirs):
+def test_values_out_of_bounds_and_over_the_operators_limits_are_refused_naming_the_field(
+    prefect_server, faulty_serve, ops_dirs
+):
     server, (store, _) = prefect_server, ops_dirs
     ids = {}
     for name in THROUGH_THE_SERVER:
@@ -193,9 +222,16 @@ def test_serve_outlives_its_server_and_serves_again_when_it_is_back(tmp_path):
 
     def start_server() -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_API_AUTH_STRING=AUTH, PREFECT_SERVER_ANALYTICS_ENABLED="false")
-        proc = subprocess.Popen([bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                                stdout=open(home / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        env.update(
+            PREFECT_HOME=str(home), PREFECT_SERVER_API_AUTH_STRING=AUTH, PREFECT_SERVER_ANALYTICS_ENABLED="false"
+        )
+        proc = subprocess.Popen(
+            [bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=open(home / "server.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -207,7 +243,13 @@ def test_serve_outlives_its_server_and_serves_again_when_it_is_back(tmp_path):
         raise AssertionError(tail(home / "server.log"))
 
     proc = start_server()
-    server = Server(url=url, home=home, proc=proc, log=home / "server.log", http=httpx.Client(auth=tuple(AUTH.split(":", 1)), timeout=30))
+    server = Server(
+        url=url,
+        home=home,
+        proc=proc,
+        log=home / "server.log",
+        http=httpx.Client(auth=tuple(AUTH.split(":", 1)), timeout=30),
+    )
     serve = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
     try:
         deadline = time.monotonic() + 60  # registered and guarded (serve sets the entrypoint it runs)
@@ -221,7 +263,9 @@ def test_serve_outlives_its_server_and_serves_again_when_it_is_back(tmp_path):
         # Prefect's runner either rides out the outage (its loops retry) or gives up; then serve waits for
         # the API, registers anew ("answers again", then its ready line a second time) and serves
         run = refused_run(server, "after-outage", [serve.log], overrides={"grpo.no_such_field": 1})
-        assert run["state"]["type"] == "FAILED" and "grpo.no_such_field" in (run["state"]["message"] or ""), run["state"]
+        assert run["state"]["type"] == "FAILED" and "grpo.no_such_field" in (run["state"]["message"] or ""), run[
+            "state"
+        ]
         log = tail(serve.log, 100_000)
         if "serve waits for it to come back" in log:
             assert "answers again" in log and log.count(READY) == 2, log
@@ -236,8 +280,13 @@ def _own_server(home: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    proc = subprocess.Popen([bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=open(home / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=open(home / "server.log", "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -262,9 +311,25 @@ def test_a_run_outlives_its_orchestrator(signal_after, tmp_path):
     store = tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_API_URL=url, PREFECT_HOME=str(home), OMP_NUM_THREADS="1", REGIMEN_MACHINE_SLOTS="0")
-    proc = subprocess.Popen([bin_path("regimen"), "run", "tests/tiny.yaml", "--store", str(store), "--set", "grpo.max_steps=60",
-                             "--set", "grpo.save_steps=20"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            bin_path("regimen"),
+            "run",
+            "tests/tiny.yaml",
+            "--store",
+            str(store),
+            "--set",
+            "grpo.max_steps=60",
+            "--set",
+            "grpo.save_steps=20",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not list((store / "tiny-test" / "grpo" / "work").glob("*/checkpoint-20/regimen_complete")):
@@ -274,7 +339,9 @@ def test_a_run_outlives_its_orchestrator(signal_after, tmp_path):
         if signal_after:
             time.sleep(1)
             os.kill(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)  # a hang guard, not a speed claim (bench/orchestrator_outage.py measures)
+        out, _ = proc.communicate(
+            timeout=300
+        )  # a hang guard, not a speed claim (bench/orchestrator_outage.py measures)
     finally:
         stop(server, signal.SIGKILL)
         if proc.poll() is None:
@@ -285,4 +352,6 @@ def test_a_run_outlives_its_orchestrator(signal_after, tmp_path):
     if signal_after:
         assert "interrupted by SIGTERM" in out and "rerun resumes from step" in out, out
     else:
-        assert "Prefect's API does not answer" in out and (store / "tiny-test" / "eval" / "v1" / "manifest.json").is_file(), out
+        assert (
+            "Prefect's API does not answer" in out and (store / "tiny-test" / "eval" / "v1" / "manifest.json").is_file()
+        ), out

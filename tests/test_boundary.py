@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TINY, run_cli
 from test_faults import _mount_tmpfs, _wait_for, intact
 
@@ -27,8 +26,14 @@ EXP = "tiny-test"
 
 
 def _run(store: Path, *more: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([REGIMEN, "run", str(TINY), "--store", str(store), *more], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [REGIMEN, "run", str(TINY), "--store", str(store), *more],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        timeout=timeout,
+    )
 
 
 def _last_line(err: str) -> str:
@@ -37,13 +42,19 @@ def _last_line(err: str) -> str:
 
 # -- the operator's ceilings -------------------------------------------------------------------------
 
+
 def test_a_checkpoint_ceiling_caps_what_the_trainer_keeps(tmp_path):
     from regimen.stages.recipe import load_recipe
     from regimen.stages.recipe.trl import for_stage
 
     capped = load_recipe(TINY, {"limits.max_checkpoints": 3})
     assert for_stage(capped, "grpo", tmp_path).save_total_limit == 3  # unset in the recipe: the ceiling
-    assert for_stage(load_recipe(TINY, {"limits.max_checkpoints": 3, "grpo.save_total_limit": 2}), "grpo", tmp_path).save_total_limit == 2
+    assert (
+        for_stage(
+            load_recipe(TINY, {"limits.max_checkpoints": 3, "grpo.save_total_limit": 2}), "grpo", tmp_path
+        ).save_total_limit
+        == 2
+    )
     assert for_stage(load_recipe(TINY, {}), "grpo", tmp_path).save_total_limit is None
     # the ceiling never enters a fingerprint: it refuses or stops a run, it never changes what it computes
     from regimen.stages.run.runner import stage_key
@@ -65,6 +76,7 @@ def test_a_disk_ceiling_stops_training_at_a_save_with_the_limit_named(tmp_path, 
 
 # -- links the store did not make -------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_links_planted_in_a_work_folder_or_the_base_model_cache_are_refused(tmp_path, capsys):
     store = tmp_path / "store"
@@ -77,7 +89,9 @@ def test_links_planted_in_a_work_folder_or_the_base_model_cache_are_refused(tmp_
     (work / "checkpoint-4").symlink_to(elsewhere)  # the Trainer would write its next checkpoint through it
     r = _run(store)
     assert r.returncode == 1, r.stderr
-    assert f"{work / 'checkpoint-4'} is a symbolic link inside the store" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert f"{work / 'checkpoint-4'} is a symbolic link inside the store" in r.stderr and "Traceback" not in r.stderr, (
+        r.stderr
+    )
     assert list(elsewhere.iterdir()) == []
     (work / "checkpoint-4").unlink()
 
@@ -89,7 +103,9 @@ def test_links_planted_in_a_work_folder_or_the_base_model_cache_are_refused(tmp_
     base.rename(moved)
     base.symlink_to(other)
     r = _run(store)
-    assert r.returncode == 1 and f"{base} is a symbolic link inside the store" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (
+        r.returncode == 1 and f"{base} is a symbolic link inside the store" in r.stderr and "Traceback" not in r.stderr
+    ), r.stderr
     base.unlink()
     moved.rename(base)
 
@@ -99,7 +115,9 @@ def test_links_planted_in_a_work_folder_or_the_base_model_cache_are_refused(tmp_
     data[-8:] = bytes(8)
     weights.write_bytes(bytes(data))
     r = _run(store)
-    assert r.returncode == 1 and "do not match the digest recorded when it was built" in r.stderr and str(base) in r.stderr, r.stderr
+    assert (
+        r.returncode == 1 and "do not match the digest recorded when it was built" in r.stderr and str(base) in r.stderr
+    ), r.stderr
     shutil.rmtree(base)  # as the message says: removed, it is rebuilt, and the run finishes from its checkpoint
     r = _run(store)
     assert r.returncode == 0, r.stderr
@@ -107,6 +125,7 @@ def test_links_planted_in_a_work_folder_or_the_base_model_cache_are_refused(tmp_
 
 
 # -- signals while waiting for the compute slot --------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
@@ -121,8 +140,15 @@ def test_an_interruption_while_waiting_for_the_slot_says_so(sig, code, word, tmp
     store = tmp_path / "store"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "REGIMEN_CACHE": str(cache)}
     env.pop("REGIMEN_MACHINE_SLOTS", None)
-    proc = subprocess.Popen([REGIMEN, "run", str(TINY), "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        [REGIMEN, "run", str(TINY), "--store", str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
@@ -140,12 +166,15 @@ def test_an_interruption_while_waiting_for_the_slot_says_so(sig, code, word, tmp
             os.killpg(proc.pid, signal.SIGKILL)
     err = "".join(lines)
     assert proc.returncode == code, err
-    assert "interrupted while waiting for this machine's compute slot" in err and word in err and "Traceback" not in err, err
+    assert (
+        "interrupted while waiting for this machine's compute slot" in err and word in err and "Traceback" not in err
+    ), err
     rc, out, _ = run_cli(["status", EXP, "--store", str(store)], capsys)
     assert rc == 0 and "interrupted" in out and "while waiting" in out, out
 
 
 # -- files of the wrong shape --------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
@@ -155,7 +184,13 @@ def finished(tmp_path_factory) -> Path:
     return store
 
 
-BAD_SHAPES = [{"file_stats": ["a", "list"]}, {"files": {"model/x": 3}}, {"version": 1e400}, {"metrics": "none"}, {"inputs": []}]
+BAD_SHAPES = [
+    {"file_stats": ["a", "list"]},
+    {"files": {"model/x": 3}},
+    {"version": 1e400},
+    {"metrics": "none"},
+    {"inputs": []},
+]
 
 
 def _damage(finished: Path, tmp_path: Path, bad: dict) -> tuple[Path, str]:
@@ -191,13 +226,19 @@ def test_a_manifest_of_the_wrong_shape_is_rerun_by_the_cli(finished, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("marker, shown", [
-    ('{"pid": 1e400, "since": "x"}', "damaged running marker"),
-    ('{"pid": true, "since": "x"}', "damaged running marker"),
-    ('{"pid": 1, "since": "x", "pid_started": 5.0}', "interrupted"),  # pid 1 is alive, but it is not the run that wrote this
-    ('[1, 2]', "damaged running marker"),
-    ('{"pid": ', "damaged running marker"),
-])
+@pytest.mark.parametrize(
+    "marker, shown",
+    [
+        ('{"pid": 1e400, "since": "x"}', "damaged running marker"),
+        ('{"pid": true, "since": "x"}', "damaged running marker"),
+        (
+            '{"pid": 1, "since": "x", "pid_started": 5.0}',
+            "interrupted",
+        ),  # pid 1 is alive, but it is not the run that wrote this
+        ("[1, 2]", "damaged running marker"),
+        ('{"pid": ', "damaged running marker"),
+    ],
+)
 def test_a_running_marker_of_the_wrong_shape_never_crashes_status(marker, shown, finished, tmp_path, capsys):
     store = tmp_path / "store"
     shutil.copytree(finished, store, symlinks=True)
@@ -209,6 +250,7 @@ def test_a_running_marker_of_the_wrong_shape_never_crashes_status(marker, shown,
 
 # -- a store made read-only mid-GRPO; a reward that goes bad; a full disk at the base model ----------
 
+
 @pytest.mark.slow
 def test_a_store_made_read_only_mid_grpo_reports_grpos_error_and_records_the_attempt(tmp_path, capsys):
     store = tmp_path / "ro"
@@ -217,8 +259,15 @@ def test_a_store_made_read_only_mid_grpo_reports_grpos_error_and_records_the_att
     cache = Path(os.environ["REGIMEN_CACHE"])
     before = set((cache / "unrecorded").glob("*")) if (cache / "unrecorded").exists() else set()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "REGIMEN_MACHINE_SLOTS": "0"}
-    proc = subprocess.Popen([REGIMEN, "run", str(TINY), "--store", str(store), "--set", "grpo.max_steps=400", "--set", "grpo.save_steps=5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        [REGIMEN, "run", str(TINY), "--store", str(store), "--set", "grpo.max_steps=400", "--set", "grpo.save_steps=5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         _wait_for(store / EXP / "grpo" / "work", "*/checkpoint-5/regimen_complete", proc)
         # a read-only view of the same files on top (the tmpfs itself refuses `remount,ro` while files are
@@ -234,7 +283,12 @@ def test_a_store_made_read_only_mid_grpo_reports_grpos_error_and_records_the_att
         subprocess.run(["umount", "-l", str(store)])
     assert proc.returncode == 1, err
     last = _last_line(err)
-    assert last.startswith("stopped: grpo:") and "Read-only file system" in last and ".lock" not in last and "running.json" not in last, err
+    assert (
+        last.startswith("stopped: grpo:")
+        and "Read-only file system" in last
+        and ".lock" not in last
+        and "running.json" not in last
+    ), err
     assert "Traceback" not in err
     kept = set((cache / "unrecorded").glob(f"{EXP}-grpo-*.json")) - before
     assert kept and "Read-only" in json.loads(next(iter(kept)).read_text())["error"], err
@@ -244,10 +298,17 @@ def test_a_store_made_read_only_mid_grpo_reports_grpos_error_and_records_the_att
 @pytest.mark.slow
 def test_a_reward_that_goes_bad_in_training_names_the_reward_row_and_step(tmp_path, capsys):
     store = tmp_path / "store"
-    r = _run(store, "--set", "rewards=[{name: 'rewards_for_tests:string_in_training'}]", env={"PYTHONPATH": str(ROOT / "tests")})
+    r = _run(
+        store,
+        "--set",
+        "rewards=[{name: 'rewards_for_tests:string_in_training'}]",
+        env={"PYTHONPATH": str(ROOT / "tests")},
+    )
     assert r.returncode == 2, r.stderr
     last = _last_line(r.stderr)
-    assert "reward 'string_in_training'" in last and "row 0" in last and "'0.5'" in last and "at training step 1" in last, r.stderr
+    assert (
+        "reward 'string_in_training'" in last and "row 0" in last and "'0.5'" in last and "at training step 1" in last
+    ), r.stderr
     assert "could not convert" not in r.stderr and "Traceback" not in r.stderr
 
 
@@ -262,5 +323,7 @@ def test_a_full_disk_while_building_the_base_model_names_the_path(tmp_path, caps
         subprocess.run(["umount", "-l", str(store)])
     assert r.returncode == 1, r.stderr
     last = _last_line(r.stderr)
-    assert "could not write the base model to" in last and str(store / "_base") in last and "no space left" in last, r.stderr
+    assert "could not write the base model to" in last and str(store / "_base") in last and "no space left" in last, (
+        r.stderr
+    )
     assert "Traceback" not in r.stderr and "SafetensorError" not in last

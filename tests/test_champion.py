@@ -15,8 +15,13 @@ from regimen.stages.tasks import Task, normalized_prompt, seeded_split, with_fro
 
 
 def m(version: int, acc_vector: list[int], heldout_set: int = 1, stage: str = "grpo") -> rule.Measured:
-    return rule.Measured(policy={"stage": stage, "version": version, "fingerprint": f"fp{version}"}, eval_version=version,
-                         heldout_set=heldout_set, accuracy=sum(acc_vector) / len(acc_vector), correct=[float(x) for x in acc_vector])
+    return rule.Measured(
+        policy={"stage": stage, "version": version, "fingerprint": f"fp{version}"},
+        eval_version=version,
+        heldout_set=heldout_set,
+        accuracy=sum(acc_vector) / len(acc_vector),
+        correct=[float(x) for x in acc_vector],
+    )
 
 
 def test_mcnemar_is_the_exact_binomial_tail_over_discordant_prompts():
@@ -46,7 +51,9 @@ def test_decisions_promote_only_a_better_honest_challenger():
     lucky = m(4, [1] * 30 + [1, 1, 1] + [0] * 17)  # three more solved: gain 0.06, p = 1/8
     d = rule.decide(lucky, champ, min_gain=0.02, confidence=0.9)
     assert not d.promote and "could be luck" in d.reason
-    assert not rule.decide(m(1, [1] * 50), champ, min_gain=0.0, confidence=0.5).promote  # the same policy is not a challenger
+    assert not rule.decide(
+        m(1, [1] * 50), champ, min_gain=0.0, confidence=0.5
+    ).promote  # the same policy is not a challenger
     other_set = m(5, [1] * 50, heldout_set=2)
     assert "not comparable" in rule.decide(other_set, champ, min_gain=0.0, confidence=0.5).reason
 
@@ -60,8 +67,11 @@ def test_a_split_keeps_copies_of_a_row_on_one_side():
 
 
 def test_a_frozen_set_drops_training_rows_equal_to_its_prompts_and_counts_them():
-    task = Task(train=[{"prompt": " q1 ", "answer": "1"}, {"prompt": "Q2", "answer": "2"}, {"prompt": "Q3", "answer": "3"}],
-                heldout=[{"prompt": "other", "answer": "x"}], name="t")
+    task = Task(
+        train=[{"prompt": " q1 ", "answer": "1"}, {"prompt": "Q2", "answer": "2"}, {"prompt": "Q3", "answer": "3"}],
+        heldout=[{"prompt": "other", "answer": "x"}],
+        name="t",
+    )
     frozen = with_frozen_heldout(task, [{"prompt": "Q1", "answer": "1"}])
     assert [r["prompt"] for r in frozen.train] == ["Q2", "Q3"] and frozen.dropped_heldout == 1
     assert frozen.heldout == [{"prompt": "Q1", "answer": "1"}]
@@ -72,7 +82,9 @@ def test_the_frozen_set_is_written_once_and_data_versions_count_what_is_new(tmp_
     held = [{"prompt": f"H{i}", "answer": str(i)} for i in range(5)]
     ref, now = data_records.resolve(st, "exp", held)
     assert now and ref["version"] == 1 and ref["rows"] == 5
-    ref2, now2 = data_records.resolve(st, "exp", [{"prompt": "different", "answer": "0"}])  # another night's data: the set stays
+    ref2, now2 = data_records.resolve(
+        st, "exp", [{"prompt": "different", "answer": "0"}]
+    )  # another night's data: the set stays
     assert not now2 and ref2["fingerprint"] == ref["fingerprint"]
     from regimen.stages.tasks.registry import frozen_rows
 
@@ -82,7 +94,11 @@ def test_the_frozen_set_is_written_once_and_data_versions_count_what_is_new(tmp_
     assert d1["changed"] and (d1["rows"], d1["new"], d1["gone"]) == (10, 10, 0)
     assert not data_records.record_training_data(st, "exp", night1, 0)["changed"]  # unchanged: nothing written
     d2 = data_records.record_training_data(st, "exp", night1[2:] + [{"prompt": "T10", "answer": "10"}], 1)
-    assert d2["changed"] and (d2["rows"], d2["new"], d2["gone"], d2["dropped_heldout"]) == (9, 1, 2, 1) and d2["version"] == 2
+    assert (
+        d2["changed"]
+        and (d2["rows"], d2["new"], d2["gone"], d2["dropped_heldout"]) == (9, 1, 2, 1)
+        and d2["version"] == 2
+    )
     refreshed = data_records.freeze(st, "exp", [{"prompt": "N", "answer": "1"}], by="person", reason="new set")
     assert refreshed["version"] == 2 and data_records.current(st, "exp")["version"] == 2
     manifest = json.loads((tmp_path / "store" / "exp" / "heldout" / "v2" / "manifest.json").read_text())
@@ -101,7 +117,9 @@ def test_the_readme_automation_is_one_prefect_accepts():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     block = re.search(r"cat > kept.yaml <<'YAML'\n(.*?)\n\s*YAML\n", readme, re.S)
     assert block, "the README's automation example is gone"
-    text = "\n".join(line[2:] for line in block.group(1).splitlines()).replace("<your notification block's id>", str(uuid.uuid4()))
+    text = "\n".join(line[2:] for line in block.group(1).splitlines()).replace(
+        "<your notification block's id>", str(uuid.uuid4())
+    )
     automation = AutomationCore.model_validate(yaml.safe_load(text))
     assert automation.trigger.expect == {"regimen.model.kept"}
     assert automation.trigger.match.model_dump()  # matches our resource id

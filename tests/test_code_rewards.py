@@ -9,11 +9,18 @@ import json
 import pytest
 
 from regimen.stages import sandbox
-from regimen.stages.rewards import code as code_rewards
-from regimen.stages.rewards.code import UnitTestsReward, extract_code, has_code_block, humaneval_snippet, mbpp_snippets, unit_tests_reward
-from regimen.stages.tasks.code import PROBLEMS_PATH, load_code_problems
 from regimen.stages.core.errors import InputError
+from regimen.stages.rewards import code as code_rewards
 from regimen.stages.rewards import get_reward, is_gameable, known_rewards
+from regimen.stages.rewards.code import (
+    UnitTestsReward,
+    extract_code,
+    has_code_block,
+    humaneval_snippet,
+    mbpp_snippets,
+    unit_tests_reward,
+)
+from regimen.stages.tasks.code import PROBLEMS_PATH, load_code_problems
 
 ISOLATED, WHY = sandbox.isolation_status()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason=f"isolated sandbox unavailable: {WHY}")
@@ -85,10 +92,17 @@ def test_unit_tests_scores_exact_fractions():
 @needs_isolation
 def test_unit_tests_reads_mbpp_and_humaneval_columns():
     reward = get_reward("unit_tests")
-    mbpp = reward([""], [fenced("def sq(x):\n    return x * x\n")], test_list=[["assert sq(3) == 9", "assert sq(-2) == 4"]])
+    mbpp = reward(
+        [""], [fenced("def sq(x):\n    return x * x\n")], test_list=[["assert sq(3) == 9", "assert sq(-2) == 4"]]
+    )
     assert mbpp == [1.0]
     check = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n"
-    he = reward([""] * 2, [fenced("def sq(x):\n    return x * x\n"), fenced("def sq(x):\n    return x + x\n")], test=[check, check], entry_point=["sq", "sq"])
+    he = reward(
+        [""] * 2,
+        [fenced("def sq(x):\n    return x * x\n"), fenced("def sq(x):\n    return x + x\n")],
+        test=[check, check],
+        entry_point=["sq", "sq"],
+    )
     assert he == [1.0, 0.0]
 
 
@@ -126,8 +140,14 @@ def test_reference_solutions_pass_and_wrong_ones_fail():
     tests = [p["tests"] for p in problems]
     right = reward([p["prompt"] for p in problems], [fenced(p["answer"]) for p in problems], tests=tests)
     assert right == [1.0] * len(problems), [p["entry_point"] for p, s in zip(problems, right) if s != 1.0]
-    wrong = reward([""] * len(problems), [fenced(f"def {p['entry_point']}(*args, **kwargs):\n    return None\n") for p in problems], tests=tests)
-    assert all(s is not None and s < 1.0 for s in wrong), [p["entry_point"] for p, s in zip(problems, wrong) if s == 1.0]
+    wrong = reward(
+        [""] * len(problems),
+        [fenced(f"def {p['entry_point']}(*args, **kwargs):\n    return None\n") for p in problems],
+        tests=tests,
+    )
+    assert all(s is not None and s < 1.0 for s in wrong), [
+        p["entry_point"] for p, s in zip(problems, wrong) if s == 1.0
+    ]
 
 
 def test_load_code_problems_names_line_and_field(tmp_path):
@@ -154,7 +174,9 @@ def test_the_reward_is_a_class_whose_steps_are_methods_and_the_factory_keeps_its
     assert unit_tests_reward(name="pass_at_1").__name__ == "pass_at_1"
     assert all(callable(getattr(reward, step)) for step in ("jobs", "baseline", "batch", "score", "door"))
     assert not hasattr(code_rewards, "load_code_problems") and not hasattr(code_rewards, "PROBLEMS_PATH")
-    longest = max(len(inspect.getsource(fn).splitlines()) for _, fn in inspect.getmembers(UnitTestsReward, inspect.isfunction))
+    longest = max(
+        len(inspect.getsource(fn).splitlines()) for _, fn in inspect.getmembers(UnitTestsReward, inspect.isfunction)
+    )
     assert longest <= 80
     ok = sandbox.SandboxResult(passed=2, total=4, error=None, status="ok")
     assert (reward.score(ok, 0), unit_tests_reward().score(ok, 0)) == (0.0, 0.5)

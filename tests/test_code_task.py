@@ -8,8 +8,8 @@ import json
 import re
 
 import pytest
-
 from conftest import ROOT, run_flow
+
 from regimen.stages import registry
 from regimen.stages.tasks.code import Options, expression, load, program, weak_solution
 
@@ -70,8 +70,18 @@ def test_the_sandboxed_judge_agrees_on_a_sample():
 
     rows = TASK.heldout[:16]
     fn = get_reward("unit_tests")
-    right = fn([r["prompt"] for r in rows], [r["solution"] for r in rows], tests=[r["tests"] for r in rows], entry_point=[r["entry_point"] for r in rows])
-    wrong = fn([r["prompt"] for r in rows], [program("0") for r in rows], tests=[r["tests"] for r in rows], entry_point=[r["entry_point"] for r in rows])
+    right = fn(
+        [r["prompt"] for r in rows],
+        [r["solution"] for r in rows],
+        tests=[r["tests"] for r in rows],
+        entry_point=[r["entry_point"] for r in rows],
+    )
+    wrong = fn(
+        [r["prompt"] for r in rows],
+        [program("0") for r in rows],
+        tests=[r["tests"] for r in rows],
+        entry_point=[r["entry_point"] for r in rows],
+    )
     assert right == [1.0] * 16 and wrong == [0.0] * 16
 
 
@@ -106,8 +116,18 @@ def test_the_tiny_code_teacher_traces_a_third_of_what_grpo_trains_on(tmp_path):
 def test_a_shrunken_tiny_code_run_goes_end_to_end_with_the_sandboxed_judge(tmp_path):
     from regimen.stages.store import Store
 
-    shrink = {"sft.max_steps": 150, "grpo.max_steps": 4, "grpo.save_steps": 2, "grpo.logging_steps": 2, "probe.steps": 2, "probe.prompts": 16,
-              "dry_run.min_mean_reward": 0.0, "dry_run.max_frac_zero_std": 1.0, "smoke.max_steps": 2, "data.b_max": 10}
+    shrink = {
+        "sft.max_steps": 150,
+        "grpo.max_steps": 4,
+        "grpo.save_steps": 2,
+        "grpo.logging_steps": 2,
+        "probe.steps": 2,
+        "probe.prompts": 16,
+        "dry_run.min_mean_reward": 0.0,
+        "dry_run.max_frac_zero_std": 1.0,
+        "smoke.max_steps": 2,
+        "data.b_max": 10,
+    }
     results = run_flow(ROOT / "configs" / "tiny-code.yaml", tmp_path, overrides=shrink)
     assert [r["stage"] for r in results] == [n for n in registry.NAMES if n != "distill"]  # the recipe distils nothing
     st = Store(tmp_path)

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TINY, run_cli
-from regimen.stages.recipe import load_recipe, parse_set
+
 from regimen.stages.core.errors import InputError
+from regimen.stages.recipe import load_recipe, parse_set
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -40,7 +40,10 @@ BAD = {
     "num-generations": ("grpo: {num_generations: 1, per_device_train_batch_size: 8}\n", ["num_generations", ">= 2"]),
     "beta-negative": ("grpo: {beta: -0.1}\n", ["beta", "> 0"]),
     "beta-zero": ("grpo: {beta: 0.0}\n", ["beta", "> 0"]),
-    "batch-divisible": ("grpo: {num_generations: 8, per_device_train_batch_size: 12}\n", ["divisible by num_generations", "12"]),
+    "batch-divisible": (
+        "grpo: {num_generations: 8, per_device_train_batch_size: 12}\n",
+        ["divisible by num_generations", "12"],
+    ),
     "model-path": ("model: {name_or_path: ./no/such/model}\n", ["model.name_or_path", "does not exist"]),
     "max-cycles": ("cycle: {max_cycles: 0}\n", ["cycle.max_cycles"]),
     "unknown-reward": ("rewards: [{name: nosuch}]\n", ["nosuch", "unknown reward"]),
@@ -59,9 +62,15 @@ BAD = {
     "num-proc": ("sft: {dataset_num_proc: 64}\n", ["sft.dataset_num_proc", "compute slot"]),
     "workers": ("grpo: {dataloader_num_workers: 64}\n", ["grpo.dataloader_num_workers", "compute slot"]),
     "max-steps-1e12": ("grpo: {max_steps: 1000000000000}\n", ["grpo.max_steps"]),
-    "limit-steps": ("limits: {max_steps: 5}\nsft: {max_steps: 5}\ngrpo: {max_steps: 6}\n", ["grpo.max_steps", "limits.max_steps", "5"]),
+    "limit-steps": (
+        "limits: {max_steps: 5}\nsft: {max_steps: 5}\ngrpo: {max_steps: 6}\n",
+        ["grpo.max_steps", "limits.max_steps", "5"],
+    ),
     "limit-epochs": ("limits: {max_steps: 50}\nsft: {max_steps: -1}\n", ["sft.max_steps", "epochs"]),
-    "limit-checkpoints": ("limits: {max_checkpoints: 3}\ngrpo: {save_total_limit: 10}\n", ["grpo.save_total_limit", "limits.max_checkpoints"]),
+    "limit-checkpoints": (
+        "limits: {max_checkpoints: 3}\ngrpo: {save_total_limit: 10}\n",
+        ["grpo.save_total_limit", "limits.max_checkpoints"],
+    ),
     "dry-run-nan": ("dry_run: {min_mean_reward: .nan}\n", ["dry_run.min_mean_reward"]),
 }
 
@@ -100,26 +109,48 @@ def test_set_is_typed_by_the_schema():
 
 def test_batch_rule_counts_processes():
     # 16 completions suit groups of 8 on one process and on two (16x2=32), but 12 suits neither
-    load_recipe(TINY, ["grpo.num_generations=8", "grpo.per_device_train_batch_size=16", "launcher=accelerate", "accelerate.num_processes=2"])
+    load_recipe(
+        TINY,
+        [
+            "grpo.num_generations=8",
+            "grpo.per_device_train_batch_size=16",
+            "launcher=accelerate",
+            "accelerate.num_processes=2",
+        ],
+    )
     with pytest.raises(InputError, match=r"grpo\.(per_device_train_batch_size|num_generations).*with 3 processes"):
-        load_recipe(TINY, ["grpo.num_generations=8", "grpo.per_device_train_batch_size=4", "launcher=accelerate", "accelerate.num_processes=3"])
+        load_recipe(
+            TINY,
+            [
+                "grpo.num_generations=8",
+                "grpo.per_device_train_batch_size=4",
+                "launcher=accelerate",
+                "accelerate.num_processes=3",
+            ],
+        )
 
 
 def test_check_prints_resolved_recipe_with_where_each_value_came_from(capsys):
     code, out, _ = run_cli(["check", str(TINY)], capsys)
     assert code == 0
     resolved = yaml.safe_load(out.rsplit("\n# ", 1)[0])
-    assert resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == []  # the object's value: TRL turns "none" into []
+    assert (
+        resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == []
+    )  # the object's value: TRL turns "none" into []
     assert resolved["experiment"] == "tiny-test"
     lines = out.splitlines()
     assert "  beta: 0.04  # recipe" in lines  # tiny.yaml sets it
     assert any(l.startswith("  report_to: []  # TRL default") for l in lines)
-    from regimen.stages.recipe import load_recipe as load, trl
+    from regimen.stages.recipe import load_recipe as load
+    from regimen.stages.recipe import trl
 
     built = trl.config(load(TINY), "grpo")  # what `check` printed is read from the object training uses
     assert resolved["grpo"]["generation_batch_size"] == built.generation_batch_size == 16
     assert resolved["grpo"]["reward_weights"] == built.reward_weights == [1.0, 0.2]
-    assert any(l.startswith("  reward_weights: [1.0, 0.2]  # Regimen, when the trainer is built: from rewards[].weight") for l in lines)
+    assert any(
+        l.startswith("  reward_weights: [1.0, 0.2]  # Regimen, when the trainer is built: from rewards[].weight")
+        for l in lines
+    )
     assert any(l.startswith("  ddp_find_unused_parameters: false  # Regimen:") for l in lines)
     assert "  max_new_tokens: 4  # from grpo.max_completion_length" in lines
 
@@ -138,7 +169,10 @@ def test_a_recipe_with_only_model_and_data_trains_with_trl_defaults(tmp_path, ca
     assert r.max_new_tokens() == 512
     code, out, _ = run_cli(["check", str(recipe)], capsys)
     assert code == 0
-    assert "  learning_rate: 1.0e-06  # TRL default" in out.splitlines() or "  learning_rate: 1e-06  # TRL default" in out.splitlines()
+    assert (
+        "  learning_rate: 1.0e-06  # TRL default" in out.splitlines()
+        or "  learning_rate: 1e-06  # TRL default" in out.splitlines()
+    )
     assert "  max_completion_length: 512  # TRL default" in out.splitlines()
     assert any(l.startswith("  beta: 0.04  # Regimen:") for l in out.splitlines())
 
@@ -159,4 +193,6 @@ def test_save_total_limit_of_one_is_refused():
 def test_no_means_the_string_no_for_trl_strategies(tmp_path):
     assert parse_set(["grpo.save_strategy=no", "x=true"]) == {"grpo.save_strategy": "no", "x": True}
     assert load_recipe(TINY, ["grpo.save_strategy=no"]).grpo["save_strategy"] == "no"
-    assert load_recipe(tiny_with(tmp_path, sft={"save_strategy": False})).sft["save_strategy"] == "no"  # YAML's bare `no`
+    assert (
+        load_recipe(tiny_with(tmp_path, sft={"save_strategy": False})).sft["save_strategy"] == "no"
+    )  # YAML's bare `no`

@@ -9,7 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from regimen.stages.decide.verdicts import HACKING, OVERFITTING, SHARPENING, Evaluation, decide, finding, guard_in_training, stops
+from regimen.stages.decide.verdicts import (
+    HACKING,
+    OVERFITTING,
+    SHARPENING,
+    Evaluation,
+    decide,
+    finding,
+    guard_in_training,
+    stops,
+)
 from regimen.stages.recipe.schema import CurriculumSection, CycleSection, GuardSection
 from regimen.stages.training.curriculum import Curriculum
 from regimen.stages.training.pass_rates import PassRates, prompt_id
@@ -61,7 +70,9 @@ def test_a_solved_prompt_is_set_aside_and_readmitted_later():
     assert solved not in draw(cur, 200)  # set aside: never drawn before step 15 ...
     assert cur.summary()["bands"]["set_aside"] == 1  # ... and counted aside, not in its band
     cur.step = 15
-    assert solved in draw(cur, 3000)  # ... re-admitted after readmit_after steps (easy: 1 prompt x 0.1 against 19 x 0.7)
+    assert solved in draw(
+        cur, 3000
+    )  # ... re-admitted after readmit_after steps (easy: 1 prompt x 0.1 against 19 x 0.7)
     assert cur.counts["readmitted"] == 1 and cur.rates.table[solved].alike_streak == 0
 
 
@@ -146,7 +157,10 @@ def test_the_verdict_after_a_round_follows_its_finding():
     assert d.verdict != "reward-hacking-suspected" and "sharpening" in d.warning
     over = history[:1] + [Evaluation(1, 1, 0.5, 0.8, 0.3, finding=OVERFITTING)]
     assert "overfitting" in decide(over, cfg).warning
-    assert decide(over, CycleSection(max_cycles=1, guard=GuardSection(on_overfitting="stop"))).verdict == "overfitting-suspected"
+    assert (
+        decide(over, CycleSection(max_cycles=1, guard=GuardSection(on_overfitting="stop"))).verdict
+        == "overfitting-suspected"
+    )
 
 
 def test_the_probe_names_and_stops_only_on_hacking():
@@ -191,8 +205,17 @@ def test_a_shrunken_run_shows_the_curriculum_in_its_manifest_and_resumes_with_it
     from regimen.stages.core.errors import RegimenError
     from regimen.stages.store import Store
 
-    overrides = {"curriculum.enabled": True, "grpo.max_steps": 12, "grpo.save_steps": 4, "grpo.logging_steps": 2, "curriculum.readmit_after": 3,
-                 "data.train_size": 60, "probe.steps": 4, "probe.prompts": 8, "probe.train_prompts": 8}
+    overrides = {
+        "curriculum.enabled": True,
+        "grpo.max_steps": 12,
+        "grpo.save_steps": 4,
+        "grpo.logging_steps": 2,
+        "curriculum.readmit_after": 3,
+        "data.train_size": 60,
+        "probe.steps": 4,
+        "probe.prompts": 8,
+        "probe.train_prompts": 8,
+    }
     monkeypatch.setenv("REGIMEN_FAULT", "grpo@5")
     with pytest.raises(RegimenError):
         run_flow(tiny_recipe, tmp_path, overrides=overrides)
@@ -252,5 +275,9 @@ def test_weights_are_per_prompt_so_a_small_band_is_not_drawn_over_and_over():
     cur.observe([cur.ids[1]] * 4, [0.5] * 4, 4)  # another scores all alike (half its tests, every attempt): aside
     assert cur.summary()["bands"] == {"easy": 15, "normal": 4, "hard": 0, "set_aside": 1}
     got = draw(cur, 2000)
-    assert cur.ids[1] not in got and cur.counts["groups_skipped"] > 0  # TRL's own shuffle would have drawn it: groups skipped
-    assert 0.55 < sum(1 for pid in got if pid in set(cur.ids[2:6])) / len(got) < 0.75  # 4 x 0.7 against 15 x 0.1: 2.8 / 4.3 = 0.65
+    assert (
+        cur.ids[1] not in got and cur.counts["groups_skipped"] > 0
+    )  # TRL's own shuffle would have drawn it: groups skipped
+    assert (
+        0.55 < sum(1 for pid in got if pid in set(cur.ids[2:6])) / len(got) < 0.75
+    )  # 4 x 0.7 against 15 x 0.1: 2.8 / 4.3 = 0.65

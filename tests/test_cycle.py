@@ -2,14 +2,26 @@
 
 import pytest
 
+from regimen.stages.decide.verdicts import (
+    BACK_TO_SFT,
+    BUDGET_SPENT,
+    CONTINUE,
+    REWARD_HACKING,
+    STALLED,
+    TARGET_REACHED,
+    Evaluation,
+    decide,
+    hacking_evidence,
+)
 from regimen.stages.recipe.schema import CycleSection, GuardSection
-from regimen.stages.decide.verdicts import (BACK_TO_SFT, BUDGET_SPENT, CONTINUE, REWARD_HACKING, STALLED, TARGET_REACHED, Evaluation, decide,
-                          hacking_evidence)
 
 
 def cfg(**kw):
     guard = kw.pop("guard", {})
-    return CycleSection(**{"max_cycles": 3, "max_rounds": 3, "target": 0.95, "min_delta": 0.02, "patience": 1, **kw}, guard=GuardSection(**guard))
+    return CycleSection(
+        **{"max_cycles": 3, "max_rounds": 3, "target": 0.95, "min_delta": 0.02, "patience": 1, **kw},
+        guard=GuardSection(**guard),
+    )
 
 
 def sft(cycle, acc):
@@ -112,8 +124,12 @@ def test_guard_does_not_fire_when_the_probe_rises_with_the_reward():
 
 
 def test_guard_does_not_fire_on_a_small_rise_or_before_two_probes():
-    assert guard_in_training([(10, 0.30), (30, 0.45)], [(0, 0.10), (25, 0.10)], GuardSection()) is None  # rise 0.15 < 0.2
-    assert guard_in_training([(10, 0.30), (30, 0.90)], [(0, 0.10)], GuardSection()) is None  # no probe after training began
+    assert (
+        guard_in_training([(10, 0.30), (30, 0.45)], [(0, 0.10), (25, 0.10)], GuardSection()) is None
+    )  # rise 0.15 < 0.2
+    assert (
+        guard_in_training([(10, 0.30), (30, 0.90)], [(0, 0.10)], GuardSection()) is None
+    )  # no probe after training began
     assert guard_in_training([], [(0, 0.1), (10, 0.1)], GuardSection()) is None
 
 

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import TINY, run_cli, run_flow
+
 from regimen.stages.store import Store
 
 pytestmark = pytest.mark.slow
@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slow
 def two_cycles(tmp_path_factory):
 
     store = tmp_path_factory.mktemp("cycles")
-    results = run_flow(TINY, store, experiment="cycles",
-                            overrides={"cycle.max_cycles": 2, "cycle.patience": 1, "cycle.min_delta": 0.5})
+    results = run_flow(
+        TINY, store, experiment="cycles", overrides={"cycle.max_cycles": 2, "cycle.patience": 1, "cycle.min_delta": 0.5}
+    )
     return store, results
 
 
@@ -46,7 +47,12 @@ def test_teacher_model_and_self_distillation_record_traces(two_cycles, kind):
 
     store, _ = two_cycles
     teacher = str(store / "cycles" / "grpo" / "v1" / "model")  # a checkpoint the pipeline produced
-    overrides = {"teacher.kind": kind, "teacher.samples_per_prompt": 2, "teacher.min_reward": 0.0, "teacher.max_prompts": 64}
+    overrides = {
+        "teacher.kind": kind,
+        "teacher.samples_per_prompt": 2,
+        "teacher.min_reward": 0.0,
+        "teacher.max_prompts": 64,
+    }
     if kind == "model":
         overrides["teacher.name_or_path"] = teacher
     results = run_flow(TINY, store, experiment=f"teacher-{kind}", overrides=overrides)
@@ -60,7 +66,10 @@ def test_teacher_model_and_self_distillation_record_traces(two_cycles, kind):
 
 def test_sweep_reuses_sft_and_compares_group_sizes(two_cycles, capsys):
     store, _ = two_cycles
-    code, out, err = run_cli(["sweep", str(TINY), "--store", str(store), "--experiment", "sweep", "--set", "grpo.num_generations=2,4"], capsys)
+    code, out, err = run_cli(
+        ["sweep", str(TINY), "--store", str(store), "--experiment", "sweep", "--set", "grpo.num_generations=2,4"],
+        capsys,
+    )
     assert code == 0, err
     s = Store(store)
     assert len(s.versions("sweep", "sft")) == 1 and len(s.versions("sweep", "grpo")) == 2

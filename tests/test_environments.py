@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import ROOT
 
 from regimen.stages.environments.base import Environment, register, tool
@@ -51,8 +50,14 @@ def test_a_probe_episode_is_rewarded_for_the_right_answer_only():
     assert [c["result"] for c in env.episode.calls] == ["11", "2"]
 
 
-@pytest.mark.parametrize("n, why", [(0, "raised RuntimeError: the tool broke"), (1, "returned dict, not text or a number"),
-                                     (2, "returned 10000 characters")])
+@pytest.mark.parametrize(
+    "n, why",
+    [
+        (0, "raised RuntimeError: the tool broke"),
+        (1, "returned dict, not text or a number"),
+        (2, "returned 10000 characters"),
+    ],
+)
 def test_a_tool_that_raises_or_returns_junk_ends_the_episode_with_reward_0(n, why):
     env = Flaky()
     env.reset(**ROW)
@@ -83,10 +88,16 @@ def test_the_turn_limit_ends_the_episode():
 
 
 def test_the_episode_reward_reads_the_final_assistant_message():
-    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": 3}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": 3}}}],
+    }
     done = [call, {"role": "tool", "name": "probe", "content": "11"}, {"role": "assistant", "content": "11"}]
     assert final_answer(done) == "11"
-    assert final_answer([call, {"role": "tool", "content": "11"}]) is None  # ended on a call (the turn limit): no answer
+    assert (
+        final_answer([call, {"role": "tool", "content": "11"}]) is None
+    )  # ended on a call (the turn limit): no answer
     envs = [ProbeEnvironment(), ProbeEnvironment()]
     for e in envs:
         e.reset(**ROW)
@@ -107,12 +118,19 @@ def test_the_embedded_chat_template_renders_and_parses_tool_calls():
     messages = ROW["prompt"] + oracle(ROW)
     out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     trained = "".join(tok.decode([i]) for i, m in zip(out["input_ids"], out["assistant_masks"]) if m)
-    assert trained == '<c>{"name": "probe", "arguments": {"x": 3}}</c></s>11</s>'  # assistant turns only: not the tool's result
+    assert (
+        trained == '<c>{"name": "probe", "arguments": {"x": 3}}</c></s>11</s>'
+    )  # assistant turns only: not the tool's result
     prefix = tok.apply_chat_template(ROW["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
     ids = tok('<c>{"name": "probe", "arguments": {"x": 3}}</c></s>', add_special_tokens=False)["input_ids"]
-    assert parse_response(tok, ids, prefix=prefix)["tool_calls"][0]["function"] == {"name": "probe", "arguments": {"x": 3}}
+    assert parse_response(tok, ids, prefix=prefix)["tool_calls"][0]["function"] == {
+        "name": "probe",
+        "arguments": {"x": 3},
+    }
     junk = tok('<c>{"name": "pro', add_special_tokens=False)["input_ids"]
-    assert "tool_calls" not in parse_response(tok, junk, prefix=prefix)  # a malformed call is text: the episode ends on it
+    assert "tool_calls" not in parse_response(
+        tok, junk, prefix=prefix
+    )  # a malformed call is text: the episode ends on it
 
 
 class Scripted:
@@ -132,9 +150,11 @@ def _recipe(tmp_path, max_turns=2, name="probe"):
     from regimen.stages.recipe import load_recipe
 
     path = tmp_path / "env.yaml"
-    path.write_text("experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true, max_position_embeddings: 128}}\n"
-                    "data: {task: tool_probe, train_size: 20, heldout_size: 10}\n"
-                    f"environment: {{name: {name}, max_turns: {max_turns}}}\nrewards: [{{name: episode}}]\neval: {{metric: episode}}\n")
+    path.write_text(
+        "experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true, max_position_embeddings: 128}}\n"
+        "data: {task: tool_probe, train_size: 20, heldout_size: 10}\n"
+        f"environment: {{name: {name}, max_turns: {max_turns}}}\nrewards: [{{name: episode}}]\neval: {{metric: episode}}\n"
+    )
     path.chmod(0o600)
     return load_recipe(str(path))
 
@@ -153,7 +173,9 @@ def test_episodes_call_the_tool_read_the_result_and_answer(tmp_path, monkeypatch
 
     script = Scripted(['<c>{"name": "probe", "arguments": {"x": 3}}</c>', "11"])
     monkeypatch.setattr(sampling, "generate", script)
-    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path), [ROW], do_sample=False, max_new_tokens=60, desc="t")
+    completions, envs = episodes.run_episodes(
+        None, tokenizer, _recipe(tmp_path), [ROW], do_sample=False, max_new_tokens=60, desc="t"
+    )
     assert [m["role"] for m in completions[0]] == ["assistant", "tool", "assistant"]
     assert completions[0][1]["content"] == "11" and envs[0].episode.reward(final_answer(completions[0])) == 1.0
     assert script.seen[1][0].endswith("T:11A:")  # the second turn saw the tool's result
@@ -166,9 +188,13 @@ def test_episodes_end_at_the_turn_limit(tmp_path, monkeypatch, tokenizer):
 
     script = Scripted(['<c>{"name": "probe", "arguments": {"x": 1}}</c>'])  # calls the tool forever
     monkeypatch.setattr(sampling, "generate", script)
-    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, max_turns=2), [ROW, ROW], do_sample=False, max_new_tokens=400, desc="t")
+    completions, envs = episodes.run_episodes(
+        None, tokenizer, _recipe(tmp_path, max_turns=2), [ROW, ROW], do_sample=False, max_new_tokens=400, desc="t"
+    )
     for c, e in zip(completions, envs):
-        assert sum(m["role"] == "assistant" for m in c) == 3  # two answered calls, then the limit: the third is never run
+        assert (
+            sum(m["role"] == "assistant" for m in c) == 3
+        )  # two answered calls, then the limit: the third is never run
         assert len(e.episode.calls) == 2 and final_answer(c) is None
     assert episode(None, completions, environments=envs) == [0.0, 0.0]
     assert all("turn limit" in e.episode.record()["failure"] for e in envs)  # the trajectory says why
@@ -180,7 +206,9 @@ def test_a_broken_tool_in_an_episode_is_a_zero_and_a_trajectory_entry(tmp_path, 
 
     script = Scripted(['<c>{"name": "look", "arguments": {"n": 0}}</c>', "done"])
     monkeypatch.setattr(sampling, "generate", script)
-    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, 3, "test-flaky"), [ROW], do_sample=False, max_new_tokens=60, desc="t")
+    completions, envs = episodes.run_episodes(
+        None, tokenizer, _recipe(tmp_path, 3, "test-flaky"), [ROW], do_sample=False, max_new_tokens=60, desc="t"
+    )
     assert episode(None, completions, environments=envs) == [0.0]
     t = episodes.transcript(completions[0], envs[0])
     assert t["episode"]["failure"] == "look raised RuntimeError: the tool broke"
@@ -222,12 +250,21 @@ def test_the_door_refuses_environment_recipes_that_cannot_work(tmp_path):
             load_recipe(str(p))
 
     base = "experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true}}\ndata: {task: tool_probe}\nrewards: [{name: episode}]\n"
-    bad(base + "environment: {name: nowhere}\neval: {metric: episode}\n", "environment.name: unknown environment 'nowhere'")
+    bad(
+        base + "environment: {name: nowhere}\neval: {metric: episode}\n",
+        "environment.name: unknown environment 'nowhere'",
+    )
     bad(base + "environment: {name: probe}\n", "eval.metric: with an environment")
-    bad(base.replace("chat: true", "chat: false") + "environment: {name: probe}\neval: {metric: episode}\n", "model.tiny.chat")
+    bad(
+        base.replace("chat: true", "chat: false") + "environment: {name: probe}\neval: {metric: episode}\n",
+        "model.tiny.chat",
+    )
     bad(base + "environment: {name: probe, max_turns: 0}\neval: {metric: episode}\n", "environment.max_turns")
     bad(base + "environment: {name: probe, args: {color: red}}\neval: {metric: episode}\n", "environment.args")
-    bad(base + "environment: {name: probe}\neval: {metric: episode}\nteacher: {kind: self}\n", "teacher.kind 'self': with an environment")
+    bad(
+        base + "environment: {name: probe}\neval: {metric: episode}\nteacher: {kind: self}\n",
+        "teacher.kind 'self': with an environment",
+    )
 
 
 # -- a shrunken environment run ----------------------------------------------------------------------
@@ -240,9 +277,22 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
 
     from regimen.stages.core.errors import RegimenError
 
-    overrides = {"sft.max_steps": 250, "teacher.max_prompts": 1000, "data.train_size": 1200, "data.heldout_size": 32, "grpo.max_steps": 6,
-                 "grpo.save_steps": 2, "grpo.per_device_train_batch_size": 16, "probe.steps": 2, "probe.prompts": 8, "probe.train_prompts": 8,
-                 "dry_run.min_mean_reward": 0.0, "dry_run.max_mean_reward": 1.0, "dry_run.max_frac_zero_std": 1.0, "dry_run.num_prompts": 4}
+    overrides = {
+        "sft.max_steps": 250,
+        "teacher.max_prompts": 1000,
+        "data.train_size": 1200,
+        "data.heldout_size": 32,
+        "grpo.max_steps": 6,
+        "grpo.save_steps": 2,
+        "grpo.per_device_train_batch_size": 16,
+        "probe.steps": 2,
+        "probe.prompts": 8,
+        "probe.train_prompts": 8,
+        "dry_run.min_mean_reward": 0.0,
+        "dry_run.max_mean_reward": 1.0,
+        "dry_run.max_frac_zero_std": 1.0,
+        "dry_run.num_prompts": 4,
+    }
     config = ROOT / "configs" / "tiny-env.yaml"
     monkeypatch.setenv("REGIMEN_FAULT", "grpo@3")
     with pytest.raises(RegimenError):
@@ -253,12 +303,18 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
     assert by["grpo"]["resumed_from_step"] == 2
     exp = tmp_path / "tiny-env"
     sft = [json.loads(line) for line in (exp / "sft" / "v1" / "trajectories.jsonl").read_text().splitlines()]
-    assert any(isinstance(r["completion"], list) and r["completion"][0].get("tool_calls") for r in sft if r.get("kind") == "trace")
+    assert any(
+        isinstance(r["completion"], list) and r["completion"][0].get("tool_calls")
+        for r in sft
+        if r.get("kind") == "trace"
+    )
     for stage in ("reward-dry-run", "grpo", "eval"):
         rows = [json.loads(line) for line in (exp / stage / "v1" / "trajectories.jsonl").read_text().splitlines()]
         assert rows and all("episode" in r and "turns" in r["episode"] for r in rows), stage
     grpo_rows = [json.loads(line) for line in (exp / "grpo" / "v1" / "trajectories.jsonl").read_text().splitlines()]
-    assert any(t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"])  # GRPO's own episodes called the tool
+    assert any(
+        t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"]
+    )  # GRPO's own episodes called the tool
     assert any("result" in t for r in grpo_rows for t in r["episode"]["turns"])
     assert 0.0 <= by["eval"]["metrics"]["heldout_accuracy"] <= 1.0
 
@@ -269,7 +325,9 @@ def test_an_episode_ends_when_its_token_budget_is_spent(tmp_path, monkeypatch, t
 
     script = Scripted(['<c>{"name": "probe", "arguments": {"x": 1}}</c>'])
     monkeypatch.setattr(sampling, "generate", script)
-    completions, envs = episodes.run_episodes(None, tokenizer, _recipe(tmp_path, max_turns=4), [ROW], do_sample=False, max_new_tokens=60, desc="t")
+    completions, envs = episodes.run_episodes(
+        None, tokenizer, _recipe(tmp_path, max_turns=4), [ROW], do_sample=False, max_new_tokens=60, desc="t"
+    )
     # the call's tokens and the result's leave a few: the second turn's call is cut there, read as text, and ends it
     assert len(envs[0].episode.calls) == 1 and script.turn == 2
     cut = completions[0][-1]["content"]
@@ -278,10 +336,18 @@ def test_an_episode_ends_when_its_token_budget_is_spent(tmp_path, monkeypatch, t
 
 
 def test_a_call_the_trainer_could_not_make_fails_the_episode():
-    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "nope", "arguments": {}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "nope", "arguments": {}}}],
+    }
     env = ProbeEnvironment()
     env.reset(**ROW)
-    completion = [call, {"role": "tool", "name": "nope", "content": "{'error': 'Tool nope not found.'}"}, {"role": "assistant", "content": "11"}]
+    completion = [
+        call,
+        {"role": "tool", "name": "nope", "content": "{'error': 'Tool nope not found.'}"},
+        {"role": "assistant", "content": "11"},
+    ]
     assert episode(None, [completion], environments=[env]) == [0.0]
     assert "Tool nope not found" in env.episode.failure
 
@@ -289,9 +355,17 @@ def test_a_call_the_trainer_could_not_make_fails_the_episode():
 def test_the_ui_shows_an_episode_turn_by_turn():
     from regimen.flows.publish import turns_text
 
-    ep = {"turns": [{"call": "probe", "arguments": {"x": 3}}, {"result": "11"}, {"say": "11"}], "episode": {"failure": None}}
+    ep = {
+        "turns": [{"call": "probe", "arguments": {"x": 3}}, {"result": "11"}, {"say": "11"}],
+        "episode": {"failure": None},
+    }
     assert turns_text(ep) == "probe(x=3) → 11 says '11'"
-    assert turns_text({"turns": [{"call": "look", "arguments": {"n": 0}}, {"result": "error: boom"}], "episode": {"failure": "look raised"}}).endswith("[ended: look raised]")
+    assert turns_text(
+        {
+            "turns": [{"call": "look", "arguments": {"n": 0}}, {"result": "error: boom"}],
+            "episode": {"failure": "look raised"},
+        }
+    ).endswith("[ended: look raised]")
 
 
 def test_a_ui_run_cannot_choose_an_environment():
@@ -302,6 +376,6 @@ def test_a_ui_run_cannot_choose_an_environment():
     for key in ("environment.name", "environment.args", "environment"):
         with pytest.raises(InputError, match="is not a UI parameter"):
             check_overrides({key: "os:system"}, [])
-    assert check_overrides({"curriculum.enabled": False, "cycle.start_from": "champion"}, []) 
+    assert check_overrides({"curriculum.enabled": False, "cycle.start_from": "champion"}, [])
     with pytest.raises(InputError, match="promote.min_gain"):
         check_overrides({"promote.min_gain": 0}, [])

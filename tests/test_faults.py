@@ -14,8 +14,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TINY, run_cli
+
 from regimen.stages.registry import NAMES
 from regimen.stages.store import Store
 
@@ -27,7 +27,9 @@ def intact(store: Path) -> None:
     if not store.exists():
         return
     st = Store(store)
-    for exp in [p.name for p in store.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))]:  # _base: the cache
+    for exp in [
+        p.name for p in store.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+    ]:  # _base: the cache
         for stage in NAMES:
             for m in st.versions(exp, stage):
                 assert st.verify(m) == [], (exp, stage, m["version"])
@@ -35,16 +37,22 @@ def intact(store: Path) -> None:
 
 # -- rewards ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("reward, needles", [
-    ("nan_reward", ["'nan_reward'", "row 0", "nan"]),
-    ("inf_reward", ["'inf_reward'", "row 3", "inf"]),
-    ("string_reward", ["'string_reward'", "row 0", "'1.0'", "str"]),
-    ("short_reward", ["'short_reward'", "returned 1 values for 4"]),
-    ("raising_reward", ["'raising_reward'", "ZeroDivisionError", "the reward's own bug"]),
-])
+
+@pytest.mark.parametrize(
+    "reward, needles",
+    [
+        ("nan_reward", ["'nan_reward'", "row 0", "nan"]),
+        ("inf_reward", ["'inf_reward'", "row 3", "inf"]),
+        ("string_reward", ["'string_reward'", "row 0", "'1.0'", "str"]),
+        ("short_reward", ["'short_reward'", "returned 1 values for 4"]),
+        ("raising_reward", ["'raising_reward'", "ZeroDivisionError", "the reward's own bug"]),
+    ],
+)
 def test_a_bad_reward_is_refused_before_anything_trains(reward, needles, tmp_path, capsys):
     store = tmp_path / "store"
-    code, out, err = run_cli(["run", str(TINY), "--store", str(store), "--set", f"rewards=[{{name: 'rewards_for_tests:{reward}'}}]"], capsys)
+    code, out, err = run_cli(
+        ["run", str(TINY), "--store", str(store), "--set", f"rewards=[{{name: 'rewards_for_tests:{reward}'}}]"], capsys
+    )
     assert code == 2, (out, err)
     for needle in needles:
         assert needle in err, (needle, err)
@@ -66,13 +74,16 @@ def test_the_dry_run_diagnoses_a_reward_that_scores_nothing():
 @pytest.mark.slow
 def test_a_reward_of_only_none_stops_at_the_dry_run_with_its_diagnosis(tmp_path, capsys):
     store = tmp_path / "store"
-    code, out, err = run_cli(["run", str(TINY), "--store", str(store), "--set", "rewards=[{name: 'rewards_for_tests:none_reward'}]"], capsys)
+    code, out, err = run_cli(
+        ["run", str(TINY), "--store", str(store), "--set", "rewards=[{name: 'rewards_for_tests:none_reward'}]"], capsys
+    )
     assert code == 1 and "reward-dry-run" in err and "no reward scored any" in err, err
     assert "Traceback" not in err
     intact(store)
 
 
 # -- data ------------------------------------------------------------------------------------------
+
 
 def jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
@@ -81,8 +92,15 @@ def jsonl(path: Path, rows: list) -> Path:
 
 def run_jsonl(tmp_path, capsys, train: Path, heldout: Path | None = None, *more: str):
     store = tmp_path / "store"
-    args = ["run", str(TINY), "--store", str(store), "--set", "data={task: jsonl, train_file: " + str(train)
-            + (", heldout_file: " + str(heldout) if heldout else "") + "}", *more]
+    args = [
+        "run",
+        str(TINY),
+        "--store",
+        str(store),
+        "--set",
+        "data={task: jsonl, train_file: " + str(train) + (", heldout_file: " + str(heldout) if heldout else "") + "}",
+        *more,
+    ]
     code, out, err = run_cli(args, capsys)
     assert "Traceback" not in err
     assert not store.exists()
@@ -95,7 +113,9 @@ GOOD = [{"prompt": f"Q: {i}+1=", "answer": str(i + 1)} for i in range(20)]
 def test_a_huge_row_is_refused_at_once_not_read_into_memory(tmp_path, capsys):
     from regimen.stages.tasks import InputError, read_jsonl
 
-    train = jsonl(tmp_path / "train.jsonl", GOOD[:3] + ['{"prompt": "' + "x" * (50 << 20) + '", "answer": "1"}'] + GOOD[3:])
+    train = jsonl(
+        tmp_path / "train.jsonl", GOOD[:3] + ['{"prompt": "' + "x" * (50 << 20) + '", "answer": "1"}'] + GOOD[3:]
+    )
     code, err = run_jsonl(tmp_path, capsys, train)
     assert code == 2 and f"{train}:4" in err and "over 1024 KiB" in err
     # the reader itself never holds the 50 MiB row: it reads at most the cap and a byte
@@ -109,14 +129,17 @@ def test_a_huge_row_is_refused_at_once_not_read_into_memory(tmp_path, capsys):
     assert peak < 4 << 20, f"peak {peak >> 20} MiB while refusing a 50 MiB row"
 
 
-@pytest.mark.parametrize("bad, needle", [
-    ({"prompt": None, "answer": "1"}, "'prompt' must be text or a list of chat messages, got null"),
-    ({"prompt": 42, "answer": "1"}, "got int"),
-    ({"prompt": [{"role": "user"}], "answer": "1"}, "message 0 must be {role: str, content: str}"),
-    ({"prompt": "Q: 9+9=", "answer": {"x": 1}}, "'answer' must be text or a number"),
-    ({"question": "Q: 9+9=", "answer": "18"}, "missing column 'prompt'"),
-    ({"prompt": "x" * 9000, "answer": "1"}, "over data.max_prompt_chars=8000"),
-])
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        ({"prompt": None, "answer": "1"}, "'prompt' must be text or a list of chat messages, got null"),
+        ({"prompt": 42, "answer": "1"}, "got int"),
+        ({"prompt": [{"role": "user"}], "answer": "1"}, "message 0 must be {role: str, content: str}"),
+        ({"prompt": "Q: 9+9=", "answer": {"x": 1}}, "'answer' must be text or a number"),
+        ({"question": "Q: 9+9=", "answer": "18"}, "missing column 'prompt'"),
+        ({"prompt": "x" * 9000, "answer": "1"}, "over data.max_prompt_chars=8000"),
+    ],
+)
 def test_bad_rows_are_refused_naming_file_and_row(bad, needle, tmp_path, capsys):
     train = jsonl(tmp_path / "train.jsonl", GOOD[:5] + [bad] + GOOD[5:])
     code, err = run_jsonl(tmp_path, capsys, train)
@@ -126,18 +149,30 @@ def test_bad_rows_are_refused_naming_file_and_row(bad, needle, tmp_path, capsys)
 def test_missing_answers_and_overlap_are_named_for_what_they_are(tmp_path, capsys):
     no_answer = jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"Q: {i}+2="} for i in range(5)])
     code, err = run_jsonl(tmp_path, capsys, jsonl(tmp_path / "train.jsonl", GOOD), no_answer)
-    assert code == 2 and "held-out row 1 (prompt 'Q: 0+2=') has no 'answer'" in err and "exact_match" in err and "min_reward" not in err
+    assert (
+        code == 2
+        and "held-out row 1 (prompt 'Q: 0+2=') has no 'answer'" in err
+        and "exact_match" in err
+        and "min_reward" not in err
+    )
     # a training row equal to a held-out prompt (up to whitespace and case) is left out of training and counted, not a refusal
     from regimen.stages.tasks import jsonl as jsonl_task
 
     overlap = jsonl(tmp_path / "overlap.jsonl", [{"prompt": "  q: 3+1= ", "answer": "4"}])
-    task = jsonl_task.load(jsonl_task.Options(train_file=str(jsonl(tmp_path / "train.jsonl", GOOD)), heldout_file=str(overlap)))
-    assert task.dropped_heldout == 1 and "Q: 3+1=" not in [r["prompt"] for r in task.train] and len(task.train) == len(GOOD) - 1
+    task = jsonl_task.load(
+        jsonl_task.Options(train_file=str(jsonl(tmp_path / "train.jsonl", GOOD)), heldout_file=str(overlap))
+    )
+    assert (
+        task.dropped_heldout == 1
+        and "Q: 3+1=" not in [r["prompt"] for r in task.train]
+        and len(task.train) == len(GOOD) - 1
+    )
     code, err = run_jsonl(tmp_path, capsys, jsonl(tmp_path / "t.jsonl", GOOD[:1]))
     assert code == 2 and "too few distinct prompts" in err
 
 
 # -- store faults ------------------------------------------------------------------------------------
+
 
 def test_an_over_long_or_hostile_experiment_name_is_exit_2(tmp_path, capsys):
     code, _, err = run_cli(["run", str(TINY), "--store", str(tmp_path / "s"), "--experiment", "x" * 300], capsys)
@@ -152,7 +187,9 @@ def test_an_over_long_or_hostile_experiment_name_is_exit_2(tmp_path, capsys):
 
 def _mount_tmpfs(path: Path, options: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    )
 
 
 @pytest.mark.slow
@@ -184,10 +221,18 @@ def test_a_read_only_store_is_one_line_exit_1(tmp_path, capsys):
 
 # -- signals ------------------------------------------------------------------------------------------
 
+
 def _start(store: Path, *more: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "REGIMEN_MACHINE_SLOTS": "0"}
-    return subprocess.Popen([REGIMEN, "run", str(TINY), "--store", str(store), *more], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT, start_new_session=True)
+    return subprocess.Popen(
+        [REGIMEN, "run", str(TINY), "--store", str(store), *more],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def _wait_for(path_glob: Path, pattern: str, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -242,7 +287,10 @@ def test_no_prefect_server_outlives_a_sigkilled_run(tmp_path, no_shared_api):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 20
-        while any(Path(f"/proc/{k}").exists() and b"regimen.flows.server" in Path(f"/proc/{k}/cmdline").read_bytes() for k in servers):
+        while any(
+            Path(f"/proc/{k}").exists() and b"regimen.flows.server" in Path(f"/proc/{k}/cmdline").read_bytes()
+            for k in servers
+        ):
             assert time.monotonic() < deadline, "the temporary Prefect server outlived its SIGKILLed parent"
             time.sleep(0.2)
     finally:
@@ -260,7 +308,10 @@ def test_a_process_that_runs_several_flows_keeps_no_idle_server(tmp_path, capsys
         found = []
         for p in Path("/proc").iterdir():
             try:
-                if p.name.isdigit() and f"regimen.flows.server\x00{os.getpid()}".encode() in (p / "cmdline").read_bytes():
+                if (
+                    p.name.isdigit()
+                    and f"regimen.flows.server\x00{os.getpid()}".encode() in (p / "cmdline").read_bytes()
+                ):
                     found.append(int(p.name))
             except OSError:
                 pass
@@ -268,8 +319,23 @@ def test_a_process_that_runs_several_flows_keeps_no_idle_server(tmp_path, capsys
 
     before = servers()
     for i in range(2):
-        code, _, err = run_cli(["run", str(TINY), "--store", str(tmp_path / "s"), "--experiment", f"idle-{i}", "--set", "sft.max_steps=2",
-                                "--set", "grpo.max_steps=2", "--set", "smoke.max_steps=1"], capsys)
+        code, _, err = run_cli(
+            [
+                "run",
+                str(TINY),
+                "--store",
+                str(tmp_path / "s"),
+                "--experiment",
+                f"idle-{i}",
+                "--set",
+                "sft.max_steps=2",
+                "--set",
+                "grpo.max_steps=2",
+                "--set",
+                "smoke.max_steps=1",
+            ],
+            capsys,
+        )
         assert code in (0, 1), err
     deadline = time.monotonic() + 10
     while [p for p in servers() if p not in before] and time.monotonic() < deadline:

@@ -22,7 +22,12 @@ def problems():
 def _score(problems, bodies):
     reward = get_reward("unit_tests")
     completions = [f"```python\n{p['prompt']}{body}```" for p, body in zip(problems, bodies)]
-    return reward([p["prompt"] for p in problems], completions, test=[p["test"] for p in problems], entry_point=[p["entry_point"] for p in problems])
+    return reward(
+        [p["prompt"] for p in problems],
+        completions,
+        test=[p["test"] for p in problems],
+        entry_point=[p["entry_point"] for p in problems],
+    )
 
 
 @needs_isolation

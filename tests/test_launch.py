@@ -1,9 +1,8 @@
 """`launcher: accelerate`: training stages as two gloo ranks under `accelerate launch` on CPU."""
 
-
 import pytest
-
 from conftest import TINY, run_flow
+
 from regimen.stages.recipe import load_recipe
 from regimen.stages.run.launcher import accelerate_command, local_processes
 from regimen.stages.store import Store
@@ -13,7 +12,11 @@ def test_command_uses_the_torchrun_path_for_several_processes(tmp_path):
     r = load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"])
     cmd = accelerate_command(r, tmp_path / "spec.json")
     assert "--multi_gpu" in cmd and "--cpu" not in cmd
-    assert cmd[cmd.index("--num_processes") + 1] == "2" and cmd[-3:] == ["-m", "regimen.stages.run.launch_entry", str(tmp_path / "spec.json")]
+    assert cmd[cmd.index("--num_processes") + 1] == "2" and cmd[-3:] == [
+        "-m",
+        "regimen.stages.run.launch_entry",
+        str(tmp_path / "spec.json"),
+    ]
     r = load_recipe(TINY, ["launcher=accelerate", "accelerate.config_file=configs/accelerate/ddp.yaml"])
     cmd = accelerate_command(r, tmp_path / "spec.json")
     assert cmd[cmd.index("--config_file") + 1] == "configs/accelerate/ddp.yaml" and "--multi_gpu" not in cmd
@@ -50,29 +53,88 @@ def test_a_failing_rank_fails_the_stage_and_a_two_process_rerun_completes_with_g
 
 
 def test_command_for_two_machines_passes_accelerates_own_flags(tmp_path):
-    r = load_recipe(TINY, {"launcher": "accelerate", "accelerate.num_processes": 4, "accelerate.num_machines": 2, "accelerate.machine_rank": 1,
-                           "accelerate.main_process_ip": "10.0.0.5", "accelerate.main_process_port": 29512})
+    r = load_recipe(
+        TINY,
+        {
+            "launcher": "accelerate",
+            "accelerate.num_processes": 4,
+            "accelerate.num_machines": 2,
+            "accelerate.machine_rank": 1,
+            "accelerate.main_process_ip": "10.0.0.5",
+            "accelerate.main_process_port": 29512,
+        },
+    )
     cmd = accelerate_command(r, tmp_path / "spec.json")
-    flag = {f: cmd[cmd.index(f) + 1] for f in ("--num_processes", "--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port")}
-    assert flag == {"--num_processes": "4", "--num_machines": "2", "--machine_rank": "1", "--main_process_ip": "10.0.0.5", "--main_process_port": "29512"}
+    flag = {
+        f: cmd[cmd.index(f) + 1]
+        for f in ("--num_processes", "--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port")
+    }
+    assert flag == {
+        "--num_processes": "4",
+        "--num_machines": "2",
+        "--machine_rank": "1",
+        "--main_process_ip": "10.0.0.5",
+        "--main_process_port": "29512",
+    }
     assert "--multi_gpu" in cmd and local_processes(r) == 2  # --num_processes is the whole job's, as accelerate expects
-    one = accelerate_command(load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"]), tmp_path / "spec.json")
-    assert one[one.index("--num_machines") + 1] == "1" and one[one.index("--machine_rank") + 1] == "0" and "--main_process_ip" not in one
+    one = accelerate_command(
+        load_recipe(TINY, ["launcher=accelerate", "accelerate.num_processes=2"]), tmp_path / "spec.json"
+    )
+    assert (
+        one[one.index("--num_machines") + 1] == "1"
+        and one[one.index("--machine_rank") + 1] == "0"
+        and "--main_process_ip" not in one
+    )
 
 
-@pytest.mark.parametrize("overrides, error", [
-    ({"accelerate.num_machines": 2, "accelerate.main_process_port": 29500}, "accelerate.main_process_ip: required with accelerate.num_machines 2"),
-    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "127.0.0.1"}, "accelerate.main_process_port: set a port"),
-    ({"accelerate.num_machines": 2, "accelerate.machine_rank": 2, "accelerate.main_process_ip": "h", "accelerate.main_process_port": 1},
-     "accelerate.machine_rank: 2 must be below accelerate.num_machines"),
-    ({"accelerate.machine_rank": 1}, "accelerate.machine_rank: 1 must be below accelerate.num_machines .1."),
-    ({"accelerate.num_machines": 2, "accelerate.num_processes": 3, "accelerate.main_process_ip": "h", "accelerate.main_process_port": 1},
-     "accelerate.num_machines: 3 processes .* do not split evenly over 2 machines"),
-    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "0.0.0.0", "accelerate.main_process_port": 1}, "accelerate.main_process_ip: '0.0.0.0' is not an address"),
-    ({"accelerate.num_machines": 2, "accelerate.main_process_ip": "a b", "accelerate.main_process_port": 1}, "accelerate.main_process_ip: 'a b' is neither"),
-    ({"accelerate.main_process_port": 70000}, "accelerate.main_process_port: Input should be less than or equal to 65535"),
-    ({"accelerate.extra_args": ["--machine_rank", "1"]}, "accelerate.extra_args: --machine_rank is a field of the section: set accelerate.machine_rank"),
-])
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        (
+            {"accelerate.num_machines": 2, "accelerate.main_process_port": 29500},
+            "accelerate.main_process_ip: required with accelerate.num_machines 2",
+        ),
+        (
+            {"accelerate.num_machines": 2, "accelerate.main_process_ip": "127.0.0.1"},
+            "accelerate.main_process_port: set a port",
+        ),
+        (
+            {
+                "accelerate.num_machines": 2,
+                "accelerate.machine_rank": 2,
+                "accelerate.main_process_ip": "h",
+                "accelerate.main_process_port": 1,
+            },
+            "accelerate.machine_rank: 2 must be below accelerate.num_machines",
+        ),
+        ({"accelerate.machine_rank": 1}, "accelerate.machine_rank: 1 must be below accelerate.num_machines .1."),
+        (
+            {
+                "accelerate.num_machines": 2,
+                "accelerate.num_processes": 3,
+                "accelerate.main_process_ip": "h",
+                "accelerate.main_process_port": 1,
+            },
+            "accelerate.num_machines: 3 processes .* do not split evenly over 2 machines",
+        ),
+        (
+            {"accelerate.num_machines": 2, "accelerate.main_process_ip": "0.0.0.0", "accelerate.main_process_port": 1},
+            "accelerate.main_process_ip: '0.0.0.0' is not an address",
+        ),
+        (
+            {"accelerate.num_machines": 2, "accelerate.main_process_ip": "a b", "accelerate.main_process_port": 1},
+            "accelerate.main_process_ip: 'a b' is neither",
+        ),
+        (
+            {"accelerate.main_process_port": 70000},
+            "accelerate.main_process_port: Input should be less than or equal to 65535",
+        ),
+        (
+            {"accelerate.extra_args": ["--machine_rank", "1"]},
+            "accelerate.extra_args: --machine_rank is a field of the section: set accelerate.machine_rank",
+        ),
+    ],
+)
 def test_machines_fields_are_checked_in_one_line_naming_the_field(overrides, error):
     from regimen.stages.core.errors import InputError
 
@@ -81,8 +143,16 @@ def test_machines_fields_are_checked_in_one_line_naming_the_field(overrides, err
     assert "\n" not in str(exc.value)
 
 
-SHORT = {"launcher": "accelerate", "accelerate.num_processes": 2, "sft.max_steps": 10, "sft.save_steps": 5, "sft.logging_steps": 5,
-         "grpo.max_steps": 4, "grpo.save_steps": 2, "grpo.logging_steps": 2}
+SHORT = {
+    "launcher": "accelerate",
+    "accelerate.num_processes": 2,
+    "sft.max_steps": 10,
+    "sft.save_steps": 5,
+    "sft.logging_steps": 5,
+    "grpo.max_steps": 4,
+    "grpo.save_steps": 2,
+    "grpo.logging_steps": 2,
+}
 
 
 def _free_port() -> int:
@@ -133,8 +203,19 @@ def test_two_machines_write_once_and_match_one_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same threads in every run (and 2 cores here)
     one = load_recipe(TINY, SHORT)
     port = _free_port()
-    two = [load_recipe(TINY, {**SHORT, "accelerate.num_machines": 2, "accelerate.machine_rank": rank,
-                              "accelerate.main_process_ip": "127.0.0.1", "accelerate.main_process_port": port}) for rank in (0, 1)]
+    two = [
+        load_recipe(
+            TINY,
+            {
+                **SHORT,
+                "accelerate.num_machines": 2,
+                "accelerate.machine_rank": rank,
+                "accelerate.main_process_ip": "127.0.0.1",
+                "accelerate.main_process_port": port,
+            },
+        )
+        for rank in (0, 1)
+    ]
     roots = [tmp_path / "machine0", tmp_path / "machine1"]
     base = [base_policy(one, Store(root / "store"))["model"] for root in roots]
 
@@ -148,19 +229,34 @@ def test_two_machines_write_once_and_match_one_machine(tmp_path, monkeypatch):
             out = jobs[0].result(timeout=900)
             with pytest.raises(LentToMachineZero, match=f"{stage}: machine_rank 1 of 2 .* nothing is committed here"):
                 jobs[1].result(timeout=900)
-        assert out.status == "completed" and out.extra["launch"] == {"launcher": "accelerate", "num_processes": 2, "backend": "gloo", "num_machines": 2}
+        assert out.status == "completed" and out.extra["launch"] == {
+            "launcher": "accelerate",
+            "num_processes": 2,
+            "backend": "gloo",
+            "num_machines": 2,
+        }
         assert out.metrics["steps"] == single[stage].metrics["steps"]
         # machine 0 wrote the version and the checkpoints; machine 1 wrote no file of them
-        assert (roots[0] / stage / "staging" / "model").is_dir() and (roots[0] / stage / "work" / "launch_output.json").is_file()
+        assert (roots[0] / stage / "staging" / "model").is_dir() and (
+            roots[0] / stage / "work" / "launch_output.json"
+        ).is_file()
         assert _written(roots[1] / stage / "staging") == []
-        left = [f for f in _written(roots[1] / stage / "work") if f != "launch.json" and not f.startswith("traces-cycle")]
+        left = [
+            f for f in _written(roots[1] / stage / "work") if f != "launch.json" and not f.startswith("traces-cycle")
+        ]
         # each rank's RNG state is its own part of a checkpoint (transformers' rng_state_<global rank>.pth): no weights, state or marker
         assert left and all(f.startswith("checkpoint-") and f.endswith("/rng_state_1.pth") for f in left), left
         for key in ("loss",) + (("reward",) if stage == "grpo" else ()):
             got, want = _logged(roots[0] / stage / "work", key), _logged(tmp_path / "one" / stage / "work", key)
             assert got.keys() == want.keys() and got, (stage, key, got, want)
             assert got == pytest.approx(want, rel=1e-4, abs=1e-6), (stage, key, got, want)
-        print(stage, "loss by step: two machines", _logged(roots[0] / stage / "work", "loss"), "one machine", _logged(tmp_path / "one" / stage / "work", "loss"))
+        print(
+            stage,
+            "loss by step: two machines",
+            _logged(roots[0] / stage / "work", "loss"),
+            "one machine",
+            _logged(tmp_path / "one" / stage / "work", "loss"),
+        )
         # the next stage starts from machine 0's version, which machine 1 reads from its own copy (as from a shared bucket)
         shutil.copytree(roots[0] / stage / "staging" / "model", roots[1] / f"{stage}-model")
         policy = [str(roots[0] / stage / "staging" / "model"), str(roots[1] / f"{stage}-model")]
@@ -172,16 +268,28 @@ def test_a_machine_that_lent_its_ranks_records_no_failed_attempt(tmp_path, monke
     from regimen.stages.run import runner
     from regimen.stages.run.launcher import LentToMachineZero
 
-    recipe = load_recipe(TINY, {"launcher": "accelerate", "accelerate.num_machines": 2, "accelerate.machine_rank": 1,
-                                "accelerate.main_process_ip": "127.0.0.1", "accelerate.main_process_port": 29555})
+    recipe = load_recipe(
+        TINY,
+        {
+            "launcher": "accelerate",
+            "accelerate.num_machines": 2,
+            "accelerate.machine_rank": 1,
+            "accelerate.main_process_ip": "127.0.0.1",
+            "accelerate.main_process_port": 29555,
+        },
+    )
 
     def lent(stage, *a, **k):
         raise LentToMachineZero(stage, 1, 2, 1, "127.0.0.1:29555")
 
     monkeypatch.setattr(runner, "_launch", lent)
     store = Store(tmp_path)
-    call = runner.StageCall("sft", recipe, {"policy": {"stage": "base", "fingerprint": "f" * 64, "model": str(tmp_path)}, "cycle": 1},
-                            experiment="tiny-test")
+    call = runner.StageCall(
+        "sft",
+        recipe,
+        {"policy": {"stage": "base", "fingerprint": "f" * 64, "model": str(tmp_path)}, "cycle": 1},
+        experiment="tiny-test",
+    )
     with pytest.raises(LentToMachineZero) as caught:
         runner.execute(call, store)
     assert caught.value.exit_code == 0
@@ -194,10 +302,23 @@ def test_where_the_processes_run_does_not_enter_the_fingerprint():
     from regimen.stages.run.runner import stage_key
 
     base = {"launcher": "accelerate", "accelerate.num_processes": 2}
-    recipes = [load_recipe(TINY, base)] + [load_recipe(TINY, {**base, "accelerate.num_machines": 2, "accelerate.machine_rank": rank,
-                                                                 "accelerate.main_process_ip": f"10.0.0.{rank + 1}", "accelerate.main_process_port": 29500 + rank})
-                                           for rank in (0, 1)]
+    recipes = [load_recipe(TINY, base)] + [
+        load_recipe(
+            TINY,
+            {
+                **base,
+                "accelerate.num_machines": 2,
+                "accelerate.machine_rank": rank,
+                "accelerate.main_process_ip": f"10.0.0.{rank + 1}",
+                "accelerate.main_process_port": 29500 + rank,
+            },
+        )
+        for rank in (0, 1)
+    ]
     inputs = {"policy": {"stage": "base", "model": "m", "fingerprint": "tiny-0"}, "cycle": 1}
     for stage in ("sft", "grpo"):
         assert len({stage_key(stage, r, inputs)[0] for r in recipes}) == 1, stage
-    assert stage_key("sft", load_recipe(TINY, {**base, "accelerate.num_processes": 4}), inputs)[0] != stage_key("sft", recipes[0], inputs)[0]
+    assert (
+        stage_key("sft", load_recipe(TINY, {**base, "accelerate.num_processes": 4}), inputs)[0]
+        != stage_key("sft", recipes[0], inputs)[0]
+    )

@@ -68,19 +68,39 @@ ROOMS: dict[str, tuple[list[str], list[str]]] = {
     "rewards": (["regimen.stages.rewards"], ["core", "sandbox"]),
     "environments": (["regimen.stages.environments"], ["core", "rewards"]),  # multi-turn episodes with tools
     "recipe": (["regimen.stages.recipe"], ["core", "tasks", "rewards", "environments"]),  # with TRL's config objects
-    "training": (["regimen.stages.training"], ["core", "decide", "store", "tasks", "rewards", "environments", "recipe"]),
+    "training": (
+        ["regimen.stages.training"],
+        ["core", "decide", "store", "tasks", "rewards", "environments", "recipe"],
+    ),
     "records": (["regimen.stages.records"], ["core", "store", "tasks"]),  # the frozen held-out set, the data versions
-    "stages": ([s.__name__ for s in registry.ORDER], ["core", "decide", "store", "tasks", "rewards", "recipe", "training"]),
+    "stages": (
+        [s.__name__ for s in registry.ORDER],
+        ["core", "decide", "store", "tasks", "rewards", "recipe", "training"],
+    ),
     "registry": (["regimen.stages.registry"], ["core", "stages"]),
-    "run": (["regimen.stages.run"], ["core", "store", "tasks", "rewards", "recipe", "training", "registry"]),  # runner, launcher, ranks' entry, preflight
-    "present": (["regimen.flows.present"], ["core", "store", "tasks", "rewards", "recipe", "training", "records", "registry"]),  # tables, plots, status
-    "orchestration": (["regimen.flows"], ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records", "registry", "run", "present"]),  # flows, deployments, the UI boundary
+    "run": (
+        ["regimen.stages.run"],
+        ["core", "store", "tasks", "rewards", "recipe", "training", "registry"],
+    ),  # runner, launcher, ranks' entry, preflight
+    "present": (
+        ["regimen.flows.present"],
+        ["core", "store", "tasks", "rewards", "recipe", "training", "records", "registry"],
+    ),  # tables, plots, status
+    "orchestration": (
+        ["regimen.flows"],
+        ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records", "registry", "run", "present"],
+    ),  # flows, deployments, the UI boundary
     "cli": (["regimen.flows.cli"], ["core", "store", "recipe", "training", "registry", "present", "orchestration"]),
 }
 
 
 def room(module: str) -> str:
-    found = [(len(p), name) for name, (prefixes, _) in ROOMS.items() for p in prefixes if module == p or module.startswith(p + ".")]
+    found = [
+        (len(p), name)
+        for name, (prefixes, _) in ROOMS.items()
+        for p in prefixes
+        if module == p or module.startswith(p + ".")
+    ]
     assert found, f"{module} is in no room of tests/test_layout.py's ROOMS"
     return max(found)[1]
 
@@ -94,7 +114,7 @@ def test_the_import_graph_has_no_cycle():
         path.append(n)
         for m in sorted(GRAPH[n]):
             if state.get(m) == 1:
-                cycle = path[path.index(m):] + [m]
+                cycle = path[path.index(m) :] + [m]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if m not in state:
                 visit(m)
@@ -108,20 +128,26 @@ def test_the_import_graph_has_no_cycle():
 
 def test_imports_point_down_only():
     """Every import of one of our modules goes to the importer's own room or to one its rule allows."""
-    wrong = [f"{m} ({room(m)}) imports {d} ({room(d)})" for m, deps in sorted(GRAPH.items()) for d in sorted(deps)
-             if room(d) != room(m) and room(d) not in ROOMS[room(m)][1]]
+    wrong = [
+        f"{m} ({room(m)}) imports {d} ({room(d)})"
+        for m, deps in sorted(GRAPH.items())
+        for d in sorted(deps)
+        if room(d) != room(m) and room(d) not in ROOMS[room(m)][1]
+    ]
     assert wrong == []
 
 
 def test_the_rooms_rule_would_catch_an_import_pointing_up():
     """The rule is not vacuous: imports that would point up (each between two modules that exist) are refused."""
-    for importer, imported in [("regimen.stages.run.launch_entry", "regimen.flows.cycle"),
-                               ("regimen.stages.recipe.trl", "regimen.stages.training.model"),
-                               ("regimen.stages.rewards.code", "regimen.stages.recipe"),
-                               ("regimen.stages.sandbox.pool", "regimen.stages.core.errors"),
-                               ("regimen.stages.decide.verdicts", "regimen.stages.store"),
-                               ("regimen.stages.records.datasets", "regimen.stages.training.model"),
-                               ("regimen.stages.grpo", "regimen.stages.registry")]:
+    for importer, imported in [
+        ("regimen.stages.run.launch_entry", "regimen.flows.cycle"),
+        ("regimen.stages.recipe.trl", "regimen.stages.training.model"),
+        ("regimen.stages.rewards.code", "regimen.stages.recipe"),
+        ("regimen.stages.sandbox.pool", "regimen.stages.core.errors"),
+        ("regimen.stages.decide.verdicts", "regimen.stages.store"),
+        ("regimen.stages.records.datasets", "regimen.stages.training.model"),
+        ("regimen.stages.grpo", "regimen.stages.registry"),
+    ]:
         assert importer in MODULES and imported in MODULES, (importer, imported)
         assert room(imported) not in ROOMS[room(importer)][1], (importer, imported)
 
@@ -169,8 +195,11 @@ def test_the_sandbox_reads_in_small_pieces():
             continue
         tree = ast.parse(path.read_text())
         assert len(path.read_text().splitlines()) <= 500, name
-        long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
-                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
+        long = [
+            (n.name, n.end_lineno - n.lineno + 1)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80
+        ]
         assert long == [], (name, long)
 
 
@@ -191,13 +220,24 @@ def test_one_registry_names_every_stage_and_every_task():
     from regimen.stages.tasks.registry import TASKS
 
     assert registry.NAMES[:6] == ("sft", "distill", "reward-dry-run", "grpo-smoke", "grpo", "eval")
-    assert [registry.in_role(r)[:2] for r in ("teach", "gate", "train")] == [("sft", "distill"), ("reward-dry-run", "grpo-smoke"), ("grpo",)]
+    assert [registry.in_role(r)[:2] for r in ("teach", "gate", "train")] == [
+        ("sft", "distill"),
+        ("reward-dry-run", "grpo-smoke"),
+        ("grpo",),
+    ]
     assert registry.judge() == "eval"
     for stage in registry.ORDER:
-        assert isinstance(stage.TRAINS, bool) and stage.KEY_METRICS and callable(stage.run) and callable(stage.config_section)
+        assert (
+            isinstance(stage.TRAINS, bool)
+            and stage.KEY_METRICS
+            and callable(stage.run)
+            and callable(stage.config_section)
+        )
     assert set(TASKS) >= {"addition", "code", "jsonl", "hf"}
     for task in TASKS.values():
-        assert task.Options.model_fields["task"].default == task.NAME and callable(task.load) and callable(task.identity)
+        assert (
+            task.Options.model_fields["task"].default == task.NAME and callable(task.load) and callable(task.identity)
+        )
 
 
 def test_pyproject_lists_every_package_folder():
@@ -210,8 +250,22 @@ def test_pyproject_lists_every_package_folder():
 
 @pytest.mark.slow
 def test_the_built_wheel_has_one_top_level_name(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     [wheel] = tmp_path.glob("regimen_rl-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         top = [n for n in zf.namelist() if n.endswith("top_level.txt")]
@@ -229,7 +283,10 @@ def test_code_versions_cover_what_changes_results_and_nothing_that_presents():
         assert "stages/run/runner.py" not in files and "stages/store/__init__.py" not in files, name
     assert "stages/grpo.py" in closures["grpo"]
     assert all("stages/grpo.py" not in closures[n] for n in ("sft", "reward-dry-run", "grpo-smoke", "eval"))
-    assert "stages/training/grpo_trainer.py" in closures["grpo-smoke"] and "stages/training/grpo_trainer.py" in closures["grpo"]
+    assert (
+        "stages/training/grpo_trainer.py" in closures["grpo-smoke"]
+        and "stages/training/grpo_trainer.py" in closures["grpo"]
+    )
     assert "stages/rewards/code.py" in closures["eval"]  # registered by import, so a change to it reruns scoring stages
     assert "stages/training/metrics/exact_match/exact_match.py" in closures["eval"]
 
@@ -255,7 +312,9 @@ def code_versions_of(copy: Path, monkeypatch) -> dict[str, str]:
         fp.code_version.cache_clear()
 
 
-def test_a_move_a_rename_and_a_reformat_change_no_code_version_and_a_change_to_what_code_computes_does(tmp_path, monkeypatch):
+def test_a_move_a_rename_and_a_reformat_change_no_code_version_and_a_change_to_what_code_computes_does(
+    tmp_path, monkeypatch
+):
     """Code versions are keyed by what the code does, not where it lives (issue 41): the SFT's teacher helper
     moved to a new folder under another name (its importers' imports follow), grpo.py reformatted and its
     comments and docstrings gone, a presentation module edited: no stage's code version moves, so nothing
@@ -274,7 +333,9 @@ def test_a_move_a_rename_and_a_reformat_change_no_code_version_and_a_change_to_w
     for path in copy.rglob("*.py"):
         text = path.read_text()
         if "regimen.stages.training.teacher" in text:
-            path.write_text(text.replace("regimen.stages.training.teacher", "regimen.stages.teachers.traces_of_teachers"))
+            path.write_text(
+                text.replace("regimen.stages.training.teacher", "regimen.stages.teachers.traces_of_teachers")
+            )
     grpo = copy / "grpo.py"
     tree = ast.parse(grpo.read_text())
     tree.body[0].value.value = "GRPO, reformatted by a tool and its docstring rewritten."
@@ -329,8 +390,12 @@ def test_a_registry_the_flow_cannot_run_is_refused():
 
     good = (fake("a", "teach"), fake("b", "train"), fake("c", "judge"))
     registry.check(good)
-    for order, needle in [((*good, fake("d", "judge")), "exactly one"), ((fake("a", "teach"), fake("c", "judge")), "'train'"),
-                          ((*good, fake("a", "gate")), "repeat"), ((*good, fake("d", "review")), "ROLE must be")]:
+    for order, needle in [
+        ((*good, fake("d", "judge")), "exactly one"),
+        ((fake("a", "teach"), fake("c", "judge")), "'train'"),
+        ((*good, fake("a", "gate")), "repeat"),
+        ((*good, fake("d", "review")), "ROLE must be"),
+    ]:
         with pytest.raises(ValueError, match=needle):
             registry.check(order)
 
@@ -342,7 +407,9 @@ def test_the_flows_and_what_presents_them_name_no_stage():
     names = set(registry.NAMES)
     paths = [p for p in (ROOT / "flows").rglob("*.py") if p.name != "boundary.py"]
     for path in [*paths, ROOT / "stages" / "run" / "runner.py", ROOT / "stages" / "training" / "policy.py"]:
-        found = [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in names]
+        found = [
+            n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in names
+        ]
         assert not found, (path.name, found)
 
 
@@ -355,7 +422,11 @@ def test_a_stage_added_to_the_registry_alone_runs_where_its_role_says(tmp_path, 
 
     from regimen.stages.store import Store
 
-    order = (*registry.ORDER[:4], extra_gate_stage, *registry.ORDER[4:])  # after sft, distill and the two built-in gates
+    order = (
+        *registry.ORDER[:4],
+        extra_gate_stage,
+        *registry.ORDER[4:],
+    )  # after sft, distill and the two built-in gates
     registry.check(order)
     monkeypatch.setattr(registry, "ORDER", order)
     monkeypatch.setattr(registry, "STAGES", {s.NAME: s for s in order})
@@ -374,7 +445,10 @@ LIBRARIES = ("prefect", "transformers", "trl", "datasets", "accelerate", "peft",
 # for an underscored attribute is taken to be a library's private API, which changes without notice.
 OURS = {
     ("stages/recipe/__init__.py", "recipe._raw"): "Recipe (stages/recipe/schema.py) keeps what the recipe itself set",
-    ("stages/training/trajectories.py", "recorder._add"): "the Recorder's own method, called from the reward wrapper it made",
+    (
+        "stages/training/trajectories.py",
+        "recorder._add",
+    ): "the Recorder's own method, called from the reward wrapper it made",
 }
 DOCUMENTED = {"_fields", "_asdict", "_replace", "_make", "_field_defaults"}
 """Names with an underscore that are documented public API (named tuples'), not anybody's privates."""
@@ -391,20 +465,36 @@ def test_no_private_attribute_of_a_library_is_used():
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") and node.attr not in DOCUMENTED:
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and node.attr not in DOCUMENTED
+                ):
                     base = ast.unparse(node.value)
-                    stdlib = base.split(".")[0] in sys.stdlib_module_names  # os._exit: the standard library's documented name
+                    stdlib = (
+                        base.split(".")[0] in sys.stdlib_module_names
+                    )  # os._exit: the standard library's documented name
                     if base not in ("self", "cls") and not stdlib and (rel, f"{base}.{node.attr}") not in OURS:
                         found.append(f"{rel}:{node.lineno}: {base}.{node.attr}")
-                elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "hasattr")
-                      and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_")
-                      and not str(node.args[1].value).startswith("__") and node.args[1].value not in DOCUMENTED):
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "setattr", "hasattr")
+                    and len(node.args) > 1
+                    and isinstance(node.args[1], ast.Constant)
+                    and str(node.args[1].value).startswith("_")
+                    and not str(node.args[1].value).startswith("__")
+                    and node.args[1].value not in DOCUMENTED
+                ):
                     found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
                 elif isinstance(node, (ast.Import, ast.ImportFrom)):
                     modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                     names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
                     for module in modules:
-                        if module.split(".")[0] in LIBRARIES and (any(p.startswith("_") for p in module.split(".")) or any(n.startswith("_") for n in names)):
+                        if module.split(".")[0] in LIBRARIES and (
+                            any(p.startswith("_") for p in module.split(".")) or any(n.startswith("_") for n in names)
+                        ):
                             found.append(f"{rel}:{node.lineno}: import of a private part of {module}")
     assert [f for f in found if not any(f.startswith(k[0]) and k[1] in f for k in NO_PUBLIC_WAY)] == []
 
@@ -420,7 +510,11 @@ def test_architecture_md_draws_the_same_rooms_as_the_rule():
     assert set(rows) == set(ROOMS)
     names = {"the pieces": ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records"]}
     for name, (_, allowed) in ROOMS.items():
-        listed = [w.strip() for w in rows[name][3].split(",")] if rows[name][3] not in ("—", "the standard library only") else []
+        listed = (
+            [w.strip() for w in rows[name][3].split(",")]
+            if rows[name][3] not in ("—", "the standard library only")
+            else []
+        )
         listed = [r for w in listed for r in names.get(w, [w])]
         assert sorted(listed) == sorted(allowed), name
     tour = (ROOT / "README.md").read_text()
@@ -443,21 +537,32 @@ def long_functions(paths: list[Path]) -> list[str]:
     found = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := node.end_lineno - node.lineno + 1) > LONGEST:
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and (n := node.end_lineno - node.lineno + 1) > LONGEST
+            ):
                 found.append(f"{path.name}:{node.lineno} {node.name} ({n} lines)")
     return found
 
 
 def test_no_function_is_over_80_lines_outside_the_sandboxs_syscall_tables():
-    paths = [p for folder in ("stages", "flows", "bench") for p in sorted((ROOT / folder).rglob("*.py"))
-             if p.relative_to(ROOT).as_posix() not in LONG_ALLOWED]
+    paths = [
+        p
+        for folder in ("stages", "flows", "bench")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if p.relative_to(ROOT).as_posix() not in LONG_ALLOWED
+    ]
     assert all((ROOT / p).is_file() for p in LONG_ALLOWED)  # the allowance names a file that exists
     assert long_functions(paths) == []
 
 
 def test_the_rule_on_long_functions_would_catch_one(tmp_path):
     path = tmp_path / "long.py"
-    path.write_text("class A:\n    def fine(self):\n        return 1\n\n    def long(self):\n" + "        x = 1\n" * LONGEST + "        return x\n")
+    path.write_text(
+        "class A:\n    def fine(self):\n        return 1\n\n    def long(self):\n"
+        + "        x = 1\n" * LONGEST
+        + "        return x\n"
+    )
     assert long_functions([path]) == ["long.py:5 long (82 lines)"]
 
 
@@ -495,11 +600,31 @@ def test_under_xdist_a_file_runs_on_one_worker_and_the_ui_test_joins_the_operati
     tests.mkdir()
     shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    body = "import os, time\n" + "".join(f"def test_{i}():\n    time.sleep(0.05)\n    print(os.environ['PYTEST_XDIST_WORKER'])\n" for i in range(6))
+    body = "import os, time\n" + "".join(
+        f"def test_{i}():\n    time.sleep(0.05)\n    print(os.environ['PYTEST_XDIST_WORKER'])\n" for i in range(6)
+    )
     for name in ("test_operations.py", "test_ui.py", "test_other.py"):
         (tests / name).write_text(body)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-v", "-p", "no:cacheprovider",
-                        "tests"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadscope",
+            "--no-loadscope-reorder",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "tests",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     ran = {}
     for line in r.stdout.splitlines():  # "[gw0] [ 5%] PASSED tests/test_ui.py::test_0"

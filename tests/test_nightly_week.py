@@ -32,9 +32,13 @@ def test_the_week_goes_as_the_rule_says(week):
     n = {x["night"]: x for x in week.nights}
     summary = "\n".join(str(x) for x in week.nights)
     assert n[1]["state"] == "COMPLETED" and n[1]["event"] == "promoted" and "first champion" in n[1]["reason"], summary
-    assert n[2]["state"] == "COMPLETED" and n[2]["event"] == "promoted", summary  # a better challenger on the grown data
+    assert n[2]["state"] == "COMPLETED" and n[2]["event"] == "promoted", (
+        summary
+    )  # a better challenger on the grown data
     assert n[2]["champion_acc"] >= n[1]["champion_acc"] + 0.02, summary
-    assert n[3]["state"] == "COMPLETED" and n[3]["versions_written"] == 0 and n[3]["event"] == "kept", summary  # every stage reused
+    assert n[3]["state"] == "COMPLETED" and n[3]["versions_written"] == 0 and n[3]["event"] == "kept", (
+        summary
+    )  # every stage reused
     assert "nothing new was trained" in n[3]["reason"], summary
     assert n[4]["event"] == "kept" and n[4]["champion"] == n[3]["champion"], summary  # poisoned rows: not promoted
     assert n[4]["challenger_acc"] < n[3]["champion_acc"], summary
@@ -48,8 +52,11 @@ def test_the_week_goes_as_the_rule_says(week):
     # a person's rollback holds until a better challenger arrives
     rolled = next(h for h in history if h["event"] == "rolled-back")
     after = n[8]
-    assert after["champion"] == rolled["policy"] or (after["event"] == "promoted" and after["challenger"] != rolled["from"]
-            and after["challenger_acc"] >= rolled["heldout_accuracy"] + 0.02), summary
+    assert after["champion"] == rolled["policy"] or (
+        after["event"] == "promoted"
+        and after["challenger"] != rolled["from"]
+        and after["challenger_acc"] >= rolled["heldout_accuracy"] + 0.02
+    ), summary
     if after["challenger"] == rolled["from"]:
         assert after["event"] == "kept" and "rolled back from" in after["reason"], summary
 
@@ -66,7 +73,9 @@ def test_the_reasons_are_in_the_events_and_the_artifact(week):
     assert len(versions) >= 7  # one per night that decided: the UI's artifact history is the champion history
     newest = max(versions, key=lambda a: a["created"])
     table = json.loads(newest["data"]) if isinstance(newest["data"], str) else newest["data"]
-    assert any(row["event"] == "rolled-back" for row in table) and any("gameable" in (row["reason"] or "") for row in table)
+    assert any(row["event"] == "rolled-back" for row in table) and any(
+        "gameable" in (row["reason"] or "") for row in table
+    )
 
 
 def test_the_ui_shows_the_champion_and_its_history(week, tmp_path):
@@ -78,15 +87,30 @@ def test_the_ui_shows_the_champion_and_its_history(week, tmp_path):
     r = week.call("POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": [f"{EXP}-champion"]}}})
     newest = max(r.json(), key=lambda a: a["created"])
     champion = week.champion()["champion"]["policy"]
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    ]
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=chromium, headless=True, args=flags,
-                                                       viewport={"width": 1400, "height": 1000})
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),
+            executable_path=chromium,
+            headless=True,
+            args=flags,
+            viewport={"width": 1400, "height": 1000},
+        )
         try:
             page = context.new_page()
             page.set_default_timeout(45_000)
             # the latest champion artifact's own page renders its table (the history, newest first)
-            found = week.call("POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": [f"{EXP}-champion"]}}, "sort": "CREATED_DESC"}).json()
+            found = week.call(
+                "POST",
+                "/artifacts/filter",
+                json={"artifacts": {"key": {"any_": [f"{EXP}-champion"]}}, "sort": "CREATED_DESC"},
+            ).json()
             assert len(found) >= 2, found  # one per night that decided: the key's history is the champion history
             page.goto(f"{week.url}/artifacts/artifact/{found[0]['id']}")
             page.get_by_text("rolled-back").first.wait_for()
@@ -102,8 +126,8 @@ def test_the_ui_shows_the_champion_and_its_history(week, tmp_path):
 def test_export_gives_a_model_that_scores_the_recorded_accuracy(week, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from regimen.stages.records import datasets as data_records
     from regimen.stages.recipe import load_recipe
+    from regimen.stages.records import datasets as data_records
     from regimen.stages.store import Store
     from regimen.stages.tasks.registry import frozen_rows
     from regimen.stages.training.heldout import heldout_eval

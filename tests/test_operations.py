@@ -50,6 +50,7 @@ def latest_states(server, run_id: str, timeout: float = 30) -> dict[str, str]:
 
 # -- registration, parameters -----------------------------------------------------------------------
 
+
 def test_serve_registers_on_demand_and_nightly_with_cron_and_timezone(prefect_server, faulty_serve):
     deps = faulty_serve.registered  # as registered: the session's scenario pauses nightly, whichever test ran it first
     assert set(deps) == {"on-demand", "nightly"}
@@ -65,17 +66,22 @@ def test_serve_registers_on_demand_and_nightly_with_cron_and_timezone(prefect_se
         assert all(p.get("description") for p in props.values()), props  # what the Custom run form shows
         assert d["global_concurrency_limit"]["limit"] == 1
         assert d["concurrency_options"]["collision_strategy"] == "ENQUEUE"
-    print(f"\n`regimen serve` to both deployments visible via the API: {faulty_serve.visible_s:.1f}s "
-          f"(server healthy after {prefect_server.started_s:.1f}s)")
+    print(
+        f"\n`regimen serve` to both deployments visible via the API: {faulty_serve.visible_s:.1f}s "
+        f"(server healthy after {prefect_server.started_s:.1f}s)"
+    )
 
 
-@pytest.mark.parametrize("parameters, field", [
-    ({"overrides": "grpo.beta=0.1"}, "overrides"),       # a string where a mapping is expected
-    ({"config": 42}, "config"),
-    ({"experiment": ["a", "b"]}, "experiment"),
-    ({"overide": {"grpo.beta": 0.1}}, "overide"),       # a typo: unknown parameters are refused too
-    ({"store": "../elsewhere"}, "store"),                # the store is not a UI parameter, whatever its value
-])
+@pytest.mark.parametrize(
+    "parameters, field",
+    [
+        ({"overrides": "grpo.beta=0.1"}, "overrides"),  # a string where a mapping is expected
+        ({"config": 42}, "config"),
+        ({"experiment": ["a", "b"]}, "experiment"),
+        ({"overide": {"grpo.beta": 0.1}}, "overide"),  # a typo: unknown parameters are refused too
+        ({"store": "../elsewhere"}, "store"),  # the store is not a UI parameter, whatever its value
+    ],
+)
 def test_invalid_parameters_are_refused_with_409_and_no_run(prefect_server, faulty_serve, parameters, field):
     # Only the on-demand deployment's runs are counted: the server's scheduler adds the nightly deployment's
     # scheduled runs whenever it wakes, which is not a run this request created.
@@ -89,7 +95,9 @@ def test_invalid_parameters_are_refused_with_409_and_no_run(prefect_server, faul
 
 def test_a_recipe_that_fails_validation_fails_the_run_at_once_with_its_message(prefect_server, faulty_serve, ops_dirs):
     store, _ = ops_dirs
-    r = prefect_server.create_run("on-demand", {"config": "tiny.yaml", "experiment": "bad", "overrides": {"grpo.no_such_field": 1}})
+    r = prefect_server.create_run(
+        "on-demand", {"config": "tiny.yaml", "experiment": "bad", "overrides": {"grpo.no_such_field": 1}}
+    )
     assert r.status_code == 201, r.text
     run = prefect_server.wait_run(r.json()["id"], timeout=90, logs=[faulty_serve.log])
     assert run["state"]["type"] == "FAILED"
@@ -104,9 +112,20 @@ def test_a_recipe_that_fails_validation_fails_the_run_at_once_with_its_message(p
 
 
 HOSTILE = {  # what a UI user may try; each is refused before anything runs, naming the key
-    "launcher-shell": ({"overrides": {"launcher": "accelerate", "accelerate.num_processes": 1,
-                                      "accelerate.extra_args": ["--no_python", "/bin/sh", "-c", "touch {pwned}"]}}, "'launcher'"),
-    "extra-args": ({"overrides": {"accelerate.extra_args": ["--no_python", "/bin/sh", "-c", "touch {pwned}"]}}, "'accelerate.extra_args'"),
+    "launcher-shell": (
+        {
+            "overrides": {
+                "launcher": "accelerate",
+                "accelerate.num_processes": 1,
+                "accelerate.extra_args": ["--no_python", "/bin/sh", "-c", "touch {pwned}"],
+            }
+        },
+        "'launcher'",
+    ),
+    "extra-args": (
+        {"overrides": {"accelerate.extra_args": ["--no_python", "/bin/sh", "-c", "touch {pwned}"]}},
+        "'accelerate.extra_args'",
+    ),
     "reward-path": ({"overrides": {"rewards": [{"name": "os:system"}]}}, "'rewards'"),
     "reward-item": ({"overrides": {"rewards.0.name": "subprocess:getoutput"}}, "not a dotted recipe key"),
     "model-path": ({"overrides": {"model.name_or_path": "/etc"}}, "'model.name_or_path'"),
@@ -130,7 +149,11 @@ the same door function in-process below (`resolve_ui_recipe`, the first thing `r
 
 def _hostile_body(name: str, tmp_path: Path) -> dict:
     body = {"config": "tiny.yaml", "experiment": f"hostile-{name}", **HOSTILE[name][0]}
-    return json.loads(json.dumps(body).replace("{pwned}", str(tmp_path / "pwned")).replace("{outside}", str(tmp_path / "outside-store")))
+    return json.loads(
+        json.dumps(body)
+        .replace("{pwned}", str(tmp_path / "pwned"))
+        .replace("{outside}", str(tmp_path / "outside-store"))
+    )
 
 
 def test_hostile_ui_parameters_are_refused_before_anything_runs(prefect_server, faulty_serve, ops_dirs, tmp_path):
@@ -174,6 +197,7 @@ def test_every_hostile_ui_parameter_is_refused_at_the_flows_door(name, tmp_path,
 
 # -- fail, stop serve, retry ------------------------------------------------------------------------
 
+
 def test_fault_in_grpo_fails_the_run_after_the_earlier_stages_completed(scenario):
     failed = scenario.failed
     assert failed["state"]["type"] == "FAILED", failed["state"]
@@ -203,7 +227,13 @@ def test_retry_through_the_api_completes_with_earlier_stages_cached_and_grpo_res
     assert run["state"]["type"] == "COMPLETED", (run["state"], tail(scenario.serve.log))
     assert run["run_count"] >= 2
     states = latest_states(server, run["id"])
-    assert states == {"sft": "Cached", "reward-dry-run": "Cached", "grpo-smoke": "Cached", "grpo": "Completed", "eval": "Completed"}
+    assert states == {
+        "sft": "Cached",
+        "reward-dry-run": "Cached",
+        "grpo-smoke": "Cached",
+        "grpo": "Completed",
+        "eval": "Completed",
+    }
     exp = scenario.store / EXPERIMENT
     for stage in ("sft", "reward-dry-run", "grpo-smoke"):
         assert sorted(p.name for p in (exp / stage).glob("v*")) == ["v1"]  # reused, not recomputed
@@ -233,7 +263,9 @@ def test_a_nightly_run_due_during_a_training_run_is_queued_not_dropped(scenario)
 def test_an_honest_custom_run_with_a_hyperparameter_still_works(scenario):
     server = scenario.server
     # the scenario's experiment: what the override does not touch (SFT, the gates) is reused, GRPO trains anew
-    r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": EXPERIMENT, "overrides": {"grpo.beta": 0.08}})
+    r = server.create_run(
+        "on-demand", {"config": "tiny.yaml", "experiment": EXPERIMENT, "overrides": {"grpo.beta": 0.08}}
+    )
     assert r.status_code == 201, r.text
     run = server.wait_run(r.json()["id"], timeout=240, logs=[scenario.serve.log])
     assert run["state"]["type"] == "COMPLETED", (run["state"], tail(scenario.serve.log))
@@ -244,6 +276,7 @@ def test_an_honest_custom_run_with_a_hyperparameter_still_works(scenario):
 
 
 # -- auth --------------------------------------------------------------------------------------------
+
 
 def test_basic_auth_refuses_unauthenticated_requests_and_accepts_the_auth_string(prefect_server, faulty_serve):
     import asyncio
@@ -266,32 +299,47 @@ def test_basic_auth_refuses_unauthenticated_requests_and_accepts_the_auth_string
 
 # -- prefect.yaml: the same deployments for a process work pool ---------------------------------------
 
+
 def test_prefect_yaml_deploys_the_same_deployments_and_a_worker_runs_them(scenario, tmp_path):
     server = scenario.server
     stop(scenario.serve.proc)  # a served runner would race the worker for the run
     env = server.client_env()
-    for cmd in (["work-pool", "create", "regimen", "--type", "process"],
-                ["work-pool", "set-concurrency-limit", "regimen", "1"],
-                ["--no-prompt", "deploy", "--all"]):
-        out = subprocess.run([bin_path("prefect"), *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    for cmd in (
+        ["work-pool", "create", "regimen", "--type", "process"],
+        ["work-pool", "set-concurrency-limit", "regimen", "1"],
+        ["--no-prompt", "deploy", "--all"],
+    ):
+        out = subprocess.run(
+            [bin_path("prefect"), *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
         assert out.returncode == 0, (cmd, out.stdout[-2000:], out.stderr[-2000:])
     deps = server.deployments()
     for name in ("on-demand", "nightly"):
         d = deps[name]
         assert d["work_pool_name"] == "regimen" and d["entrypoint"] == "flows/cycle.py:regimen_cycle"
         assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
-        assert d["global_concurrency_limit"]["limit"] == 1 and d["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+        assert (
+            d["global_concurrency_limit"]["limit"] == 1 and d["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+        )
     [sched] = deps["nightly"]["schedules"]
     assert sched["schedule"]["cron"] == "0 2 * * *" and sched["schedule"]["timezone"] == "UTC"
     # one run through `prefect worker start`, from another folder: the pull step sets the project root
-    r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": EXPERIMENT},
-                          job_variables={"env": {"REGIMEN_CONFIGS": str(ROOT / "tests"), "REGIMEN_STORE": str(scenario.store)}})
+    r = server.create_run(
+        "on-demand",
+        {"config": "tiny.yaml", "experiment": EXPERIMENT},
+        job_variables={"env": {"REGIMEN_CONFIGS": str(ROOT / "tests"), "REGIMEN_STORE": str(scenario.store)}},
+    )
     assert r.status_code == 201, r.text
     log = tmp_path / "worker.log"
     with open(log, "wb") as fh:
-        worker = subprocess.Popen([bin_path("prefect"), "worker", "start", "--pool", "regimen", "--run-once"],
-                                  cwd=tmp_path, env=env | {"PREFECT_WORKER_QUERY_SECONDS": "1"}, stdout=fh,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        worker = subprocess.Popen(
+            [bin_path("prefect"), "worker", "start", "--pool", "regimen", "--run-once"],
+            cwd=tmp_path,
+            env=env | {"PREFECT_WORKER_QUERY_SECONDS": "1"},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         run = server.wait_run(r.json()["id"], timeout=120, logs=[log])
     finally:

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, run_cli, run_flow
+
 from regimen.stages.registry import NAMES
 from regimen.stages.store import Store
 
@@ -51,9 +51,15 @@ def test_all_five_stages_complete_with_intact_files(first_run):
     assert all(h["wall_s"] >= 0 for h in log if "reward" in h)  # the curve against time, for resume figures
     ev = s.latest("tiny-test", "eval")
     [decision] = s.ledger.decisions("tiny-test")  # the flow decides; the verdict is kept beside the evaluation
-    assert decision["eval_version"] == ev["version"] and decision["verdict"] in ("target-reached", "budget-spent", "stalled")
+    assert decision["eval_version"] == ev["version"] and decision["verdict"] in (
+        "target-reached",
+        "budget-spent",
+        "stalled",
+    )
     assert "cycle" not in ev["config"]  # evaluation measures: its fingerprint knows nothing of cycle settings
-    assert [p["step"] for p in grpo["heldout_probe"]][0] == 0 and grpo["best_step"] in [p["step"] for p in grpo["heldout_probe"]]
+    assert [p["step"] for p in grpo["heldout_probe"]][0] == 0 and grpo["best_step"] in [
+        p["step"] for p in grpo["heldout_probe"]
+    ]
     assert 0.0 <= ev["metrics"]["heldout_accuracy"] <= 1.0
     assert ev["inputs"]["policy"]["fingerprint"] == grpo["fingerprint"]
     # no work folders or staging left behind once versions are committed
@@ -113,7 +119,9 @@ def test_changing_a_grpo_field_reruns_grpo_and_eval_only(first_run):
     store, _ = first_run
     results = run_flow(TINY, store, overrides={"grpo.beta": 0.08})
     ran: dict[str, bool] = {}
-    for r in results:  # the first of each stage: the champion's evaluation comes last (reused, a version made in cycle 1)
+    for (
+        r
+    ) in results:  # the first of each stage: the champion's evaluation comes last (reused, a version made in cycle 1)
         ran.setdefault(r["stage"], not r["reused"])
     assert ran == {"sft": False, "reward-dry-run": False, "grpo-smoke": True, "grpo": True, "eval": True}
     assert Store(store).latest("tiny-test", "grpo")["config"]["grpo"]["beta"] == 0.08
@@ -121,7 +129,10 @@ def test_changing_a_grpo_field_reruns_grpo_and_eval_only(first_run):
 
 def test_gate_failure_exits_1_records_attempt_and_writes_no_version(first_run, capsys):
     store, _ = first_run
-    code, out, err = run_cli(["run", str(TINY), "--store", str(store), "--experiment", "gate", "--set", "dry_run.min_mean_reward=0.99"], capsys)
+    code, out, err = run_cli(
+        ["run", str(TINY), "--store", str(store), "--experiment", "gate", "--set", "dry_run.min_mean_reward=0.99"],
+        capsys,
+    )
     assert code == 1, (out, err)
     assert "reward-dry-run" in err and "too hard" in err and "more SFT" in err
     s = Store(store)
@@ -144,12 +155,18 @@ def test_a_rerun_after_a_change_of_code_versions_reruns_every_stage_once_then_re
     for stage in STAGES:
         for m in s.versions("tiny-test", stage):
             path = store / "tiny-test" / stage / f"v{m['version']}" / "manifest.json"
-            before_move = {**m, "code_version": "0" * 16, "fingerprint": digest({"made before the move": m["fingerprint"]})}
+            before_move = {
+                **m,
+                "code_version": "0" * 16,
+                "fingerprint": digest({"made before the move": m["fingerprint"]}),
+            }
             path.write_text(json.dumps(before_move, indent=1))
     assert all(m["code_version"] == "0" * 16 for stage in STAGES for m in s.versions("tiny-test", stage))
 
     after_move = run_flow(TINY, store)
-    cycle = [r for r in after_move if r.get("cycle")]  # the champion's own evaluation (cycle 0) may run too: its version was made before
+    cycle = [
+        r for r in after_move if r.get("cycle")
+    ]  # the champion's own evaluation (cycle 0) may run too: its version was made before
     assert sorted(r["stage"] for r in cycle if not r["reused"]) == sorted(STAGES)  # every stage ran, once
     current = {stage: s.latest("tiny-test", stage)["code_version"] for stage in STAGES}
     assert all(v != "0" * 16 for v in current.values())

@@ -35,19 +35,25 @@ LEASE_TTL_S = "15"  # the store lease of a lost host expires before its run is r
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # the repossessor frees the lease of a serve that died sooner than its default 15 s loop
-    with prefect_server_in(tmp_path_factory.mktemp("pool-prefect"), PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS="5") as srv:
+    with prefect_server_in(
+        tmp_path_factory.mktemp("pool-prefect"), PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS="5"
+    ) as srv:
         yield srv
 
 
 def regimen(args: list[str], env: dict, log: Path) -> subprocess.Popen:
     with open(log, "wb") as fh:
-        return subprocess.Popen([bin_path("regimen"), *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [bin_path("regimen"), *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def second_serve(server: Server, tmp: Path, name: str) -> tuple[int, str, float]:
     log = tmp / f"{name}.log"
     t0 = time.monotonic()
-    proc = regimen(["serve", "tests/tiny.yaml", "--configs", "tests", "--store", str(tmp / "store")], server.client_env(), log)
+    proc = regimen(
+        ["serve", "tests/tiny.yaml", "--configs", "tests", "--store", str(tmp / "store")], server.client_env(), log
+    )
     try:
         rc = proc.wait(60)
     finally:
@@ -86,9 +92,17 @@ def test_a_slot_taken_moments_ago_is_a_serve_still_starting_and_one_left_over_is
     # first in this module: no deployment of its server has been polled yet. A serve that has just taken the
     # slot has not polled either: the next serve (and `pool setup`) is refused, not let in beside it; a slot nobody took for
     # STALE_S (3 s here; a server restarted with its leases lost) is reset and taken
-    r = subprocess.run([sys.executable, "-c", _STALE_SLOT], cwd=ROOT, env=server.client_env(),
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.split("\n")[:3] == ["fresh: refused", "pool: refused", "stale: admitted"], r.stdout + r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-c", _STALE_SLOT],
+        cwd=ROOT,
+        env=server.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.split("\n")[:3] == ["fresh: refused", "pool: refused", "stale: admitted"], (
+        r.stdout + r.stderr[-2000:]
+    )
     assert serve_slot_taken(server) == 0
 
 
@@ -111,7 +125,10 @@ def test_a_second_serve_is_refused_at_once_and_a_stopped_serve_frees_its_place(s
         assert rc == 2, out
         lines = [line for line in out.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: another `regimen serve` is serving"), out
-        assert "regimen pool setup --store s3://bucket/prefix" in out and "prefect worker start --pool regimen --limit 1" in out, out
+        assert (
+            "regimen pool setup --store s3://bucket/prefix" in out
+            and "prefect worker start --pool regimen --limit 1" in out
+        ), out
         assert first.proc.poll() is None  # the first one serves on, untouched
         print(f"\nsecond serve refused in {wall:.1f} s (process start included)")
     except BaseException:
@@ -143,7 +160,9 @@ def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_pa
     time.sleep(max(0.0, killed + 72 - time.monotonic()))  # the lease expired; the repossessor runs every 5 s here
     later = start_serve(server, tmp_path / "store", tmp_path / "serve-later.log")
     stop_cleanly(server, later)
-    print(f"\na serve SIGKILLed: the next one refused {wall:.0f} s after, one started {time.monotonic() - killed:.0f} s after")
+    print(
+        f"\na serve SIGKILLed: the next one refused {wall:.0f} s after, one started {time.monotonic() - killed:.0f} s after"
+    )
 
 
 def test_a_serve_lease_below_prefects_least_is_refused_naming_the_variable(monkeypatch):
@@ -170,23 +189,47 @@ def test_the_api_lost_while_the_runner_starts_is_waited_out_and_other_failures_a
         exc.__cause__ = cause
         return exc
 
-    lost = [httpx.ConnectError("refused"), ConnectionRefusedError(111, "refused"),
-            caused(RuntimeError("Runner failed to start: event_emitter - did not receive a valid HTTP response"),
-                   InvalidMessage("did not receive a valid HTTP response")),
-            RuntimeError("Service exceeded error threshold"),
-            ExceptionGroup("unhandled errors in a TaskGroup", [httpx.ReadError("reset"), OSError(104, "reset")])]
+    lost = [
+        httpx.ConnectError("refused"),
+        ConnectionRefusedError(111, "refused"),
+        caused(
+            RuntimeError("Runner failed to start: event_emitter - did not receive a valid HTTP response"),
+            InvalidMessage("did not receive a valid HTTP response"),
+        ),
+        RuntimeError("Service exceeded error threshold"),
+        ExceptionGroup("unhandled errors in a TaskGroup", [httpx.ReadError("reset"), OSError(104, "reset")]),
+    ]
     for exc in lost:
         assert _api_unreachable(exc), exc
-    for exc in (ValueError("bad parameter schema"), caused(RuntimeError("Runner failed to start: x"), KeyError("flow")),
-                ExceptionGroup("mixed", [httpx.ReadError("reset"), TypeError("bug")])):
+    for exc in (
+        ValueError("bad parameter schema"),
+        caused(RuntimeError("Runner failed to start: x"), KeyError("flow")),
+        ExceptionGroup("mixed", [httpx.ReadError("reset"), TypeError("bug")]),
+    ):
         assert not _api_unreachable(exc), exc
 
 
 def pool_setup(server: Server, url: str, s3_server, log: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
     with open(log, "wb") as fh:
-        return subprocess.run([bin_path("regimen"), "pool", "setup", "--store", url, "--config", "tests/tiny.yaml", "--configs", "tests", *extra],
-                              cwd=ROOT, env=server.client_env(**s3_server.env(), REGIMEN_LEASE_TTL_S=LEASE_TTL_S, **env),
-                              stdout=fh, stderr=subprocess.STDOUT, timeout=180)
+        return subprocess.run(
+            [
+                bin_path("regimen"),
+                "pool",
+                "setup",
+                "--store",
+                url,
+                "--config",
+                "tests/tiny.yaml",
+                "--configs",
+                "tests",
+                *extra,
+            ],
+            cwd=ROOT,
+            env=server.client_env(**s3_server.env(), REGIMEN_LEASE_TTL_S=LEASE_TTL_S, **env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            timeout=180,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +251,10 @@ def test_pool_setup_is_idempotent_and_deploys_serves_guarded_parameters(server, 
         assert d["enforce_parameter_schema"] and d["parameter_openapi_schema"]["additionalProperties"] is False
         env = d["job_variables"]["env"]
         assert env["REGIMEN_STORE"] == pool["url"] and Path(env["REGIMEN_CONFIGS"]) == ROOT / "tests"
-        assert json.loads(env["REGIMEN_UI_LIMITS"])["max_steps"] == 100_000 and env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+        assert (
+            json.loads(env["REGIMEN_UI_LIMITS"])["max_steps"] == 100_000
+            and env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+        )
         assert not any("AWS_" in k for k in env)  # credentials stay on the hosts
         assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
     assert len(deps["nightly"]["schedules"]) == 1
@@ -216,7 +262,9 @@ def test_pool_setup_is_idempotent_and_deploys_serves_guarded_parameters(server, 
     names = sorted(a["name"] for a in automations)
     assert names == ["regimen-host-lost", "regimen-host-lost-rerun"]  # once each, after two setups
     crash = next(a for a in automations if a["name"] == "regimen-host-lost")
-    assert crash["trigger"]["posture"] == "Proactive" and crash["trigger"]["within"] == 45.0  # the lease's 15 s + a 30 s heartbeat
+    assert (
+        crash["trigger"]["posture"] == "Proactive" and crash["trigger"]["within"] == 45.0
+    )  # the lease's 15 s + a 30 s heartbeat
     r = server.post("/work_pools/filter", {})
     assert [p["type"] for p in r.json() if p["name"] == "regimen"] == ["process"]
     # a UI run still cannot choose the store: the guarded overrides are the flow's own
@@ -227,11 +275,21 @@ def test_serve_beside_the_pool_is_refused_pointing_at_it(server, pool, tmp_path)
     rc, out, _ = second_serve(server, tmp_path, "beside")
     assert rc == 2, out
     lines = [line for line in out.splitlines() if line.strip()]
-    assert len(lines) == 1 and "belong to the work pool 'regimen'" in out and "prefect worker start --pool regimen --limit 1" in out, out
+    assert (
+        len(lines) == 1
+        and "belong to the work pool 'regimen'" in out
+        and "prefect worker start --pool regimen --limit 1" in out
+    ), out
 
 
-@pytest.mark.parametrize("url, says", [("artifacts", "a folder or memory:// is this host's alone"), ("s3://", "no bucket name"),
-                                       ("s3://regimen-no-such-bucket-x/r", "the bucket does not exist")])
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("artifacts", "a folder or memory:// is this host's alone"),
+        ("s3://", "no bucket name"),
+        ("s3://regimen-no-such-bucket-x/r", "the bucket does not exist"),
+    ],
+)
 def test_a_bad_store_is_one_line(server, s3_server, tmp_path, url, says):
     log = tmp_path / "setup.log"
     assert pool_setup(server, url, s3_server, log).returncode == 2
@@ -241,25 +299,44 @@ def test_a_bad_store_is_one_line(server, s3_server, tmp_path, url, says):
 
 # -- a host lost mid-GRPO ------------------------------------------------------------------------------
 
+
 def host_env(server: Server, s3_server, tmp: Path, name: str) -> dict[str, str]:
     dirs = {k: tmp / name / k for k in ("home", "prefect", "cache", "tmp", "xdg", "hf")}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
-    return server.client_env(HOME=str(dirs["home"]), PREFECT_HOME=str(dirs["prefect"]), REGIMEN_CACHE=str(dirs["cache"]), TMPDIR=str(dirs["tmp"]),
-                             XDG_CACHE_HOME=str(dirs["xdg"]), HF_DATASETS_CACHE=str(dirs["hf"]), REGIMEN_LEASE_TTL_S=LEASE_TTL_S,
-                             PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_HEARTBEAT_SECONDS="5", **s3_server.env())
+    return server.client_env(
+        HOME=str(dirs["home"]),
+        PREFECT_HOME=str(dirs["prefect"]),
+        REGIMEN_CACHE=str(dirs["cache"]),
+        TMPDIR=str(dirs["tmp"]),
+        XDG_CACHE_HOME=str(dirs["xdg"]),
+        HF_DATASETS_CACHE=str(dirs["hf"]),
+        REGIMEN_LEASE_TTL_S=LEASE_TTL_S,
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PREFECT_WORKER_HEARTBEAT_SECONDS="5",
+        **s3_server.env(),
+    )
 
 
 def worker(env: dict, name: str, log: Path) -> subprocess.Popen:
     with open(log, "wb") as fh:
-        return subprocess.Popen([bin_path("prefect"), "worker", "start", "--pool", "regimen", "--limit", "1", "--name", name],
-                                cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [bin_path("prefect"), "worker", "start", "--pool", "regimen", "--limit", "1", "--name", name],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def checkpoints(fs, bucket: str) -> list[int]:
     from regimen.stages.training.checkpoints import MARKER
 
-    return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in fs.glob("/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", MARKER])))
+    return sorted(
+        int(re.search(r"checkpoint-(\d+)/", k).group(1))
+        for k in fs.glob("/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", MARKER]))
+    )
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -280,21 +357,34 @@ def states(server: Server, run_id: str) -> list[str]:
 def host_lost(server, s3_server, pool):
     tmp, bucket = pool["tmp"], pool["bucket"]
     fs = s3_server.client()
-    hosts = {name: worker(host_env(server, s3_server, tmp, name), f"host-{name}", tmp / f"worker-{name}.log") for name in ("a", "b")}
+    hosts = {
+        name: worker(host_env(server, s3_server, tmp, name), f"host-{name}", tmp / f"worker-{name}.log")
+        for name in ("a", "b")
+    }
     logs = [tmp / "worker-a.log", tmp / "worker-b.log"]
     info: dict = {"tmp": tmp}
     try:
-        r = server.create_run("on-demand", {"config": "tiny.yaml", "experiment": EXP,
-                                            "overrides": {"grpo.max_steps": MAX_STEPS, "grpo.save_steps": SAVE_STEPS}})
+        r = server.create_run(
+            "on-demand",
+            {
+                "config": "tiny.yaml",
+                "experiment": EXP,
+                "overrides": {"grpo.max_steps": MAX_STEPS, "grpo.save_steps": SAVE_STEPS},
+            },
+        )
         assert r.status_code == 201, r.text
         run_id = info["run_id"] = r.json()["id"]
         t0 = time.monotonic()
         while not checkpoints(fs, bucket):  # mid-GRPO, with a checkpoint in the bucket
             run = server.run(run_id)
             assert run["state"]["type"] not in TERMINAL, f"{run['state']}\n" + "\n".join(tail(p) for p in logs)
-            assert time.monotonic() - t0 < 400, "no GRPO checkpoint in the bucket after 400 s\n" + "\n".join(tail(p) for p in logs)
+            assert time.monotonic() - t0 < 400, "no GRPO checkpoint in the bucket after 400 s\n" + "\n".join(
+                tail(p) for p in logs
+            )
             time.sleep(0.05)
-        lost = next(name for name, proc in hosts.items() if len(tree(proc.pid)) > 1)  # the worker with a flow run under it
+        lost = next(
+            name for name, proc in hosts.items() if len(tree(proc.pid)) > 1
+        )  # the worker with a flow run under it
         procs = tree(hosts[lost].pid)
         for p in procs:  # the host dies: its worker, the flow run and whatever they started, at once
             try:
@@ -306,7 +396,9 @@ def host_lost(server, s3_server, pool):
         hosts[lost].wait(30)
         other = "b" if lost == "a" else "a"
         while server.run(run_id)["state"]["type"] != "RUNNING" or "HostLost" not in states(server, run_id):
-            assert time.monotonic() - killed_at < 600, f"not running again 600 s after the kill: {server.run(run_id)['state']}\n{tail(tmp / f'worker-{other}.log')}"
+            assert time.monotonic() - killed_at < 600, (
+                f"not running again 600 s after the kill: {server.run(run_id)['state']}\n{tail(tmp / f'worker-{other}.log')}"
+            )
             time.sleep(0.5)
         info["to_running_again_s"] = time.monotonic() - killed_at
         info["final"] = server.wait_run(run_id, timeout=600, logs=[tmp / f"worker-{other}.log"])
@@ -327,20 +419,29 @@ def test_a_worker_host_killed_mid_grpo_has_its_run_done_on_the_other_host_from_t
     info = host_lost
     assert info["final"]["state"]["type"] == "COMPLETED", info["final"]["state"]
     assert info["states"].count("HostLost") == 1 and info["states"][-1] == "Completed", info["states"]
-    assert info["states"][info["states"].index("HostLost") + 1] == "Scheduled", info["states"]  # rescheduled by the automation
+    assert info["states"][info["states"].index("HostLost") + 1] == "Scheduled", info[
+        "states"
+    ]  # rescheduled by the automation
     assert info["run_id"] in info["other_log"]  # the live host ran it
     from regimen.stages.store import Store
 
     store = Store(info["url"], cache_dir=info["tmp"] / "reader")
     # first: the stages before GRPO reused from the bucket (if SFT ran again, its fingerprint changed between the
     # two hosts' runs, e.g. code edited meanwhile in this tree, and GRPO's work key with it: nothing to resume)
-    assert len(store.versions(EXP, "sft")) == 1, "the live host did not reuse the earlier stages: their fingerprints changed between the runs"
+    assert len(store.versions(EXP, "sft")) == 1, (
+        "the live host did not reuse the earlier stages: their fingerprints changed between the runs"
+    )
     [grpo] = store.versions(EXP, "grpo")
-    assert grpo["resumed_from_step"] > 0 and grpo["resumed_from_step"] in info["at_kill"], (grpo.get("resumed_from_step"), info["at_kill"])
+    assert grpo["resumed_from_step"] > 0 and grpo["resumed_from_step"] in info["at_kill"], (
+        grpo.get("resumed_from_step"),
+        info["at_kill"],
+    )
     assert grpo["metrics"]["steps"] == MAX_STEPS
     [champion] = info["champion"]  # decided once
     assert champion["champion"] is not None and len(champion["history"]) == 1, champion["history"]
     assert info["to_running_again_s"] < 600
-    print(f"\nhost {info['lost']} SIGKILLed ({info['killed']} processes) with GRPO checkpoints {info['at_kill']} in the bucket; the run was "
-          f"Running again on host {info['other']} {info['to_running_again_s']:.0f} s later and resumed from step {grpo['resumed_from_step']}; "
-          f"states: {' > '.join(info['states'])}")
+    print(
+        f"\nhost {info['lost']} SIGKILLed ({info['killed']} processes) with GRPO checkpoints {info['at_kill']} in the bucket; the run was "
+        f"Running again on host {info['other']} {info['to_running_again_s']:.0f} s later and resumed from step {grpo['resumed_from_step']}; "
+        f"states: {' > '.join(info['states'])}"
+    )

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import TINY, run_cli
+
 from regimen.stages.recipe import load_recipe
 from regimen.stages.training.probe import HeldoutProbe, restore_best
 
@@ -74,21 +74,48 @@ def test_the_guard_is_re_read_from_a_restored_history(tmp_path):
     """A resumed (or already finished) run re-reads its curves: a stop recorded before the kill holds."""
     recipe = load_recipe(TINY, check_trl=False)
     probe = Scripted(recipe, tmp_path, [])
-    history = [{"step": 0, "heldout_probe": 0.1}, {"step": 2, "reward": 0.2}, {"step": 4, "reward": 0.5}, {"step": 4, "heldout_probe": 0.1},
-               {"step": 6, "reward": 0.8}, {"step": 8, "reward": 0.9}, {"step": 8, "heldout_probe": 0.1}]
+    history = [
+        {"step": 0, "heldout_probe": 0.1},
+        {"step": 2, "reward": 0.2},
+        {"step": 4, "reward": 0.5},
+        {"step": 4, "heldout_probe": 0.1},
+        {"step": 6, "reward": 0.8},
+        {"step": 8, "reward": 0.9},
+        {"step": 8, "heldout_probe": 0.1},
+    ]
     probe.recheck(SimpleNamespace(global_step=8, log_history=history))
     assert probe.fired_and_stopped() and probe.fired["step"] == 8
 
 
-HACKABLE_TINY = ["rewards=[{name: digits}, {name: answer, weight: 0}]", "sft.max_steps=24", "grpo.max_steps=60", "grpo.learning_rate=2e-3",
-                 "grpo.per_device_train_batch_size=64", "grpo.num_generations=8", "grpo.save_steps=100", "probe.steps=5", "probe.prompts=40",
-                 "grpo.logging_steps=5"]
+HACKABLE_TINY = [
+    "rewards=[{name: digits}, {name: answer, weight: 0}]",
+    "sft.max_steps=24",
+    "grpo.max_steps=60",
+    "grpo.learning_rate=2e-3",
+    "grpo.per_device_train_batch_size=64",
+    "grpo.num_generations=8",
+    "grpo.save_steps=100",
+    "probe.steps=5",
+    "probe.prompts=40",
+    "grpo.logging_steps=5",
+]
 
 
 @pytest.mark.slow
 def test_a_shrunken_hackable_run_stops_early_with_the_evidence(tmp_path, capsys):
     store = tmp_path / "store"
-    code, out, err = run_cli(["run", str(TINY), "--store", str(store), "--experiment", "hack", *sum((["--set", s] for s in HACKABLE_TINY), [])], capsys)
+    code, out, err = run_cli(
+        [
+            "run",
+            str(TINY),
+            "--store",
+            str(store),
+            "--experiment",
+            "hack",
+            *sum((["--set", s] for s in HACKABLE_TINY), []),
+        ],
+        capsys,
+    )
     assert code == 1, (out, err)
     assert "reward-hacking-suspected" in err and "grpo" in err
     [attempt] = list((store / "hack" / "grpo" / "failed").iterdir())
@@ -98,6 +125,8 @@ def test_a_shrunken_hackable_run_stops_early_with_the_evidence(tmp_path, capsys)
     assert evidence["train_reward_rise"] >= 0.2 and evidence["heldout_gain"] < 0.02
     assert record["heldout_probe"][0]["step"] == 0
     rows = [json.loads(line) for line in (attempt / "trajectories.jsonl").read_text().splitlines()]
-    assert rows and all(set(r["rewards"]) == {"digits", "answer"} for r in rows)  # the monitor is logged beside the trained reward
+    assert rows and all(
+        set(r["rewards"]) == {"digits", "answer"} for r in rows
+    )  # the monitor is logged beside the trained reward
     log = [json.loads(line) for line in (attempt / "train_log.jsonl").read_text().splitlines()]
     assert any("rewards/answer/mean" in h for h in log) and any("heldout_probe" in h for h in log)

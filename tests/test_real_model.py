@@ -9,8 +9,8 @@ import random
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, run_cli
+
 from regimen.stages import registry
 from regimen.stages.store import Store
 
@@ -31,8 +31,13 @@ def parquet(tmp_path_factory) -> Path:
 
     rng = random.Random(0)
     pairs = sorted({(rng.randint(0, 40), rng.randint(0, 40)) for _ in range(200)})[:60]
-    table = pa.table({"question": [f"What is {a}+{b}?" for a, b in pairs], "answer": [str(a + b) for a, b in pairs],
-                      "source": ["generated"] * len(pairs)})
+    table = pa.table(
+        {
+            "question": [f"What is {a}+{b}?" for a, b in pairs],
+            "answer": [str(a + b) for a, b in pairs],
+            "source": ["generated"] * len(pairs),
+        }
+    )
     path = tmp_path_factory.mktemp("data") / "train.parquet"
     pq.write_table(table, path)
     return path
@@ -49,7 +54,13 @@ def test_no_teacher_starts_at_the_dry_run_and_renders_the_chat_template(real_mod
 
     recipe = load_recipe(REAL, overrides(real_model, parquet, store=str(tmp_path / "store")))
     results = regimen_cycle_recipe(recipe).results
-    assert [(r["stage"], r.get("round")) for r in results] == [("eval", 0), ("reward-dry-run", 0), ("grpo-smoke", 0), ("grpo", 1), ("eval", 1)]
+    assert [(r["stage"], r.get("round")) for r in results] == [
+        ("eval", 0),
+        ("reward-dry-run", 0),
+        ("grpo-smoke", 0),
+        ("grpo", 1),
+        ("eval", 1),
+    ]
     st = Store(tmp_path / "store")
     for stage in ("reward-dry-run", "grpo-smoke", "grpo", "eval"):
         for m in st.versions("real-test", stage):
@@ -58,11 +69,15 @@ def test_no_teacher_starts_at_the_dry_run_and_renders_the_chat_template(real_mod
     ev = st.latest("real-test", "eval")
     rows = [json.loads(line) for line in (st.local_path(ev) / "trajectories.jsonl").read_text().splitlines()]
     assert rows[0]["prompt"][0] == {"role": "system", "content": "Answer with the number only."}
-    assert rows[0]["rendered_prompt"].startswith("<|im_start|>system\nAnswer with the number only.<|im_end|>\n<|im_start|>user\nWhat is ")
+    assert rows[0]["rendered_prompt"].startswith(
+        "<|im_start|>system\nAnswer with the number only.<|im_end|>\n<|im_start|>user\nWhat is "
+    )
     assert rows[0]["rendered_prompt"].endswith("<|im_start|>assistant\n")
     grpo = st.latest("real-test", "grpo")
     assert grpo["heldout_probe"] and grpo["heldout_probe"][0]["step"] == 0
-    assert json.loads((Path(grpo["inputs"]["policy"]["model"]) / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    assert json.loads((Path(grpo["inputs"]["policy"]["model"]) / "config.json").read_text())["architectures"] == [
+        "Qwen3ForCausalLM"
+    ]
 
 
 @pytest.mark.slow
@@ -70,21 +85,31 @@ def test_an_oracle_teacher_runs_sft_on_conversations(real_model, parquet, tmp_pa
     from regimen.flows.cycle import regimen_cycle_recipe
     from regimen.stages.recipe import load_recipe
 
-    recipe = load_recipe(REAL, overrides(real_model, parquet, store=str(tmp_path / "store"), **{"teacher.kind": "oracle"}))
+    recipe = load_recipe(
+        REAL, overrides(real_model, parquet, store=str(tmp_path / "store"), **{"teacher.kind": "oracle"})
+    )
     results = regimen_cycle_recipe(recipe).results
     assert [r["stage"] for r in results] == list(registry.names_for(recipe))
     st = Store(tmp_path / "store")
     sft = st.latest("real-test", "sft")
     assert sft["metrics"]["traces_kept"] > 0 and sft["metrics"]["steps"] == 4
-    traces = [json.loads(line) for line in (st.local_path(sft) / "trajectories.jsonl").read_text().splitlines() if '"trace"' in line]
+    traces = [
+        json.loads(line)
+        for line in (st.local_path(sft) / "trajectories.jsonl").read_text().splitlines()
+        if '"trace"' in line
+    ]
     assert isinstance(traces[0]["prompt"], list) and traces[0]["prompt"][1]["role"] == "user"
 
 
 def test_bad_data_is_exit_2_naming_file_column_and_row_and_writes_nothing(real_model, parquet, tmp_path, capsys):
     store = tmp_path / "store"
     base = ["run", str(REAL), "--store", str(store), "--set", f"model.name_or_path={real_model}"]
-    code, _, err = run_cli(base + ["--set", f"data.data_files={parquet}", "--set", "data.columns.prompt=qestion"], capsys)
-    assert code == 2 and "data.columns.prompt" in err and "'qestion'" in err and "question" in err and str(parquet) in err
+    code, _, err = run_cli(
+        base + ["--set", f"data.data_files={parquet}", "--set", "data.columns.prompt=qestion"], capsys
+    )
+    assert (
+        code == 2 and "data.columns.prompt" in err and "'qestion'" in err and "question" in err and str(parquet) in err
+    )
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"PAR1 not really parquet")
     code, _, err = run_cli(base + ["--set", f"data.data_files={broken}"], capsys)
@@ -93,7 +118,9 @@ def test_bad_data_is_exit_2_naming_file_column_and_row_and_writes_nothing(real_m
     rows.write_text('{"question": "What is 1+1?", "answer": "2"}\n' * 3 + '{"question": null, "answer": "3"}\n')
     code, _, err = run_cli(base + ["--set", "data.path=json", "--set", f"data.data_files={rows}"], capsys)
     assert code == 2 and "row 4" in err and "'prompt' must be text" in err and str(rows) in err
-    code, _, err = run_cli(base + ["--set", "data.path=json", "--set", f"data.data_files={tmp_path / 'missing.jsonl'}"], capsys)
+    code, _, err = run_cli(
+        base + ["--set", "data.path=json", "--set", f"data.data_files={tmp_path / 'missing.jsonl'}"], capsys
+    )
     assert code == 2 and "missing.jsonl" in err and "does not exist" in err
     assert not store.exists()
 
@@ -106,8 +133,14 @@ def test_generation_outside_trl_goes_where_the_trainer_runs(monkeypatch, real_mo
     from regimen.stages.recipe import trl as targs
     from regimen.stages.training.model import load_policy
 
-    recipe = load_recipe(REAL, [f"model.name_or_path={real_model}", f"data.data_files={ROOT / 'pyproject.toml'}"], check_trl=False)
-    expected = "cuda:0" if torch.cuda.is_available() else ("mps" if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else "cpu")
+    recipe = load_recipe(
+        REAL, [f"model.name_or_path={real_model}", f"data.data_files={ROOT / 'pyproject.toml'}"], check_trl=False
+    )
+    expected = (
+        "cuda:0"
+        if torch.cuda.is_available()
+        else ("mps" if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else "cpu")
+    )
     assert targs.device_for(recipe) == expected
     model, _ = load_policy(str(real_model), recipe)
     assert next(model.parameters()).device.type == expected.split(":")[0]
@@ -115,7 +148,11 @@ def test_generation_outside_trl_goes_where_the_trainer_runs(monkeypatch, real_mo
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert targs.device_for(recipe) == "cuda:1"
     assert targs.accelerator() == "cuda"
-    cpu_recipe = load_recipe(REAL, [f"model.name_or_path={real_model}", f"data.data_files={ROOT / 'pyproject.toml'}", "grpo.use_cpu=true"], check_trl=False)
+    cpu_recipe = load_recipe(
+        REAL,
+        [f"model.name_or_path={real_model}", f"data.data_files={ROOT / 'pyproject.toml'}", "grpo.use_cpu=true"],
+        check_trl=False,
+    )
     assert targs.device_for(cpu_recipe) == "cpu"
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import ROOT, TINY, run_cli
+
 from regimen.flows import champion
-from regimen.stages.records import datasets as data_records
 from regimen.stages.core.errors import RegimenError, StoreError
+from regimen.stages.records import datasets as data_records
 from regimen.stages.store import Store
 from regimen.stages.training.policy import policy_from_ref
 
@@ -34,8 +34,16 @@ OUTCOMES = {1: [1] * 5 + [0] * 15, 2: [1] * 10 + [0] * 10, 3: [1] * 18 + [0] * 2
 def build(root: Path, exp: str = EXP) -> Store:
     """A store with a frozen set of N prompts, a data version, and grpo v1..v3 each evaluated on the set."""
     st = Store(root)
-    heldout = data_records.freeze(st, exp, [{"prompt": f"what is {i}+{i}?", "answer": str(2 * i)} for i in range(N)], by="flow", reason="first run")
-    data_records.record_training_data(st, exp, [{"prompt": f"what is {i}+1?", "answer": str(i + 1)} for i in range(30)], 0)
+    heldout = data_records.freeze(
+        st,
+        exp,
+        [{"prompt": f"what is {i}+{i}?", "answer": str(2 * i)} for i in range(N)],
+        by="flow",
+        reason="first run",
+    )
+    data_records.record_training_data(
+        st, exp, [{"prompt": f"what is {i}+1?", "answer": str(i + 1)} for i in range(30)], 0
+    )
     for v, correct in OUTCOMES.items():
         staging = st.staging_dir(exp, "grpo")
         (staging / "model").mkdir()
@@ -44,13 +52,26 @@ def build(root: Path, exp: str = EXP) -> Store:
         ref = policy_from_ref(st, exp, {"stage": "grpo", "fingerprint": f"fp{v}"})
         staging = st.staging_dir(exp, "eval")
         (staging / "correct.json").write_text(json.dumps(correct))
-        st.commit(staging, {"experiment": exp, "stage": "eval", "fingerprint": f"ev{v}", "metrics": {"heldout_accuracy": sum(correct) / N},
-                            "inputs": {"policy": {k: ref[k] for k in ("stage", "version", "fingerprint", "content")}, "heldout": dict(heldout)}})
+        st.commit(
+            staging,
+            {
+                "experiment": exp,
+                "stage": "eval",
+                "fingerprint": f"ev{v}",
+                "metrics": {"heldout_accuracy": sum(correct) / N},
+                "inputs": {
+                    "policy": {k: ref[k] for k in ("stage", "version", "fingerprint", "content")},
+                    "heldout": dict(heldout),
+                },
+            },
+        )
     return st
 
 
 def recipe(exp: str = EXP) -> SimpleNamespace:
-    return SimpleNamespace(experiment=exp, rewards=[], promote=SimpleNamespace(min_gain=0.02, confidence=0.9, enabled=True))
+    return SimpleNamespace(
+        experiment=exp, rewards=[], promote=SimpleNamespace(min_gain=0.02, confidence=0.9, enabled=True)
+    )
 
 
 def challenger(st: Store, v: int, exp: str = EXP):
@@ -61,14 +82,24 @@ def challenger(st: Store, v: int, exp: str = EXP):
 
 def evaluate(st: Store, exp: str = EXP):
     """The flow's champion evaluation (a judge stage call in a real run: here the evaluation in the store)."""
+
     def run(ref):
         return champion.evaluation_of(st, exp, policy_from_ref(st, exp, ref), data_records.current(st, exp))
+
     return run
 
 
 def conclude(st: Store, v: int, champion_eval=None, exp: str = EXP) -> dict:
-    return champion.conclude(st, recipe(exp), exp, challenger=challenger(st, v, exp), champion_eval=champion_eval or evaluate(st, exp),
-                             stopped=None, trained_from=None, data_digest=None)
+    return champion.conclude(
+        st,
+        recipe(exp),
+        exp,
+        challenger=challenger(st, v, exp),
+        champion_eval=champion_eval or evaluate(st, exp),
+        stopped=None,
+        trained_from=None,
+        data_digest=None,
+    )
 
 
 def events(st: Store, exp: str = EXP) -> list[tuple[str, str, str]]:
@@ -78,20 +109,29 @@ def events(st: Store, exp: str = EXP) -> list[tuple[str, str, str]]:
 
 # -- a person's move races the flow's decision ------------------------------------------------------
 
+
 def test_a_rollback_landing_while_the_flow_decides_stands_and_the_flow_decides_again_on_it(tmp_path):
     st = build(tmp_path / "store")
     conclude(st, 1)
     conclude(st, 2)  # champion v2
 
-    def champion_eval(ref):  # the flow has read the record (champion v2) and evaluates it; a person rolls back meanwhile
+    def champion_eval(
+        ref,
+    ):  # the flow has read the record (champion v2) and evaluates it; a person rolls back meanwhile
         if not any(e[1] == "person" for e in events(st)):
             champion.person_rolls_back(st, EXP, "v2 misbehaves in production")
         return evaluate(st)(ref)
 
     line = conclude(st, 3, champion_eval)
-    assert events(st) == [("promoted", "flow", "grpo v1"), ("promoted", "flow", "grpo v2"), ("rolled-back", "person", "grpo v1"),
-                          ("promoted", "flow", "grpo v3")]
-    assert line["redone"] == 1 and line["figures"]["champion"]["policy"] == "grpo v1"  # decided against the champion the person chose
+    assert events(st) == [
+        ("promoted", "flow", "grpo v1"),
+        ("promoted", "flow", "grpo v2"),
+        ("rolled-back", "person", "grpo v1"),
+        ("promoted", "flow", "grpo v3"),
+    ]
+    assert (
+        line["redone"] == 1 and line["figures"]["champion"]["policy"] == "grpo v1"
+    )  # decided against the champion the person chose
     rec = champion.record(st, EXP)
     assert rec["revision"] == len(rec["history"]) == 4
 
@@ -110,7 +150,11 @@ def test_a_veto_made_while_the_flow_decides_holds(tmp_path):
         return evaluate(st)(ref)
 
     line = conclude(st, 3, champion_eval)
-    assert events(st)[2:] == [("promoted", "person", "grpo v3"), ("rolled-back", "person", "grpo v2"), ("kept", "flow", "grpo v3")]
+    assert events(st)[2:] == [
+        ("promoted", "person", "grpo v3"),
+        ("rolled-back", "person", "grpo v2"),
+        ("kept", "flow", "grpo v3"),
+    ]
     assert "rolled back from" in line["reason"] and line["redone"] == 1
     assert champion.record(st, EXP)["champion"]["policy"] == "grpo v2"
 
@@ -124,8 +168,14 @@ def test_a_persons_move_before_or_after_the_decision_is_kept_with_its_veto(tmp_p
     assert "redone" not in line and line["event"] == "kept" and "rolled back from" in line["reason"]
     conclude(st, 2)  # v2 vs the champion v1: promoted
     champion.person_rolls_back(st, EXP, "after the flow wrote")  # after the flow wrote
-    assert [e[:2] for e in events(st)] == [("promoted", "flow"), ("promoted", "person"), ("rolled-back", "person"), ("kept", "flow"),
-                                           ("promoted", "flow"), ("rolled-back", "person")]
+    assert [e[:2] for e in events(st)] == [
+        ("promoted", "flow"),
+        ("promoted", "person"),
+        ("rolled-back", "person"),
+        ("kept", "flow"),
+        ("promoted", "flow"),
+        ("rolled-back", "person"),
+    ]
     assert champion.record(st, EXP)["champion"]["policy"] == "grpo v1"
 
 
@@ -136,9 +186,11 @@ def _hammer(root: str, who: str, moves: int, out: str) -> None:
     done = 0
     for i in range(moves):
         if who == "flow":
+
             def slow(ref):
                 time.sleep(0.02)  # the window a person's move lands in
                 return evaluate(st)(ref)
+
             try:
                 conclude(st, 3, slow)
                 done += 1
@@ -157,7 +209,10 @@ def test_concurrent_people_and_a_flow_lose_no_line(tmp_path):
     st = build(tmp_path / "store")
     conclude(st, 1)
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_hammer, args=(str(tmp_path / "store"), who, 12, str(tmp_path / f"{who}.n"))) for who in ("alice", "bob", "flow")]
+    procs = [
+        ctx.Process(target=_hammer, args=(str(tmp_path / "store"), who, 12, str(tmp_path / f"{who}.n")))
+        for who in ("alice", "bob", "flow")
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -167,7 +222,10 @@ def test_concurrent_people_and_a_flow_lose_no_line(tmp_path):
     rec = champion.record(st, EXP)
     history = rec["history"][1:]
     assert counts["alice"] == counts["bob"] == 12 and counts["flow"] >= 1
-    assert sum(1 for h in history if h["reason"].startswith("alice")) == 12 and sum(1 for h in history if h["reason"].startswith("bob")) == 12
+    assert (
+        sum(1 for h in history if h["reason"].startswith("alice")) == 12
+        and sum(1 for h in history if h["reason"].startswith("bob")) == 12
+    )
     assert sum(1 for h in history if h["by"] == "flow") == counts["flow"]
     assert rec["revision"] == len(rec["history"]) == 1 + sum(counts.values())
 
@@ -185,6 +243,7 @@ def test_an_unreadable_champion_record_stops_its_readers_instead_of_starting_a_n
 
 
 # -- frozen means frozen ------------------------------------------------------------------------------
+
 
 def _tiny_experiment(root: Path) -> Store:
     """The tiny recipe's experiment as a first run leaves its records: the frozen set from its data and a
@@ -207,7 +266,11 @@ def test_a_damaged_or_missing_frozen_set_stops_the_run_naming_the_file_and_the_w
     store = tmp_path / "store"
     _tiny_experiment(store)
     st = Store(store)  # a champion measured on set v1 (its record names the set)
-    st.ledger.update("tiny-test", "champion.json", lambda _: {"champion": None, "history": [{"event": "kept", "by": "flow", "reason": "-", "heldout_set": 1}]})
+    st.ledger.update(
+        "tiny-test",
+        "champion.json",
+        lambda _: {"champion": None, "history": [{"event": "kept", "by": "flow", "reason": "-", "heldout_set": 1}]},
+    )
     v1 = store / "tiny-test" / "heldout" / "v1"
     rows = v1 / "rows.jsonl"
     if damage == "edited":
@@ -219,19 +282,29 @@ def test_a_damaged_or_missing_frozen_set_stops_the_run_naming_the_file_and_the_w
         shutil.rmtree(v1)
     else:
         (v1 / "manifest.json").write_text("{not json")
-    before = sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if ".lock" not in p.name and ".owner" not in p.name)
+    before = sorted(
+        p.relative_to(store).as_posix() for p in store.rglob("*") if ".lock" not in p.name and ".owner" not in p.name
+    )
     with pytest.raises(RegimenError) as exc:
         run_flow(TINY, store)
     message = str(exc.value)
-    assert exc.value.exit_code == 1 and "frozen held-out set" in message and "regimen heldout refresh" in message, message
+    assert exc.value.exit_code == 1 and "frozen held-out set" in message and "regimen heldout refresh" in message, (
+        message
+    )
     assert ("rows.jsonl" in message) if damage in ("edited", "deleted-file") else ("heldout" in message), message
-    after = sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if ".lock" not in p.name and ".owner" not in p.name)
-    assert [p for p in after if p not in before and "/failed/" not in p and not p.endswith("/failed")] == []  # no new set, nothing trained
+    after = sorted(
+        p.relative_to(store).as_posix() for p in store.rglob("*") if ".lock" not in p.name and ".owner" not in p.name
+    )
+    assert [
+        p for p in after if p not in before and "/failed/" not in p and not p.endswith("/failed")
+    ] == []  # no new set, nothing trained
     code, out, _ = run_cli(["status", "tiny-test", "--store", str(store)], capsys)
     assert code == 0 and "DAMAGED" in out and "heldout refresh" in out, out
 
     # the one way out: a person's refresh makes v2 (recorded as theirs), and runs use it from then on
-    code, out, err = run_cli(["heldout", "refresh", str(TINY), "--reason", "rows.jsonl was edited by hand", "--store", str(store)], capsys)
+    code, out, err = run_cli(
+        ["heldout", "refresh", str(TINY), "--reason", "rows.jsonl was edited by hand", "--store", str(store)], capsys
+    )
     assert code == 0, err
     st = Store(store)
     ref = data_records.current(st, "tiny-test")
@@ -243,8 +316,12 @@ def test_a_damaged_or_missing_frozen_set_stops_the_run_naming_the_file_and_the_w
 def test_restoring_an_older_set_does_not_switch_back_silently(tmp_path):
     st = _tiny_experiment(tmp_path / "store")
     rows = tmp_path / "store" / "tiny-test" / "heldout" / "v1" / "rows.jsonl"
-    data_records.refresh(st, "tiny-test", [json.loads(x) for x in rows.read_text().splitlines()][:5] + [{"prompt": "new?", "answer": "1"}],
-                         reason="a person's new set")
+    data_records.refresh(
+        st,
+        "tiny-test",
+        [json.loads(x) for x in rows.read_text().splitlines()][:5] + [{"prompt": "new?", "answer": "1"}],
+        reason="a person's new set",
+    )
     assert data_records.current(st, "tiny-test")["version"] == 2
     (tmp_path / "store" / "tiny-test" / "heldout" / "v2" / "rows.jsonl").write_text("")
     with pytest.raises(data_records.HeldoutDamaged, match="set v2"):
@@ -253,10 +330,16 @@ def test_restoring_an_older_set_does_not_switch_back_silently(tmp_path):
 
 def test_a_refreshed_set_leaves_out_every_prompt_the_experiment_trained_on(tmp_path):
     st = build(tmp_path / "store")
-    trained = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(5)]  # case differs: the same prompt after normalisation
-    data_records.record_training_data(st, EXP, [{"prompt": f"what is {i}+1?", "answer": str(i + 1)} for i in range(30, 40)], 0)
+    trained = [
+        {"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(5)
+    ]  # case differs: the same prompt after normalisation
+    data_records.record_training_data(
+        st, EXP, [{"prompt": f"what is {i}+1?", "answer": str(i + 1)} for i in range(30, 40)], 0
+    )
     fresh = [{"prompt": f"what is {i}*3?", "answer": str(3 * i)} for i in range(7)]
-    ref = data_records.refresh(st, EXP, trained + fresh + [{"prompt": "what is 35+1?", "answer": "36"}], reason="a wider set")
+    ref = data_records.refresh(
+        st, EXP, trained + fresh + [{"prompt": "what is 35+1?", "answer": "36"}], reason="a wider set"
+    )
     assert ref["excluded_trained"] == 6 and ref["rows"] == 7
     manifest = st.versions(EXP, "heldout")[-1]
     assert manifest["excluded_trained"] == 6 and manifest["by"] == "person"
@@ -267,6 +350,7 @@ def test_a_refreshed_set_leaves_out_every_prompt_the_experiment_trained_on(tmp_p
 
 
 # -- a person's commands -------------------------------------------------------------------------------
+
 
 def _commands():
     from regimen.flows.cli import app
@@ -306,7 +390,11 @@ MISUSE = {  # command -> (args that miss a required argument or None when it has
 def test_every_cli_misuse_is_one_line_and_exit_2(command, misuse, capsys):
     words = command.split()
     missing, bad = MISUSE[command]
-    args = {"missing-argument": words + missing, "unknown-option": words + ["--no-such-option"], "bad-value": words + bad}[misuse]
+    args = {
+        "missing-argument": words + missing,
+        "unknown-option": words + ["--no-such-option"],
+        "bad-value": words + bad,
+    }[misuse]
     code, out, err = run_cli(args, capsys)
     assert code == 2, (args, out, err)
     lines = [x for x in err.splitlines() if x.strip()]
@@ -322,7 +410,9 @@ def test_export_is_atomic_refuses_links_and_files_and_leaves_nothing_on_failure(
     (out / "link").symlink_to(tmp_path / "elsewhere")
     for target in ("a-file", "link"):
         code, _, err = run_cli(["export", EXP, str(out / target), "--store", str(tmp_path / "store")], capsys)
-        said = [x for x in err.splitlines() if x.startswith(("error:", "stopped:"))]  # (an earlier in-process flow's log handler may add noise)
+        said = [
+            x for x in err.splitlines() if x.startswith(("error:", "stopped:"))
+        ]  # (an earlier in-process flow's log handler may add noise)
         assert code == 2 and len(said) == 1 and target.replace("a-file", "file") in said[0], err
     assert not (tmp_path / "elsewhere").exists() and (out / "a-file").read_text() == "mine"
 
@@ -334,7 +424,9 @@ def test_export_is_atomic_refuses_links_and_files_and_leaves_nothing_on_failure(
         return real_copy(src, dst, *a, **k)
 
     real_copytree = shutil.copytree
-    monkeypatch.setattr(shutil, "copytree", lambda src, dst, **k: real_copytree(src, dst, **{**k, "copy_function": full_disk}))
+    monkeypatch.setattr(
+        shutil, "copytree", lambda src, dst, **k: real_copytree(src, dst, **{**k, "copy_function": full_disk})
+    )
     code, _, err = run_cli(["export", EXP, str(out / "model"), "--store", str(tmp_path / "store")], capsys)
     said = [x for x in err.splitlines() if x.startswith(("error:", "stopped:"))]
     assert code == 1 and len(said) == 1 and "No space left" in said[0], err
@@ -355,26 +447,47 @@ def test_promote_and_rollback_with_prefect_down_write_the_record_and_say_so_in_o
     conclude(Store(tmp_path / "store"), 1)
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}  # nothing listens there
     for args in (["promote", EXP, "grpo/v3", "--reason", "by hand"], ["rollback", EXP]):
-        r = subprocess.run([str(Path(sys.executable).parent / "regimen"), *args, "--store", str(tmp_path / "store")], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [str(Path(sys.executable).parent / "regimen"), *args, "--store", str(tmp_path / "store")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         text = r.stdout + r.stderr
         assert r.returncode == 0, text
-        assert text.count("not announced to Prefect") == 1 and "Traceback" not in text and "ConnectError" not in text, text
-    assert [e[:2] for e in events(Store(tmp_path / "store"))] == [("promoted", "flow"), ("promoted", "person"), ("rolled-back", "person")]
+        assert text.count("not announced to Prefect") == 1 and "Traceback" not in text and "ConnectError" not in text, (
+            text
+        )
+    assert [e[:2] for e in events(Store(tmp_path / "store"))] == [
+        ("promoted", "flow"),
+        ("promoted", "person"),
+        ("rolled-back", "person"),
+    ]
 
 
 def test_the_guard_is_the_operators_policy_not_a_ui_parameter_unless_serve_allows_it():
     from regimen.flows.boundary import check_overrides
     from regimen.stages.core.errors import InputError
 
-    for key, value in (("cycle.guard.action", "warn"), ("cycle.guard.train_rise", 1e3), ("cycle.guard", {"action": "warn"})):
+    for key, value in (
+        ("cycle.guard.action", "warn"),
+        ("cycle.guard.train_rise", 1e3),
+        ("cycle.guard", {"action": "warn"}),
+    ):
         with pytest.raises(InputError, match="operator's policy"):
             check_overrides({key: value}, [])
     assert check_overrides({"cycle.guard.action": "warn"}, ["cycle.guard.*"]) == {"cycle.guard.action": "warn"}
-    assert check_overrides({"cycle.max_cycles": 3}, []) == {"cycle.max_cycles": 3}  # the rest of cycle.* stays a UI parameter
+    assert check_overrides({"cycle.max_cycles": 3}, []) == {
+        "cycle.max_cycles": 3
+    }  # the rest of cycle.* stays a UI parameter
 
 
-@pytest.mark.parametrize("args", [["sweep", str(TINY), "--set", "grpo.num_generations=2,4"], ["heldout", "refresh", str(TINY), "--reason", "r"]])
+@pytest.mark.parametrize(
+    "args",
+    [["sweep", str(TINY), "--set", "grpo.num_generations=2,4"], ["heldout", "refresh", str(TINY), "--reason", "r"]],
+)
 def test_a_bad_experiment_name_is_refused_before_anything_is_written(args, tmp_path, capsys):
     """--experiment is data of the command (not put into the recipe): still checked first, exit 2, one line."""
     code, out, err = run_cli([*args, "--store", str(tmp_path / "store"), "--experiment", "../x"], capsys)

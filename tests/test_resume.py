@@ -17,8 +17,9 @@ import pytest
 pytest.register_assert_rewrite("prefect_ops")
 from conftest import TINY, run_cli  # noqa: E402
 from prefect_ops import ROOT, bin_path, stop, tail  # noqa: E402
-from regimen.stages.training.checkpoints import MARKER, complete_checkpoints  # noqa: E402
+
 from regimen.stages.store import Store  # noqa: E402
+from regimen.stages.training.checkpoints import MARKER, complete_checkpoints  # noqa: E402
 
 pytest_plugins = ["prefect_ops"]
 pytestmark = pytest.mark.slow
@@ -34,8 +35,19 @@ def snapshot(store: Path) -> dict[str, list[tuple[int, str, dict]]]:
 
 
 def regimen_run(store: Path, env: dict, log: Path) -> subprocess.Popen:
-    cmd = [bin_path("regimen"), "run", "tests/tiny.yaml", "--store", str(store), "--experiment", EXP,
-           "--set", f"grpo.max_steps={MAX_STEPS}", "--set", f"grpo.save_steps={SAVE_STEPS}"]
+    cmd = [
+        bin_path("regimen"),
+        "run",
+        "tests/tiny.yaml",
+        "--store",
+        str(store),
+        "--experiment",
+        EXP,
+        "--set",
+        f"grpo.max_steps={MAX_STEPS}",
+        "--set",
+        f"grpo.save_steps={SAVE_STEPS}",
+    ]
     with open(log, "wb") as fh:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -60,12 +72,19 @@ def crash(prefect_server, tmp_path_factory):
     try:
         # wait for a complete checkpoint, then for GRPO to be half way to the next one, and kill
         while not (markers := list(work.glob(f"*/checkpoint-*/{MARKER}"))):
-            assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before a GRPO checkpoint was complete:\n{tail(tmp / 'killed.log')}"
+            assert proc.poll() is None, (
+                f"the run ended (exit {proc.returncode}) before a GRPO checkpoint was complete:\n{tail(tmp / 'killed.log')}"
+            )
             assert time.monotonic() - t0 < 180, "no GRPO checkpoint after 180s"
             time.sleep(0.01)
         first = int(markers[0].parent.name.split("-")[1])
-        while progress(tmp / "killed.log") < first + SAVE_STEPS // 2 and len(list(work.glob(f"*/checkpoint-*/{MARKER}"))) == 1:
-            assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before it was killed:\n{tail(tmp / 'killed.log')}"
+        while (
+            progress(tmp / "killed.log") < first + SAVE_STEPS // 2
+            and len(list(work.glob(f"*/checkpoint-*/{MARKER}"))) == 1
+        ):
+            assert proc.poll() is None, (
+                f"the run ended (exit {proc.returncode}) before it was killed:\n{tail(tmp / 'killed.log')}"
+            )
             time.sleep(0.005)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
@@ -111,7 +130,9 @@ def crash(prefect_server, tmp_path_factory):
 def test_sigkill_mid_grpo_leaves_no_half_written_version(crash):
     assert crash["killed_rc"] == -signal.SIGKILL
     assert 0 < crash["good_step"] < MAX_STEPS
-    assert not [n for n in crash["grpo_entries_after_kill"] if re.fullmatch(r"v\d+", n)], crash["grpo_entries_after_kill"]
+    assert not [n for n in crash["grpo_entries_after_kill"] if re.fullmatch(r"v\d+", n)], crash[
+        "grpo_entries_after_kill"
+    ]
     assert crash["before"]["sft"] and crash["before"]["grpo-smoke"]
 
 
@@ -128,15 +149,19 @@ def test_rerun_reuses_earlier_stages_untouched_and_resumes_grpo(crash):
     redone = crash["steps_at_kill"] - resumed  # steps trained before the kill that the rerun trained again
     assert 0 <= redone <= SAVE_STEPS, crash
     log = (crash["tmp"] / "rerun.log").read_text(errors="replace")
-    print(f"\nkilled at GRPO step ~{crash['steps_at_kill']}/{MAX_STEPS} (save_steps {SAVE_STEPS}); resumed from "
-          f"{resumed}: {redone} steps redone, {MAX_STEPS - resumed} of {MAX_STEPS} trained after the restart; "
-          f"rerun {crash['rerun_s']:.1f}s")
+    print(
+        f"\nkilled at GRPO step ~{crash['steps_at_kill']}/{MAX_STEPS} (save_steps {SAVE_STEPS}); resumed from "
+        f"{resumed}: {redone} steps redone, {MAX_STEPS - resumed} of {MAX_STEPS} trained after the restart; "
+        f"rerun {crash['rerun_s']:.1f}s"
+    )
     assert "resumed_from_step" in log
 
 
 def test_status_shows_the_interrupted_stage_and_its_checkpoint_then_the_finished_resume(crash, capsys):
     grpo = crash["status_after_kill"]["grpo"]
-    assert f"has checkpoint at step {crash['good_step']}" in grpo["detail"] and "interrupted run" in grpo["detail"], grpo
+    assert f"has checkpoint at step {crash['good_step']}" in grpo["detail"] and "interrupted run" in grpo["detail"], (
+        grpo
+    )
     assert grpo["state"] != "completed" and grpo["latest"] == "-"
     assert crash["status_after_kill"]["sft"]["state"] == "completed"
     code, out, _ = run_cli(["status", EXP, "--store", str(crash["store"])], capsys)
@@ -156,7 +181,9 @@ def test_last_checkpoint_at_max_steps_finishes_the_stage_without_an_extra_step(c
 
     store = Store(crash["store"])
     step = crash["good_step"]
-    recipe = load_recipe(TINY, {"experiment": EXP, "store": str(crash["store"]), "grpo.max_steps": step, "grpo.save_steps": SAVE_STEPS})
+    recipe = load_recipe(
+        TINY, {"experiment": EXP, "store": str(crash["store"]), "grpo.max_steps": step, "grpo.save_steps": SAVE_STEPS}
+    )
     sft = store.latest(EXP, "sft")
     inputs = {"policy": StageResult(sft, True, 0.0, store.local_path(sft)).ref}
     key, _ = stage_key("grpo", recipe, inputs)

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from regimen.flows.present.reward_check import main
 from regimen.stages import sandbox
 from regimen.stages.core.errors import InputError
-from regimen.flows.present.reward_check import main
 
 SAMPLES = [
     {"prompt": "Q: 2+2=", "completion": "4", "answer": "4"},
@@ -132,7 +132,11 @@ def test_unit_tests_through_reward_check(tmp_path, capsys):
     tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(0, 1) == 2"]
     rows = [
         {"prompt": "add", "completion": "```python\ndef add(a, b):\n    return a + b\n```", "tests": tests},
-        {"prompt": "add", "completion": "```python\ndef add(a, b):\n    return 3 if a == 1 else 4\n```", "tests": tests},
+        {
+            "prompt": "add",
+            "completion": "```python\ndef add(a, b):\n    return 3 if a == 1 else 4\n```",
+            "tests": tests,
+        },
         {"prompt": "no tests", "completion": "hello"},
     ]
     main(write(tmp_path, rows), None, ["unit_tests", "code_block"], True)
@@ -145,7 +149,13 @@ def test_two_thousand_text_samples_are_quick(tmp_path, capsys):
     rows = []
     for i in range(2000):
         right = i % 4 != 0
-        rows.append({"prompt": f"Q: {i}+{i}=", "completion": str(2 * i) if right else f"{2 * i + 1}\nwait", "answer": str(2 * i)})
+        rows.append(
+            {
+                "prompt": f"Q: {i}+{i}=",
+                "completion": str(2 * i) if right else f"{2 * i + 1}\nwait",
+                "answer": str(2 * i),
+            }
+        )
     path = write(tmp_path, rows)
     started = time.monotonic()
     main(path, None, ["answer", "format", "digits"], True)
@@ -173,16 +183,37 @@ def test_the_judge_through_regimen_reward_check(tmp_path, capsys):
 
     usage = "```python\ndef area(w, h):\n    return w * h\n```\nUsage:\n```python\nprint(area(2, 3))\n```\n```bash\npython area.py\n```"
     rows = [
-        {"prompt": "Area of a rectangle.", "completion": usage, "test_list": ["assert area(2, 3) == 6", "assert area(0, 9) == 0"]},
-        {"prompt": "Sum the numbers.", "completion": "```python\nimport sys\nprint(sum(map(int, sys.stdin.read().split())))\n```",
-         "input_output": json.dumps({"inputs": ["1 2\n", "5\n"], "outputs": ["3\n", "5\n"]})},
-        {"prompt": "Area of a rectangle.", "completion": "```python\ndef area(w, h):\n    return w + h\n```", "test_list": ["assert area(2, 3) == 6"]},
+        {
+            "prompt": "Area of a rectangle.",
+            "completion": usage,
+            "test_list": ["assert area(2, 3) == 6", "assert area(0, 9) == 0"],
+        },
+        {
+            "prompt": "Sum the numbers.",
+            "completion": "```python\nimport sys\nprint(sum(map(int, sys.stdin.read().split())))\n```",
+            "input_output": json.dumps({"inputs": ["1 2\n", "5\n"], "outputs": ["3\n", "5\n"]}),
+        },
+        {
+            "prompt": "Area of a rectangle.",
+            "completion": "```python\ndef area(w, h):\n    return w + h\n```",
+            "test_list": ["assert area(2, 3) == 6"],
+        },
         {"prompt": "p", "completion": "x = 1", "tests": ["assert True"]},
     ]
-    code, out, err = run_cli(["reward-check", "--samples", write(tmp_path, rows), "--reward", "unit_tests", "--json"], capsys)
+    code, out, err = run_cli(
+        ["reward-check", "--samples", write(tmp_path, rows), "--reward", "unit_tests", "--json"], capsys
+    )
     assert code == 0, err
     assert [json.loads(line)["rewards"]["unit_tests"] for line in out.splitlines()] == [1.0, 1.0, 0.0, None]
     assert "pass their tests with no solution at all" in err and "samples.jsonl:4" in err
-    evil = [{"prompt": "p", "completion": "```python\ndef expr():\n    return '1'\n```", "tests": ["assert eval(expr()) == 1"]}]
-    code, _, err = run_cli(["reward-check", "--samples", write(tmp_path, evil, "evil.jsonl"), "--reward", "unit_tests"], capsys)
+    evil = [
+        {
+            "prompt": "p",
+            "completion": "```python\ndef expr():\n    return '1'\n```",
+            "tests": ["assert eval(expr()) == 1"],
+        }
+    ]
+    code, _, err = run_cli(
+        ["reward-check", "--samples", write(tmp_path, evil, "evil.jsonl"), "--reward", "unit_tests"], capsys
+    )
     assert code == 2 and "evil.jsonl:1" in err and "evaluate strings" in err and "Traceback" not in err

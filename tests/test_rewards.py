@@ -7,8 +7,19 @@ import math
 import pytest
 
 from regimen.stages.core.errors import InputError
+from regimen.stages.rewards import (
+    answer,
+    completion_text,
+    digits,
+    format_reward,
+    get_reward,
+    is_gameable,
+    known_rewards,
+    normalize_answer,
+    score,
+    weighted_total,
+)
 from regimen.stages.rewards.text import format_
-from regimen.stages.rewards import answer, completion_text, digits, format_reward, get_reward, is_gameable, known_rewards, normalize_answer, score, weighted_total
 
 
 def test_normalize_answer():
@@ -21,7 +32,16 @@ def test_normalize_answer():
 
 def test_completion_text_plain_and_chat():
     assert completion_text("hi") == "hi"
-    assert completion_text([{"role": "assistant", "content": "a"}, {"role": "user", "content": "x"}, {"role": "assistant", "content": "b"}]) == "ab"
+    assert (
+        completion_text(
+            [
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "b"},
+            ]
+        )
+        == "ab"
+    )
     assert completion_text({"content": "c"}) == "c"
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from regimen.stages.core.errors import InputError, StoreError
-from regimen.stages.store import MANIFEST, ExperimentBusy, Store
+from regimen.stages.store import ExperimentBusy, Store
 
 pytest.register_assert_rewrite("prefect_ops")
 from prefect_ops import ROOT, bin_path, stop, tail  # noqa: E402
@@ -31,7 +31,16 @@ pytest_plugins = ["prefect_ops", "s3_server"]
 
 
 def manifest(stage="sft", key="k1", **extra):
-    return {"experiment": "exp", "stage": stage, "fingerprint": key, "cycle": 1, "inputs": {}, "config": {}, "metrics": {"x": 1.0}, **extra}
+    return {
+        "experiment": "exp",
+        "stage": stage,
+        "fingerprint": key,
+        "cycle": 1,
+        "inputs": {},
+        "config": {},
+        "metrics": {"x": 1.0},
+        **extra,
+    }
 
 
 def staged(store: Store, text="weights", n=1, stage="sft") -> Path:
@@ -90,7 +99,9 @@ def test_a_version_is_visible_whole_or_not_at_all_and_writers_never_share_a_numb
         fs = s3_env.client()
         while not done.is_set():
             for m in reader.versions("exp", "sft"):
-                present = {p.rsplit("/v%d/" % m["version"], 1)[-1] for p in fs.find(f"{bucket}/r/exp/sft/v{m['version']}")}
+                present = {
+                    p.rsplit("/v%d/" % m["version"], 1)[-1] for p in fs.find(f"{bucket}/r/exp/sft/v{m['version']}")
+                }
                 missing = set(m["files"]) - present
                 if missing:
                     seen_incomplete.append(f"v{m['version']} without {sorted(missing)[:3]}")
@@ -99,8 +110,16 @@ def test_a_version_is_visible_whole_or_not_at_all_and_writers_never_share_a_numb
     watcher.start()
     results: list[dict] = []
     try:
-        writers = [threading.Thread(target=lambda i=i: results.append(
-            (s := Store(url, cache_dir=tmp_path / f"w{i}")).commit(staged(s, f"w{i}", n=12), manifest(key=f"k{i}")))) for i in range(3)]
+        writers = [
+            threading.Thread(
+                target=lambda i=i: results.append(
+                    (s := Store(url, cache_dir=tmp_path / f"w{i}")).commit(
+                        staged(s, f"w{i}", n=12), manifest(key=f"k{i}")
+                    )
+                )
+            )
+            for i in range(3)
+        ]
         for w in writers:
             w.start()
         for w in writers:
@@ -110,7 +129,9 @@ def test_a_version_is_visible_whole_or_not_at_all_and_writers_never_share_a_numb
         watcher.join()
     assert sorted(m["version"] for m in results) == [1, 2, 3]
     assert seen_incomplete == []
-    assert [m["fingerprint"] for m in reader.versions("exp", "sft")] == [m["fingerprint"] for m in sorted(results, key=lambda m: m["version"])]
+    assert [m["fingerprint"] for m in reader.versions("exp", "sft")] == [
+        m["fingerprint"] for m in sorted(results, key=lambda m: m["version"])
+    ]
 
 
 def test_a_claim_left_by_a_killed_writer_is_never_a_version_and_is_swept_under_the_lease(s3_env, bucket, tmp_path):
@@ -123,7 +144,9 @@ def test_a_claim_left_by_a_killed_writer_is_never_a_version_and_is_swept_under_t
     assert store.commit(staged(store), manifest())["version"] == 2  # the claimed number is not reused
     with store.lock("exp"):
         pass
-    assert not fs.exists(f"{bucket}/r/exp/sft/v1/model/w0.bin") and [m["version"] for m in store.versions("exp", "sft")] == [2]
+    assert not fs.exists(f"{bucket}/r/exp/sft/v1/model/w0.bin") and [
+        m["version"] for m in store.versions("exp", "sft")
+    ] == [2]
 
 
 def test_the_lease_refuses_a_second_host_naming_the_holder_and_is_free_after(s3_env, bucket, tmp_path):
@@ -151,7 +174,9 @@ def test_failed_attempts_decisions_and_records_in_the_bucket(s3_env, bucket, tmp
     store.ledger.record_decision("exp", {"eval_version": 3, "verdict": "keep", "cycle": 1})
     assert [(d["eval_version"], d["verdict"]) for d in store.ledger.decisions("exp")] == [(3, "keep")]
     rec = store.ledger.update("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), "a"]})
-    assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b").ledger.read("exp", "champion.json")["history"] == ["a"]
+    assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b").ledger.read("exp", "champion.json")[
+        "history"
+    ] == ["a"]
 
 
 WORK = "work"  # a stage's work folder in the store (Trainer checkpoints)
@@ -179,8 +204,15 @@ def test_two_processes_deciding_at_once_leave_one_consistent_champion_json(s3_se
     import os
 
     url, n = f"s3://{bucket}/r", 8
-    procs = [subprocess.Popen([sys.executable, "-c", DECIDE, url, who, str(n)], env={**os.environ, **s3_server.env(), "REGIMEN_CACHE": str(tmp_path / who)},
-                              stderr=subprocess.PIPE, text=True) for who in ("night", "person")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DECIDE, url, who, str(n)],
+            env={**os.environ, **s3_server.env(), "REGIMEN_CACHE": str(tmp_path / who)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for who in ("night", "person")
+    ]
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     record = json.loads(s3_server.client().cat_file(f"{bucket}/r/exp/champion.json"))
@@ -193,8 +225,12 @@ def test_two_processes_deciding_at_once_leave_one_consistent_champion_json(s3_se
 
 # -- the bad cases: one line naming the bucket and the endpoint, nothing written -----------------------------
 
+
 def test_a_missing_bucket_is_named_and_not_created(s3_env, tmp_path):
-    with pytest.raises(InputError, match=r"store s3://no-such-bucket-x/r \(bucket 'no-such-bucket-x' at http://127\.0\.0\.1:\d+\): the bucket does not exist"):
+    with pytest.raises(
+        InputError,
+        match=r"store s3://no-such-bucket-x/r \(bucket 'no-such-bucket-x' at http://127\.0\.0\.1:\d+\): the bucket does not exist",
+    ):
         Store("s3://no-such-bucket-x/r", cache_dir=tmp_path)
     assert "no-such-bucket-x" not in s3_env.client().ls("")
 
@@ -204,7 +240,10 @@ def test_refused_credentials_are_named(s3_env, bucket, tmp_path, monkeypatch):
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
-    with pytest.raises(InputError, match=rf"bucket '{bucket}' at http://127\.0\.0\.1:\d+\): the credentials were refused .*AWS_SECRET_ACCESS_KEY"):
+    with pytest.raises(
+        InputError,
+        match=rf"bucket '{bucket}' at http://127\.0\.0\.1:\d+\): the credentials were refused .*AWS_SECRET_ACCESS_KEY",
+    ):
         Store(f"s3://{bucket}/r", cache_dir=tmp_path)
     assert s3_env.client().find(bucket) == []
 
@@ -230,7 +269,11 @@ def test_a_bucket_that_ignores_conditional_writes_is_named_before_training(s3_en
     from regimen.stages.run.preflight import check_store
 
     plain_open = s3fs.S3FileSystem.open
-    monkeypatch.setattr(s3fs.S3FileSystem, "open", lambda self, path, mode="rb", **kw: plain_open(self, path, mode.replace("x", "w"), **kw))
+    monkeypatch.setattr(
+        s3fs.S3FileSystem,
+        "open",
+        lambda self, path, mode="rb", **kw: plain_open(self, path, mode.replace("x", "w"), **kw),
+    )
     with pytest.raises(StoreError, match=rf"bucket '{bucket}' at .*\) does not honour conditional writes"):
         check_store(f"s3://{bucket}/other")
     assert s3_env.client().find(bucket) == []
@@ -238,7 +281,9 @@ def test_a_bucket_that_ignores_conditional_writes_is_named_before_training(s3_en
     check_store(f"s3://{bucket}/other")  # the real server does
 
 
-def test_a_lease_whose_process_is_gone_from_this_machine_is_taken_over_at_once_another_machines_is_not(s3_env, bucket, tmp_path):
+def test_a_lease_whose_process_is_gone_from_this_machine_is_taken_over_at_once_another_machines_is_not(
+    s3_env, bucket, tmp_path
+):
     import subprocess as sp
 
     from regimen.stages.store.lock import _machine
@@ -248,13 +293,35 @@ def test_a_lease_whose_process_is_gone_from_this_machine_is_taken_over_at_once_a
     dead = sp.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     far_future = 4_000_000_000
-    fs.pipe_file(f"{bucket}/r/exp/.lease.json", json.dumps({"owner": f"pid {dead.pid} on this machine", "token": "t", "expires": far_future,
-                                                           "machine": _machine(), "pid": dead.pid, "pid_started": 1.0}).encode())
+    fs.pipe_file(
+        f"{bucket}/r/exp/.lease.json",
+        json.dumps(
+            {
+                "owner": f"pid {dead.pid} on this machine",
+                "token": "t",
+                "expires": far_future,
+                "machine": _machine(),
+                "pid": dead.pid,
+                "pid_started": 1.0,
+            }
+        ).encode(),
+    )
     store = Store(url, cache_dir=tmp_path / "a")
     with store.lock("exp"):  # the crashed run's lease: its process is gone, no waiting for the expiry
         assert json.loads(fs.cat_file(f"{bucket}/r/exp/.lease.json"))["token"] != "t"
-    fs.pipe_file(f"{bucket}/r/exp/.lease.json", json.dumps({"owner": "pid 1 on another-host", "token": "t", "expires": far_future,
-                                                           "machine": "another-host:boot:1", "pid": dead.pid, "pid_started": 1.0}).encode())
+    fs.pipe_file(
+        f"{bucket}/r/exp/.lease.json",
+        json.dumps(
+            {
+                "owner": "pid 1 on another-host",
+                "token": "t",
+                "expires": far_future,
+                "machine": "another-host:boot:1",
+                "pid": dead.pid,
+                "pid_started": 1.0,
+            }
+        ).encode(),
+    )
     with pytest.raises(ExperimentBusy, match=r"\(pid 1 on another-host\)"):
         with store.lock("exp"):
             pass
@@ -273,7 +340,9 @@ def fake_checkpoint(work: Path, step: int) -> Path:
     return ckpt
 
 
-def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_on_a_fresh_host(s3_env, bucket, tmp_path):
+def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_on_a_fresh_host(
+    s3_env, bucket, tmp_path
+):
     from regimen.stages.store import work as mirror
     from regimen.stages.training.checkpoints import MARKER, complete_checkpoints, fetch_remote
 
@@ -288,11 +357,15 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     fs.pipe_file(f"{key}/checkpoint-40/model.safetensors", b"torn upload: no marker")  # a host killed mid-upload
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([20, 30], [40])
 
-    b = Store(url, cache_dir=tmp_path / "host-b").workspace.work_dir("exp", "grpo", "f" * 64)  # a host that has never seen the run
+    b = Store(url, cache_dir=tmp_path / "host-b").workspace.work_dir(
+        "exp", "grpo", "f" * 64
+    )  # a host that has never seen the run
     assert complete_checkpoints(b) == []
     assert fetch_remote(b) == 30
     assert [s for s, _ in complete_checkpoints(b)] == [30]
-    assert (b / "checkpoint-30" / "model.safetensors").read_bytes() == (a / "checkpoint-30" / "model.safetensors").read_bytes()
+    assert (b / "checkpoint-30" / "model.safetensors").read_bytes() == (
+        a / "checkpoint-30" / "model.safetensors"
+    ).read_bytes()
     assert fetch_remote(b) is None  # nothing newer in the bucket
 
     fs.pipe_file(f"{key}/checkpoint-30/model.safetensors", b"X" * 3000)  # damaged in the bucket: the one before is used
@@ -309,7 +382,9 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
         lost_lease(url, "exp").clear()
     assert 50 not in mirror.remote_checkpoints(fs, key, MARKER)[0]
 
-    Store(url, cache_dir=tmp_path / "host-c").workspace.drop_work("exp", "grpo", "f" * 64)  # the committed stage's work goes
+    Store(url, cache_dir=tmp_path / "host-c").workspace.drop_work(
+        "exp", "grpo", "f" * 64
+    )  # the committed stage's work goes
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([], []) and not c.exists()
 
 
@@ -324,23 +399,46 @@ def host(tmp: Path, name: str, prefect_server, s3_server, **extra: str) -> dict[
     dirs = {k: tmp / name / k for k in ("home", "cache", "tmp", "xdg", "hf")}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
-    return prefect_server.client_env(HOME=str(dirs["home"]), REGIMEN_CACHE=str(dirs["cache"]), TMPDIR=str(dirs["tmp"]),
-                                     XDG_CACHE_HOME=str(dirs["xdg"]), HF_DATASETS_CACHE=str(dirs["hf"]), **s3_server.env(), **extra)
+    return prefect_server.client_env(
+        HOME=str(dirs["home"]),
+        REGIMEN_CACHE=str(dirs["cache"]),
+        TMPDIR=str(dirs["tmp"]),
+        XDG_CACHE_HOME=str(dirs["xdg"]),
+        HF_DATASETS_CACHE=str(dirs["hf"]),
+        **s3_server.env(),
+        **extra,
+    )
 
 
 def regimen(args: list[str], env: dict, log: Path) -> subprocess.Popen:
     with open(log, "wb") as fh:
-        return subprocess.Popen([bin_path("regimen"), *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [bin_path("regimen"), *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def run_args(url: str) -> list[str]:
-    return ["run", "tests/tiny.yaml", "--store", url, "--experiment", EXP, "--set", f"grpo.max_steps={MAX_STEPS}", "--set", f"grpo.save_steps={SAVE_STEPS}"]
+    return [
+        "run",
+        "tests/tiny.yaml",
+        "--store",
+        url,
+        "--experiment",
+        EXP,
+        "--set",
+        f"grpo.max_steps={MAX_STEPS}",
+        "--set",
+        f"grpo.save_steps={SAVE_STEPS}",
+    ]
 
 
 def bucket_checkpoints(fs, bucket: str) -> list[int]:
     from regimen.stages.training.checkpoints import MARKER
 
-    return sorted(int(re.search(r"checkpoint-(\d+)/", k).group(1)) for k in fs.glob("/".join([bucket, "r", EXP, "grpo", WORK, "*", "checkpoint-*", MARKER])))
+    return sorted(
+        int(re.search(r"checkpoint-(\d+)/", k).group(1))
+        for k in fs.glob("/".join([bucket, "r", EXP, "grpo", WORK, "*", "checkpoint-*", MARKER]))
+    )
 
 
 def versions(fs, bucket: str, stage: str) -> dict[str, str]:
@@ -366,7 +464,9 @@ def two_hosts(prefect_server, s3_server, tmp_path_factory):
     try:
         t0 = time.monotonic()
         while len(bucket_checkpoints(fs, bucket)) < 2:  # two: the resume must take the newest
-            assert a.poll() is None, f"host A ended (exit {a.returncode}) before two checkpoints reached the bucket:\n{tail(tmp / 'a.log')}"
+            assert a.poll() is None, (
+                f"host A ended (exit {a.returncode}) before two checkpoints reached the bucket:\n{tail(tmp / 'a.log')}"
+            )
             assert time.monotonic() - t0 < 300, "no GRPO checkpoints in the bucket after 300 s"
             time.sleep(0.02)
         os.killpg(a.pid, signal.SIGKILL)
@@ -381,8 +481,12 @@ def two_hosts(prefect_server, s3_server, tmp_path_factory):
     env_b = host(tmp, "b", prefect_server, s3_server)
     b = regimen(run_args(url), env_b, tmp / "b.log")
     try:
-        while max(bucket_checkpoints(fs, bucket), default=0) <= info["in_bucket_at_kill"][-1]:  # B uploads a checkpoint of its own
-            assert b.poll() is None, f"host B ended (exit {b.returncode}) before it saved a GRPO checkpoint:\n{tail(tmp / 'b.log')}"
+        while (
+            max(bucket_checkpoints(fs, bucket), default=0) <= info["in_bucket_at_kill"][-1]
+        ):  # B uploads a checkpoint of its own
+            assert b.poll() is None, (
+                f"host B ended (exit {b.returncode}) before it saved a GRPO checkpoint:\n{tail(tmp / 'b.log')}"
+            )
             time.sleep(0.02)
         os.killpg(b.pid, signal.SIGSTOP)  # so the refusal below is of a run that is still training, whatever the timing
         try:
@@ -396,7 +500,9 @@ def two_hosts(prefect_server, s3_server, tmp_path_factory):
     finally:
         stop(b)
     info["after"] = {stage: versions(fs, bucket, stage) for stage in ("sft", "reward-dry-run", "grpo-smoke")}
-    info["work_left"] = fs.glob("/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", "*"]))  # a bucket key, not a local path
+    info["work_left"] = fs.glob(
+        "/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", "*"])
+    )  # a bucket key, not a local path
     return info
 
 
@@ -408,25 +514,34 @@ def test_killed_on_host_a_resumed_on_host_b_from_the_bucket(two_hosts, s3_env):
     assert info["b_rc"] == 0, tail(info["tmp"] / "b.log")
     # first: SFT, the dry run and the smoke test reused from the bucket, untouched (if SFT ran again, its
     # fingerprint changed between the two runs, e.g. code edited meanwhile, and GRPO's work key with it)
-    assert info["after"] == info["earlier"], "host B did not reuse the earlier stages: their fingerprints changed between the runs"
+    assert info["after"] == info["earlier"], (
+        "host B did not reuse the earlier stages: their fingerprints changed between the runs"
+    )
     store = Store(info["url"], cache_dir=info["tmp"] / "reader")
     [grpo] = store.versions(EXP, "grpo")
     # host B's cache was empty: the checkpoint it resumed from came from the bucket, the newest complete one
     assert grpo["resumed_from_step"] == info["in_bucket_at_kill"][-1] > 0
-    assert grpo["metrics"]["steps"] == MAX_STEPS and grpo["metrics"]["steps_run"] == MAX_STEPS - grpo["resumed_from_step"]
+    assert (
+        grpo["metrics"]["steps"] == MAX_STEPS and grpo["metrics"]["steps_run"] == MAX_STEPS - grpo["resumed_from_step"]
+    )
     assert info["b_paused_at"] < MAX_STEPS  # the third run was refused while B had GRPO steps left
     assert all(store.verify(m) == [] for stage in ("sft", "grpo", "eval") for m in store.versions(EXP, stage))
     assert info["work_left"] == []  # the committed stage's checkpoints left the bucket
     assert store.versions(EXP, "heldout") and store.versions(EXP, "data")  # the data records, in the bucket
-    print(f"\nhost A killed with GRPO checkpoints {info['in_bucket_at_kill']} of {MAX_STEPS} steps in the bucket; host B "
-          f"(empty cache) resumed from {grpo['resumed_from_step']} and trained {grpo['metrics']['steps_run']} steps")
+    print(
+        f"\nhost A killed with GRPO checkpoints {info['in_bucket_at_kill']} of {MAX_STEPS} steps in the bucket; host B "
+        f"(empty cache) resumed from {grpo['resumed_from_step']} and trained {grpo['metrics']['steps_run']} steps"
+    )
 
 
 @pytest.mark.slow
 def test_a_third_run_while_b_trains_is_refused_at_once_naming_the_holder(two_hosts):
     log = (two_hosts["tmp"] / "c.log").read_text(errors="replace")
     assert two_hosts["c_rc"] == 1, log[-3000:]
-    assert re.search(rf"experiment '{EXP}' in store {two_hosts['url']} is already being run by another process \(pid {two_hosts['b_pid']} on ", log), log[-3000:]
+    assert re.search(
+        rf"experiment '{EXP}' in store {two_hosts['url']} is already being run by another process \(pid {two_hosts['b_pid']} on ",
+        log,
+    ), log[-3000:]
     assert not re.search(r"\d+/\d+ \[", log)  # no training progress at all: refused before anything ran
 
 
@@ -434,18 +549,38 @@ def test_a_third_run_while_b_trains_is_refused_at_once_naming_the_holder(two_hos
 def test_export_from_the_bucket_on_a_host_that_never_ran_it(two_hosts, prefect_server, s3_server, s3_env):
     tmp = two_hosts["tmp"]
     out = tmp / "exported"
-    proc = regimen(["export", EXP, str(out), "--store", two_hosts["url"]], host(tmp, "d", prefect_server, s3_server), tmp / "export.log")
+    proc = regimen(
+        ["export", EXP, str(out), "--store", two_hosts["url"]],
+        host(tmp, "d", prefect_server, s3_server),
+        tmp / "export.log",
+    )
     assert proc.wait(240) == 0, tail(tmp / "export.log")
     champion = json.loads(s3_server.client().cat_file(f"{two_hosts['bucket']}/r/{EXP}/champion.json"))["champion"]
     ref = champion["policy_ref"]
-    [m] = [m for m in Store(two_hosts["url"], cache_dir=tmp / "reader2").versions(EXP, ref["stage"]) if m["version"] == ref["version"]]
+    [m] = [
+        m
+        for m in Store(two_hosts["url"], cache_dir=tmp / "reader2").versions(EXP, ref["stage"])
+        if m["version"] == ref["version"]
+    ]
     assert hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() == m["files"]["model/model.safetensors"]
 
 
 BAD = {
-    "missing-bucket": (lambda s, b: ({}, "s3://no-such-bucket-e2e/r"), 2, r"^error: store s3://no-such-bucket-e2e/r \(bucket 'no-such-bucket-e2e' at http://127\.0\.0\.1:\d+\): the bucket does not exist"),
-    "wrong-credentials": (lambda s, b: ({"AWS_SECRET_ACCESS_KEY": "wrong"}, f"s3://{b}/r"), 2, r"^error: store s3://\S+ \(bucket '\S+' at http://127\.0\.0\.1:\d+\): the credentials were refused"),
-    "unreachable-endpoint": (lambda s, b: ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, f"s3://{b}/r"), 1, r"^stopped: store s3://\S+ \(bucket '\S+' at http://127\.0\.0\.1:9\): the endpoint cannot be reached"),
+    "missing-bucket": (
+        lambda s, b: ({}, "s3://no-such-bucket-e2e/r"),
+        2,
+        r"^error: store s3://no-such-bucket-e2e/r \(bucket 'no-such-bucket-e2e' at http://127\.0\.0\.1:\d+\): the bucket does not exist",
+    ),
+    "wrong-credentials": (
+        lambda s, b: ({"AWS_SECRET_ACCESS_KEY": "wrong"}, f"s3://{b}/r"),
+        2,
+        r"^error: store s3://\S+ \(bucket '\S+' at http://127\.0\.0\.1:\d+\): the credentials were refused",
+    ),
+    "unreachable-endpoint": (
+        lambda s, b: ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, f"s3://{b}/r"),
+        1,
+        r"^stopped: store s3://\S+ \(bucket '\S+' at http://127\.0\.0\.1:9\): the endpoint cannot be reached",
+    ),
 }
 
 

@@ -13,7 +13,16 @@ from regimen.stages.store import MANIFEST, ExperimentBusy, Store, sha256_file
 
 
 def manifest(stage="sft", key="k1", **extra):
-    return {"experiment": "exp", "stage": stage, "fingerprint": key, "cycle": 1, "inputs": {}, "config": {}, "metrics": {"x": 1.0}, **extra}
+    return {
+        "experiment": "exp",
+        "stage": stage,
+        "fingerprint": key,
+        "cycle": 1,
+        "inputs": {},
+        "config": {},
+        "metrics": {"x": 1.0},
+        **extra,
+    }
 
 
 def stage_files(store: Store, text="weights") -> Path:
@@ -105,7 +114,9 @@ def test_fsspec_memory_store_keeps_the_same_contract(tmp_path):
     assert store.verify(m) == []
     local = store.local_path(m)
     assert (local / "model" / "w.bin").read_text() == "remote"
-    assert {p.relative_to(local).as_posix(): sha256_file(p) for p in local.rglob('*') if p.is_file() and p.name != MANIFEST} == m["files"]
+    assert {
+        p.relative_to(local).as_posix(): sha256_file(p) for p in local.rglob("*") if p.is_file() and p.name != MANIFEST
+    } == m["files"]
     store.ledger.record_failure(stage_files(store), manifest(key="f"), "nope")
     assert store.ledger.failures("exp", "sft")[0]["error"] == "nope"
     m2 = store.commit(stage_files(store, "two"), manifest(key="r2"))
@@ -150,7 +161,9 @@ def test_latest_policy_skips_evaluations_that_suspected_hacking(tmp_path):
         store.commit(d, manifest(stage="grpo", key=key))
         e = store.staging_dir("exp", "eval")
         (e / "metrics.json").write_text("{}")
-        ev = store.commit(e, manifest(stage="eval", key="e" + key, inputs={"policy": {"stage": "grpo", "fingerprint": key}}))
+        ev = store.commit(
+            e, manifest(stage="eval", key="e" + key, inputs={"policy": {"stage": "grpo", "fingerprint": key}})
+        )
         store.ledger.record_decision("exp", {"eval_version": ev["version"], "verdict": verdict})
     assert good["version"] == 1
     assert latest_policy(store, "exp", "eval", ("grpo",))["fingerprint"] == "g1"
@@ -238,10 +251,16 @@ def test_an_expired_lease_of_a_crashed_holder_is_taken_over(tmp_path):
 
     url = "memory://regimen-lease-expired"
     store = Store(url, cache_dir=tmp_path / "m1")
-    store.fs.pipe_file(store.join("exp", ".lease.json"), _json.dumps({"owner": "pid 1 on crashed", "token": "x", "expires": _time.time() - 1}).encode())
+    store.fs.pipe_file(
+        store.join("exp", ".lease.json"),
+        _json.dumps({"owner": "pid 1 on crashed", "token": "x", "expires": _time.time() - 1}).encode(),
+    )
     with store.lock("exp"):
         assert _json.loads(store.fs.cat_file(store.join("exp", ".lease.json")))["token"] != "x"
-    store.fs.pipe_file(store.join("exp", ".lease.json"), _json.dumps({"owner": "pid 2 on alive", "token": "y", "expires": _time.time() + 60}).encode())
+    store.fs.pipe_file(
+        store.join("exp", ".lease.json"),
+        _json.dumps({"owner": "pid 2 on alive", "token": "y", "expires": _time.time() + 60}).encode(),
+    )
     with pytest.raises(ExperimentBusy, match="pid 2 on alive"):
         with Store(url, cache_dir=tmp_path / "m2").lock("exp"):
             pass
@@ -258,7 +277,9 @@ def test_a_run_that_lost_its_lease_never_commits(tmp_path):
     store = Store(url, cache_dir=tmp_path / "m1")
     path = store.join("exp", ".lease.json")
     with lease(store.fs, path, experiment="exp", url=url, ttl_s=0.3, lost=lost_lease(url, "exp")):
-        store.fs.pipe_file(path, _json.dumps({"owner": "another machine", "token": "theirs", "expires": _time.time() + 60}).encode())
+        store.fs.pipe_file(
+            path, _json.dumps({"owner": "another machine", "token": "theirs", "expires": _time.time() + 60}).encode()
+        )
         deadline = _time.time() + 5
         while not lost_lease(url, "exp").is_set() and _time.time() < deadline:
             _time.sleep(0.05)
@@ -271,6 +292,7 @@ def test_a_consumer_is_reused_only_for_the_weights_it_consumed(tmp_path):
     """Two versions with one fingerprint (a stage rerun after its version was damaged) whose weights
     differ give their consumers different fingerprints; identical weights give the same one."""
     from conftest import TINY
+
     from regimen.stages.recipe import load_recipe
     from regimen.stages.run.runner import StageResult, stage_key
 
@@ -279,7 +301,11 @@ def test_a_consumer_is_reused_only_for_the_weights_it_consumed(tmp_path):
     for text in ("weights-a", "weights-b", "weights-a"):
         m = store.commit(stage_files(store, text), manifest(key="same-fingerprint"))
         refs.append(StageResult(m, False, 0.0, store.local_path(m)).ref)
-    assert len({r["fingerprint"] for r in refs}) == 1 and refs[0]["content"] != refs[1]["content"] and refs[0]["content"] == refs[2]["content"]
+    assert (
+        len({r["fingerprint"] for r in refs}) == 1
+        and refs[0]["content"] != refs[1]["content"]
+        and refs[0]["content"] == refs[2]["content"]
+    )
     recipe = load_recipe(TINY, {"store": str(tmp_path)})
     keys = [stage_key("eval", recipe, {"policy": r})[0] for r in refs]
     assert keys[0] != keys[1] and keys[0] == keys[2]

@@ -18,9 +18,17 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("REGIMEN_CHROMIUM", "/usr/bin/chromium")
 # headless, no GPU, and nothing but 127.0.0.1 resolves: the UI bundle's analytics cannot stall the page
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+]
 
 
 def require_browser():
@@ -31,7 +39,9 @@ def require_browser():
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        missing.append("the playwright package is not installed (pip install playwright; no `playwright install` needed)")
+        missing.append(
+            "the playwright package is not installed (pip install playwright; no `playwright install` needed)"
+        )
     if missing:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("; ".join(missing))
@@ -49,8 +59,12 @@ def browser_page(tmp_path):
 
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS,
-            viewport={"width": 1280, "height": 900})
+            str(tmp_path / "profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
         try:
             page = context.new_page()
             page.set_default_timeout(45_000)
@@ -88,8 +102,11 @@ def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available
 
     page.goto(f"{server.url}/artifacts/artifact/{table['id']}")
     # a metric whose value cannot be mistaken for another cell: the largest non-integer one
-    metric = max((k for k, v in expected.items() if isinstance(v, float) and v != int(v)), key=lambda k: expected[k],
-                 default="heldout_size")  # every value a whole number (e.g. 0.0 and 40.0): the size is unambiguous
+    metric = max(
+        (k for k, v in expected.items() if isinstance(v, float) and v != int(v)),
+        key=lambda k: expected[k],
+        default="heldout_size",
+    )  # every value a whole number (e.g. 0.0 and 40.0): the size is unambiguous
     for name in ("heldout_accuracy", metric):
         row = page.locator("tr", has_text=name).first
         row.wait_for()
@@ -106,4 +123,6 @@ def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available
     assert page.evaluate("(el) => el.complete && el.naturalWidth", img.element_handle()) > 300
     page.screenshot(path=str(tmp_path / "plot.png"), full_page=True)
     print(f"\nUI: login, deployments and artifact pages in {time.monotonic() - t0:.1f}s; screenshots in {tmp_path}")
-    assert (tmp_path / "deployments.png").stat().st_size > 10_000 and (tmp_path / "artifact.png").stat().st_size > 10_000
+    assert (tmp_path / "deployments.png").stat().st_size > 10_000 and (
+        tmp_path / "artifact.png"
+    ).stat().st_size > 10_000

@@ -15,14 +15,23 @@ from regimen.flows.present.fmt import num
 from regimen.stages.core.errors import InputError
 from regimen.stages.recipe import Recipe, apply_overrides, raw_of, recipe_from_dict
 
-COLUMNS = ("heldout_accuracy", "train_reward_mean", "frac_reward_zero_std_mean", "prompts_per_step", "grpo_wall_s", "grpo_version")
+COLUMNS = (
+    "heldout_accuracy",
+    "train_reward_mean",
+    "frac_reward_zero_std_mean",
+    "prompts_per_step",
+    "grpo_wall_s",
+    "grpo_version",
+)
 
 
 def parse_sweep(items: list[str]) -> tuple[str, list[Any], list[str]]:
     """From `--set` items, the one with comma-separated values is the sweep; the rest are overrides."""
     import yaml
 
-    swept = [i for i in items if "=" in i and "," in i.split("=", 1)[1] and not i.split("=", 1)[1].strip().startswith("[")]
+    swept = [
+        i for i in items if "=" in i and "," in i.split("=", 1)[1] and not i.split("=", 1)[1].strip().startswith("[")
+    ]
     if len(swept) != 1:
         raise InputError("sweep: give exactly one --set KEY=V1,V2,... (e.g. --set grpo.num_generations=2,8,16)")
     key, raw = swept[0].split("=", 1)
@@ -35,11 +44,15 @@ def variant(recipe: Recipe, key: str, value: Any) -> Recipe:
     return recipe_from_dict(apply_overrides(raw_of(recipe), {key: value}), f"sweep {key}={value}", check_trl=True)
 
 
-def comparison(rows: list[dict[str, Any]], key: str, out_dir: Path, logs: dict[str, list[dict[str, Any]]], note: str) -> dict[str, Path]:
+def comparison(
+    rows: list[dict[str, Any]], key: str, out_dir: Path, logs: dict[str, list[dict[str, Any]]], note: str
+) -> dict[str, Path]:
     """Write comparison.json, comparison.md and sweep.png into `out_dir`."""
     from regimen.stages.store import files
 
-    files.write_text(out_dir, out_dir / "comparison.json", json.dumps({"field": key, "note": note, "rows": rows}, indent=1))
+    files.write_text(
+        out_dir, out_dir / "comparison.json", json.dumps({"field": key, "note": note, "rows": rows}, indent=1)
+    )
     cols = [key, *COLUMNS]
     md = [f"# Sweep over `{key}`", "", note, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:

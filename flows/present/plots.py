@@ -54,7 +54,9 @@ def _bands(ax, name: str, log: list[dict[str, Any]], color) -> None:
         return
     for k, style in zip(keys, (":", "-.", "--", (0, (1, 3)))):
         pts = [(h["step"], h[f"curriculum/{k}"] / max(sum(h[f"curriculum/{b}"] for b in keys), 1)) for h in rows]
-        ax.plot(*zip(*pts), linestyle=style, color=color, alpha=0.6, linewidth=1.0, label=f"{name}: {k.replace('_', ' ')}")
+        ax.plot(
+            *zip(*pts), linestyle=style, color=color, alpha=0.6, linewidth=1.0, label=f"{name}: {k.replace('_', ' ')}"
+        )
 
 
 def divergence_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str) -> Path:
@@ -87,24 +89,37 @@ def training_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str
     ax = axes[0][0]
     for name, log in runs.items():
         if pts := _points(log, "reward"):
-            line, = ax.plot(*zip(*pts), label=f"{name}: training reward", linewidth=1.6)
+            (line,) = ax.plot(*zip(*pts), label=f"{name}: training reward", linewidth=1.6)
             color = line.get_color()
             rewards = sorted({k for h in log for k in h if k.startswith("rewards/") and k.endswith("/mean")})
             for i, key in enumerate(rewards):
                 if len(rewards) > 1 and (rp := _points(log, key)):
-                    ax.plot(*zip(*rp), linestyle=[":", "-."][i % 2], color=color, alpha=0.7, linewidth=1.1, label=f"{name}: {key[8:-5]}")
+                    ax.plot(
+                        *zip(*rp),
+                        linestyle=[":", "-."][i % 2],
+                        color=color,
+                        alpha=0.7,
+                        linewidth=1.1,
+                        label=f"{name}: {key[8:-5]}",
+                    )
             if probe := _points(log, "heldout_probe"):
                 ax.plot(*zip(*probe), marker="o", linestyle="--", color=color, label=f"{name}: held-out probe")
     ax.set_title("training reward (per reward) and held-out probe")
     ax.set_ylim(-0.02, 1.02)
-    for ax, (key, label) in zip(list(axes.flat)[1:], (("reward_std", "reward std"), ("frac_reward_zero_std", "frac_reward_zero_std"), ("kl", "KL to reference"))):
+    for ax, (key, label) in zip(
+        list(axes.flat)[1:],
+        (("reward_std", "reward std"), ("frac_reward_zero_std", "frac_reward_zero_std"), ("kl", "KL to reference")),
+    ):
         for name, log in runs.items():
             if pts := _points(log, key):
-                line, = ax.plot(*zip(*pts), label=name, linewidth=1.4)
+                (line,) = ax.plot(*zip(*pts), label=name, linewidth=1.4)
                 if key == "frac_reward_zero_std":
                     _bands(ax, name, log, line.get_color())
-        ax.set_title(label if key != "frac_reward_zero_std" or not ax.get_legend_handles_labels()[0][1:] else
-                     "frac_reward_zero_std and the curriculum's bands (share of prompts)")
+        ax.set_title(
+            label
+            if key != "frac_reward_zero_std" or not ax.get_legend_handles_labels()[0][1:]
+            else "frac_reward_zero_std and the curriculum's bands (share of prompts)"
+        )
         if key == "frac_reward_zero_std" and ax.get_legend_handles_labels()[0][1:]:
             ax.legend(fontsize=6, loc="best")
     for ax in axes.flat:

@@ -23,16 +23,37 @@ def history(store: Store, experiment: str) -> list[dict[str, Any]]:
     for m in rows:
         met = m.get("metrics", {})
         if m["stage"] in teach:
-            out.append({"label": f"c{m.get('cycle')} {m['stage']} v{m['version']}", "stage": m["stage"], "cycle": m.get("cycle"), "round": 0,
-                        "version": m["version"], "heldout_accuracy": met.get("heldout_accuracy"), "train_reward": None, "verdict": None})
+            out.append(
+                {
+                    "label": f"c{m.get('cycle')} {m['stage']} v{m['version']}",
+                    "stage": m["stage"],
+                    "cycle": m.get("cycle"),
+                    "round": 0,
+                    "version": m["version"],
+                    "heldout_accuracy": met.get("heldout_accuracy"),
+                    "train_reward": None,
+                    "verdict": None,
+                }
+            )
         elif m["stage"] == judge:
             grpo = by_fp.get((m.get("inputs", {}).get("policy") or {}).get("fingerprint"), {})
             g = grpo.get("metrics", {})
-            out.append({"label": f"c{m.get('cycle')}.{m.get('round')} {judge} v{m['version']}", "stage": judge, "cycle": m.get("cycle"),
-                        "round": m.get("round"), "version": m["version"], "heldout_accuracy": met.get("heldout_accuracy"),
-                        "train_reward": g.get("train_reward_last"), "verdict": verdicts.get(m["version"], {}).get("verdict"),
-                        "grpo_version": grpo.get("version"), "kl": g.get("kl_last"), "frac_reward_zero_std": g.get("frac_reward_zero_std_mean"),
-                        "best_step": grpo.get("best_step")})
+            out.append(
+                {
+                    "label": f"c{m.get('cycle')}.{m.get('round')} {judge} v{m['version']}",
+                    "stage": judge,
+                    "cycle": m.get("cycle"),
+                    "round": m.get("round"),
+                    "version": m["version"],
+                    "heldout_accuracy": met.get("heldout_accuracy"),
+                    "train_reward": g.get("train_reward_last"),
+                    "verdict": verdicts.get(m["version"], {}).get("verdict"),
+                    "grpo_version": grpo.get("version"),
+                    "kl": g.get("kl_last"),
+                    "frac_reward_zero_std": g.get("frac_reward_zero_std_mean"),
+                    "best_step": grpo.get("best_step"),
+                }
+            )
     return out
 
 
@@ -47,8 +68,16 @@ def make_plots(store: Store, experiment: str, target: float | None = None) -> li
             if log:
                 grpo_runs[f"{stage} v{m['version']} (c{m.get('cycle')}.{m.get('round')})"] = log
     if grpo_runs:
-        made.append(plots.training_curves(dict(list(grpo_runs.items())[-4:]), out_dir / "grpo_curves.png", f"{experiment}: GRPO training curves"))
+        made.append(
+            plots.training_curves(
+                dict(list(grpo_runs.items())[-4:]), out_dir / "grpo_curves.png", f"{experiment}: GRPO training curves"
+            )
+        )
     points = [p for p in history(store, experiment) if p["heldout_accuracy"] is not None]
     if points:
-        made.append(plots.heldout_accuracy(points, out_dir / "heldout_accuracy.png", f"{experiment}: held-out accuracy per evaluation", target))
+        made.append(
+            plots.heldout_accuracy(
+                points, out_dir / "heldout_accuracy.png", f"{experiment}: held-out accuracy per evaluation", target
+            )
+        )
     return made

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages import rewards as rewards_module
-from regimen.stages.tasks import read_jsonl
 from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import RewardFn, get_reward, is_gameable, score, weighted_total
+from regimen.stages.tasks import read_jsonl
 
 BATCH_SIZE = 512
 TABLE_ROWS = 20
@@ -33,11 +33,17 @@ _NOT_COLUMNS = {"prompt", "completion", "rewards", "prompts", "completions"}
 
 def _check_sample(path: Path, line_no: int, row: dict[str, Any]) -> None:
     completion = row["completion"]
-    if not (isinstance(completion, str) or (isinstance(completion, list) and all(isinstance(m, dict) for m in completion))):
-        raise InputError(f"{path}:{line_no}: field 'completion' must be a string or a list of chat messages, got {type(completion).__name__}")
+    if not (
+        isinstance(completion, str) or (isinstance(completion, list) and all(isinstance(m, dict) for m in completion))
+    ):
+        raise InputError(
+            f"{path}:{line_no}: field 'completion' must be a string or a list of chat messages, got {type(completion).__name__}"
+        )
     prompt = row.get("prompt")
     if prompt is not None and not isinstance(prompt, (str, list)):
-        raise InputError(f"{path}:{line_no}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}")
+        raise InputError(
+            f"{path}:{line_no}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
+        )
 
 
 def _recipe_rewards(config: str) -> dict[str, tuple[RewardFn, float]]:
@@ -89,7 +95,15 @@ def _fmt(value: float | None) -> str:
 def _clip(value: Any, width: int = 60) -> str:
     from regimen.stages.rewards import completion_text
 
-    text = value if isinstance(value, str) else completion_text(value) if isinstance(value, list) else "" if value is None else str(value)
+    text = (
+        value
+        if isinstance(value, str)
+        else completion_text(value)
+        if isinstance(value, list)
+        else ""
+        if value is None
+        else str(value)
+    )
     text = text.replace("\r", "").replace("\n", " ⏎ ")
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -120,14 +134,21 @@ def main(samples: str, config: str | None, rewards: list[str], as_json: bool) ->
         else:
             print(_gameable_warning(gameable), file=sys.stderr)
 
-    for name, fn in fns.items():  # a reward's checks at the door (unit_tests: tests that evaluate strings are refused, ...)
+    for (
+        name,
+        fn,
+    ) in fns.items():  # a reward's checks at the door (unit_tests: tests that evaluate strings are refused, ...)
         if callable(door := getattr(fn, "door", None)):
             report = door([row for _, row in rows], [f"{path}:{line_no}" for line_no, _ in rows])
-            for kind, what in (("pays_anything", "pass their tests with no solution at all (left out: None)"),
-                               ("pays_some", "pass some of their tests with no solution at all")):
+            for kind, what in (
+                ("pays_anything", "pass their tests with no solution at all (left out: None)"),
+                ("pays_some", "pass some of their tests with no solution at all"),
+            ):
                 if report.get(kind):
                     note = f"{name}: {len(report[kind])} sample(s) {what}: {', '.join(report[kind][:5])}"
-                    console.print(note, style="yellow", soft_wrap=True) if console is not None else print(note, file=sys.stderr)
+                    console.print(note, style="yellow", soft_wrap=True) if console is not None else print(
+                        note, file=sys.stderr
+                    )
     values: dict[str, list[float | None]] = {name: [] for name in fns}
     for start in range(0, len(rows), BATCH_SIZE):
         chunk = rows[start : start + BATCH_SIZE]
@@ -141,7 +162,9 @@ def main(samples: str, config: str | None, rewards: list[str], as_json: bool) ->
         except InputError as exc:
             raise InputError(f"{path} (lines {chunk[0][0]}-{chunk[-1][0]}): {exc}") from None
         except Exception as exc:  # a reward that chokes on this file's data
-            raise InputError(f"{path} (lines {chunk[0][0]}-{chunk[-1][0]}): a reward failed: {type(exc).__name__}: {exc}") from exc
+            raise InputError(
+                f"{path} (lines {chunk[0][0]}-{chunk[-1][0]}): a reward failed: {type(exc).__name__}: {exc}"
+            ) from exc
         for name in fns:
             values[name].extend(batch[name])
         if as_json:
@@ -186,7 +209,9 @@ def _print_report(console, path: Path, rows, fns, values, weights, gameable, ela
     for name in fns:
         scored = [v for v in values[name] if v is not None and math.isfinite(v)]
         nones = len(values[name]) - len(scored)
-        stats = [statistics.fmean(scored), statistics.pstdev(scored), min(scored), max(scored)] if scored else [None] * 4
+        stats = (
+            [statistics.fmean(scored), statistics.pstdev(scored), min(scored), max(scored)] if scored else [None] * 4
+        )
         summary.add_row(
             name + (" (GAMEABLE)" if name in gameable else ""),
             "-" if not weights else f"{weights[name]:g}",
@@ -196,8 +221,16 @@ def _print_report(console, path: Path, rows, fns, values, weights, gameable, ela
         )
     if totals is not None:
         finite = [t for t in totals if math.isfinite(t)]
-        stats = [statistics.fmean(finite), statistics.pstdev(finite), min(finite), max(finite)] if finite else [None] * 4
-        summary.add_row("weighted total", "", *(("-" if s is None else f"{s:.3f}") for s in stats), str(len(finite)), str(len(totals) - len(finite)))
+        stats = (
+            [statistics.fmean(finite), statistics.pstdev(finite), min(finite), max(finite)] if finite else [None] * 4
+        )
+        summary.add_row(
+            "weighted total",
+            "",
+            *(("-" if s is None else f"{s:.3f}") for s in stats),
+            str(len(finite)),
+            str(len(totals) - len(finite)),
+        )
     console.print(summary)
     if gameable:
         console.print(_gameable_warning(gameable), style="bold red", soft_wrap=True)

@@ -28,7 +28,11 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
         last_fail = failures[-1] if failures else None
         if running and not running.get("stale"):
             state = "running"
-        elif running or (last_fail and last_fail.get("interrupted") and (not latest or str(last_fail.get("failed_at", "")) > str(latest.get("finished_at", "")))):
+        elif running or (
+            last_fail
+            and last_fail.get("interrupted")
+            and (not latest or str(last_fail.get("failed_at", "")) > str(latest.get("finished_at", "")))
+        ):
             state = "interrupted"
         elif last_fail and (not latest or str(last_fail.get("failed_at", "")) > str(latest.get("finished_at", ""))):
             state = "failed"
@@ -51,16 +55,21 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             detail.append(f"has checkpoint at step {step}")
         if stage == registry.judge() and latest and (v := verdicts.get(latest["version"])):
             detail.append(f"verdict {v.get('verdict')}")
-        rows.append({
-            "stage": stage,
-            "state": state,
-            "latest": f"v{latest['version']}" if latest else "-",
-            "cycle": str(latest.get("cycle", "")) if latest else "-",
-            "finished": str((latest or {}).get("finished_at", "-"))[:19],
-            "detail": ("; ".join(detail) + (f" ({len(versions)} versions, {len(failures)} failed attempts)" if versions or failures else "")).strip(),
-            "damaged": damaged,
-            "libraries": (latest or {}).get("libraries"),
-        })
+        rows.append(
+            {
+                "stage": stage,
+                "state": state,
+                "latest": f"v{latest['version']}" if latest else "-",
+                "cycle": str(latest.get("cycle", "")) if latest else "-",
+                "finished": str((latest or {}).get("finished_at", "-"))[:19],
+                "detail": (
+                    "; ".join(detail)
+                    + (f" ({len(versions)} versions, {len(failures)} failed attempts)" if versions or failures else "")
+                ).strip(),
+                "damaged": damaged,
+                "libraries": (latest or {}).get("libraries"),
+            }
+        )
     return rows
 
 
@@ -80,8 +89,16 @@ def heldout_row(store: Store, experiment: str) -> dict[str, Any]:
             detail += f" ({latest['excluded_trained']} trained prompts left out)"
     else:
         state, detail = "not run", ""
-    return {"stage": data_records.HELDOUT, "state": state, "latest": f"v{latest['version']}" if latest else "-", "cycle": "-",
-            "finished": str((latest or {}).get("finished_at", "-"))[:19], "detail": detail, "damaged": [why] if why else [], "libraries": None}
+    return {
+        "stage": data_records.HELDOUT,
+        "state": state,
+        "latest": f"v{latest['version']}" if latest else "-",
+        "cycle": "-",
+        "finished": str((latest or {}).get("finished_at", "-"))[:19],
+        "detail": detail,
+        "damaged": [why] if why else [],
+        "libraries": None,
+    }
 
 
 def libraries_line(rows: list[dict[str, Any]]) -> str | None:
@@ -95,7 +112,11 @@ def libraries_line(rows: list[dict[str, Any]]) -> str | None:
         return None
     now = environment()
     shown = ", ".join(f"{k} {v}" for k, v in recorded.items())
-    changed = [f"{k} {recorded[k]} -> {now.get(k)}" for k in recorded if k not in ("regimen-rl", "prefect") and now.get(k) != recorded[k]]
+    changed = [
+        f"{k} {recorded[k]} -> {now.get(k)}"
+        for k in recorded
+        if k not in ("regimen-rl", "prefect") and now.get(k) != recorded[k]
+    ]
     line = f"made with {shown}"
     if changed:
         line += f"; installed now: {', '.join(changed)} (stages that depend on them run again)"

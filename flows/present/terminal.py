@@ -40,7 +40,9 @@ def _terminal_handlers():
     names = [""] + [n for n in list(logging.root.manager.loggerDict) if n.startswith("prefect")]
     for logger in (logging.getLogger(n) for n in names):
         for handler in logger.handlers:
-            if isinstance(handler, PrefectConsoleHandler) or (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)):
+            if isinstance(handler, PrefectConsoleHandler) or (
+                isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+            ):
                 yield handler
 
 

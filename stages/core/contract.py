@@ -49,7 +49,9 @@ class StageOutput:
 class StageDirs:
     out: Path  # staging folder: becomes the version (model/, metrics.json, trajectories.jsonl)
     checkpoints: Path  # resumable work folder for Trainer checkpoints, kept across attempts
-    progress: Callable[[str, dict[str, Any]], None] | None = None  # live updates for whoever watches (the flow shows them in the UI)
+    progress: Callable[[str, dict[str, Any]], None] | None = (
+        None  # live updates for whoever watches (the flow shows them in the UI)
+    )
 
 
 class Stage(Protocol):

@@ -37,8 +37,13 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE = "regimen.stages"
-NOT_RESULT = ("regimen.stages.core", "regimen.stages.registry", "regimen.stages.run.runner",
-              "regimen.stages.store", "regimen.stages.recipe")
+NOT_RESULT = (
+    "regimen.stages.core",
+    "regimen.stages.registry",
+    "regimen.stages.run.runner",
+    "regimen.stages.store",
+    "regimen.stages.recipe",
+)
 LIBRARIES = ("trl", "transformers", "torch", "peft", "accelerate", "datasets")
 _MODULE_STRING = re.compile(r"^regimen\.stages(\.\w+)+$")
 
@@ -89,7 +94,9 @@ def _parsed_imports(name: str, path: str, mtime_ns: int, size: int) -> tuple[fro
             found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import submodule`
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value):
             found.add(node.value)
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CODE_FILES" for t in node.targets):
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "CODE_FILES" for t in node.targets
+        ):
             files += list(ast.literal_eval(node.value))
     ours = frozenset(m for m in found if m.startswith(PACKAGE + ".") and _origin(m))
     return ours, tuple(str(Path(path).parent / f) for f in files)
@@ -167,7 +174,12 @@ class _Normalise(ast.NodeTransformer):
 
     def _drop_docstring(self, node):
         body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:]
         self.generic_visit(node)
         return node

@@ -62,8 +62,14 @@ class Measured:
     def figures(self) -> dict[str, Any]:
         scored = [c for c in self.correct if c is not None]
         low, high = wilson(sum(1 for c in scored if c >= 1), len(scored))
-        return {"policy": f"{self.policy['stage']} v{self.policy['version']}", "eval_version": self.eval_version, "heldout_set": self.heldout_set,
-                "heldout_accuracy": round(self.accuracy, 4), "interval_95": [round(low, 4), round(high, 4)], "prompts": len(scored)}
+        return {
+            "policy": f"{self.policy['stage']} v{self.policy['version']}",
+            "eval_version": self.eval_version,
+            "heldout_set": self.heldout_set,
+            "heldout_accuracy": round(self.accuracy, 4),
+            "interval_95": [round(low, 4), round(high, 4)],
+            "prompts": len(scored),
+        }
 
 
 @dataclass
@@ -74,57 +80,106 @@ class Decision:
 
 
 def same_policy(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("stage") == b.get("stage") and a.get("version") == b.get("version") and a.get("fingerprint") == b.get("fingerprint")
+    return (
+        a.get("stage") == b.get("stage")
+        and a.get("version") == b.get("version")
+        and a.get("fingerprint") == b.get("fingerprint")
+    )
 
 
-def decide(challenger: Measured, champion: Measured | None, *, min_gain: float, confidence: float, stopped: str | None = None,
-           gameable: list[str] | None = None, vetoed: list[dict[str, Any]] | None = None) -> Decision:
+def decide(
+    challenger: Measured,
+    champion: Measured | None,
+    *,
+    min_gain: float,
+    confidence: float,
+    stopped: str | None = None,
+    gameable: list[str] | None = None,
+    vetoed: list[dict[str, Any]] | None = None,
+) -> Decision:
     """Promote the challenger, or keep the champion, and why (see the module doc)."""
     ch = challenger.figures()
     if any(same_policy(challenger.policy, v) for v in vetoed or []):
-        return Decision(False, f"{ch['policy']} is a model a person rolled back from: the flow does not promote it again "
-                               "(a person can, with `regimen promote`)", {"challenger": ch})
+        return Decision(
+            False,
+            f"{ch['policy']} is a model a person rolled back from: the flow does not promote it again "
+            "(a person can, with `regimen promote`)",
+            {"challenger": ch},
+        )
     if stopped:
         return Decision(False, f"the run stopped ({stopped}): its policy is not a candidate", {"challenger": ch})
     if gameable:
-        return Decision(False, f"trained on gameable reward(s) {', '.join(gameable)} (they pay for the shape of an answer): "
-                               "its gains cannot be trusted, so it is never promoted by the flow", {"challenger": ch})
+        return Decision(
+            False,
+            f"trained on gameable reward(s) {', '.join(gameable)} (they pay for the shape of an answer): "
+            "its gains cannot be trusted, so it is never promoted by the flow",
+            {"challenger": ch},
+        )
     if champion is None:
         return Decision(True, "the experiment's first champion", {"challenger": ch})
     figures = {"challenger": ch, "champion": champion.figures()}
     if same_policy(challenger.policy, champion.policy):
         return Decision(False, "the challenger is the champion (nothing new was trained)", figures)
     if challenger.heldout_set != champion.heldout_set:
-        return Decision(False, f"measured on held-out set v{challenger.heldout_set}, the champion on v{champion.heldout_set}: not comparable", figures)
+        return Decision(
+            False,
+            f"measured on held-out set v{challenger.heldout_set}, the champion on v{champion.heldout_set}: not comparable",
+            figures,
+        )
     gain = challenger.accuracy - champion.accuracy
     test = mcnemar(challenger.correct, champion.correct)
     figures.update(gain=round(gain, 4), mcnemar=test, min_gain=min_gain, confidence=confidence)
     if gain < min_gain:
-        return Decision(False, f"held-out {challenger.accuracy:.3f} vs the champion's {champion.accuracy:.3f}: a gain of {gain:+.3f}, "
-                               f"below promote.min_gain {min_gain}", figures)
+        return Decision(
+            False,
+            f"held-out {challenger.accuracy:.3f} vs the champion's {champion.accuracy:.3f}: a gain of {gain:+.3f}, "
+            f"below promote.min_gain {min_gain}",
+            figures,
+        )
     if test["p_value"] > 1 - confidence:
-        return Decision(False, f"a gain of {gain:+.3f} ({test['only_challenger']} prompts only the challenger solves, {test['only_champion']} only "
-                               f"the champion), McNemar p = {test['p_value']:.3g} > {1 - confidence:.3g}: could be luck", figures)
-    return Decision(True, f"held-out {challenger.accuracy:.3f} vs {champion.accuracy:.3f} ({gain:+.3f}; McNemar p = {test['p_value']:.3g})", figures)
+        return Decision(
+            False,
+            f"a gain of {gain:+.3f} ({test['only_challenger']} prompts only the challenger solves, {test['only_champion']} only "
+            f"the champion), McNemar p = {test['p_value']:.3g} > {1 - confidence:.3g}: could be luck",
+            figures,
+        )
+    return Decision(
+        True,
+        f"held-out {challenger.accuracy:.3f} vs {champion.accuracy:.3f} ({gain:+.3f}; McNemar p = {test['p_value']:.3g})",
+        figures,
+    )
 
 
 # -- the record -------------------------------------------------------------------------------------
+
 
 def empty() -> dict[str, Any]:
     return {"champion": None, "history": []}
 
 
-def entry(event: str, measured: Measured | None, *, by: str, reason: str, at: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def entry(
+    event: str, measured: Measured | None, *, by: str, reason: str, at: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One line of the history: promoted / kept / promoted-by-person / rolled-back."""
     out: dict[str, Any] = {"event": event, "by": by, "reason": reason, "at": at}
     if measured is not None:
-        out.update(measured.figures(), policy_ref={k: measured.policy.get(k) for k in ("stage", "version", "fingerprint", "content")})
+        out.update(
+            measured.figures(),
+            policy_ref={k: measured.policy.get(k) for k in ("stage", "version", "fingerprint", "content")},
+        )
     out.update(extra or {})
     return out
 
 
-def champion_entry(record: dict[str, Any], measured: Measured, *, trained_from: dict[str, Any] | None, data: str | None) -> dict[str, Any]:
+def champion_entry(
+    record: dict[str, Any], measured: Measured, *, trained_from: dict[str, Any] | None, data: str | None
+) -> dict[str, Any]:
     """The `champion` field: the policy, its figures, and what it was trained from on which data (so a
     night whose data did not change replays the same training and reuses every stage)."""
-    return {**measured.figures(), "policy_ref": dict(measured.policy), "trained_from": trained_from, "data": data,
-            "correct": measured.correct}
+    return {
+        **measured.figures(),
+        "policy_ref": dict(measured.policy),
+        "trained_from": trained_from,
+        "data": data,
+        "correct": measured.correct,
+    }

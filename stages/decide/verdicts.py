@@ -38,7 +38,12 @@ class Evaluation:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Evaluation:
-        return cls(**{k: d.get(k) for k in ("cycle", "round", "heldout_accuracy", "train_reward", "train_reward_first", "finding")})
+        return cls(
+            **{
+                k: d.get(k)
+                for k in ("cycle", "round", "heldout_accuracy", "train_reward", "train_reward_first", "finding")
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,9 @@ def hacking_evidence(history: list[Evaluation], guard) -> dict[str, Any] | None:
     return None
 
 
-def guard_in_training(train_curve: list[tuple[int, float]], probe_curve: list[tuple[int, float]], guard) -> dict[str, Any] | None:
+def guard_in_training(
+    train_curve: list[tuple[int, float]], probe_curve: list[tuple[int, float]], guard
+) -> dict[str, Any] | None:
     """The guard's rule during training: the training reward rose by at least `guard.train_rise` while the
     held-out probe (the first probe, before training, to the latest) gained less than `guard.heldout_gain`.
     The reward is smoothed: the mean of the first two logged windows against the mean of the last two
@@ -99,9 +106,16 @@ def guard_in_training(train_curve: list[tuple[int, float]], probe_curve: list[tu
     rise, gain = now - start, p_now - p0
     if rise >= guard.train_rise and gain < guard.heldout_gain:
         return {
-            "train_reward_start": start, "train_reward_now": now, "train_reward_rise": rise, "train_reward_step": now_step,
-            "heldout_accuracy_start": p0, "heldout_accuracy_now": p_now, "heldout_gain": gain, "probe_step": p_step,
-            "train_reward_curve": [list(p) for p in train_curve], "heldout_probe_curve": [list(p) for p in probe_curve],
+            "train_reward_start": start,
+            "train_reward_now": now,
+            "train_reward_rise": rise,
+            "train_reward_step": now_step,
+            "heldout_accuracy_start": p0,
+            "heldout_accuracy_now": p_now,
+            "heldout_gain": gain,
+            "probe_step": p_step,
+            "train_reward_curve": [list(p) for p in train_curve],
+            "heldout_probe_curve": [list(p) for p in probe_curve],
         }
     return None
 
@@ -145,9 +159,13 @@ def stops(kind: str | None, guard) -> bool:
 
 
 def describe(kind: str | None) -> str:
-    return {OVERFITTING: "the policy learns its training prompts and it does not carry over to held-out ones (overfitting)",
-            SHARPENING: "sampling catches up with what greedy decoding already answered (sharpening: harmless)"}.get(
-        kind or HACKING, "the policy is learning to please the reward, not to solve the task (hacking); read the trajectories and fix the reward")
+    return {
+        OVERFITTING: "the policy learns its training prompts and it does not carry over to held-out ones (overfitting)",
+        SHARPENING: "sampling catches up with what greedy decoding already answered (sharpening: harmless)",
+    }.get(
+        kind or HACKING,
+        "the policy is learning to please the reward, not to solve the task (hacking); read the trajectories and fix the reward",
+    )
 
 
 def decide(history: list[Evaluation], cfg) -> Decision:
@@ -163,15 +181,19 @@ def decide(history: list[Evaluation], cfg) -> Decision:
     if evidence is not None:
         kind = last.finding or HACKING  # the GRPO round named it from its training-prompt probe, where it had one
         evidence["finding"] = kind
-        reason = (f"training reward rose {evidence['train_reward_rise']:+.3f} (from {evidence['train_reward_start']:.3f} to "
-                  f"{evidence['train_reward_now']:.3f}) while held-out accuracy changed {evidence['heldout_gain']:+.3f} "
-                  f"(from {evidence['heldout_accuracy_start']:.3f} to {evidence['heldout_accuracy_now']:.3f}): {describe(kind)}")
+        reason = (
+            f"training reward rose {evidence['train_reward_rise']:+.3f} (from {evidence['train_reward_start']:.3f} to "
+            f"{evidence['train_reward_now']:.3f}) while held-out accuracy changed {evidence['heldout_gain']:+.3f} "
+            f"(from {evidence['heldout_accuracy_start']:.3f} to {evidence['heldout_accuracy_now']:.3f}): {describe(kind)}"
+        )
         if stops(kind, cfg.guard):
             return Decision(REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT, reason, evidence)
         warning = reason
 
     if last.heldout_accuracy >= cfg.target:
-        return Decision(TARGET_REACHED, f"held-out accuracy {last.heldout_accuracy:.3f} >= target {cfg.target}", warning=warning)
+        return Decision(
+            TARGET_REACHED, f"held-out accuracy {last.heldout_accuracy:.3f} >= target {cfg.target}", warning=warning
+        )
 
     # Consecutive evaluations at the end of this cycle without a gain of min_delta over the one before.
     stalls = 0
@@ -185,9 +207,17 @@ def decide(history: list[Evaluation], cfg) -> Decision:
     out_of_rounds = len(rounds) >= cfg.max_rounds
 
     if not stalled and not out_of_rounds:
-        return Decision(CONTINUE, f"held-out accuracy {last.heldout_accuracy:.3f} (gain {gain:+.3f}); another GRPO round", evidence, warning)
-    why = (f"no gain of {cfg.min_delta} for {stalls} evaluation(s) (patience {cfg.patience})" if stalled
-           else f"all {cfg.max_rounds} GRPO round(s) of cycle {last.cycle} used")
+        return Decision(
+            CONTINUE,
+            f"held-out accuracy {last.heldout_accuracy:.3f} (gain {gain:+.3f}); another GRPO round",
+            evidence,
+            warning,
+        )
+    why = (
+        f"no gain of {cfg.min_delta} for {stalls} evaluation(s) (patience {cfg.patience})"
+        if stalled
+        else f"all {cfg.max_rounds} GRPO round(s) of cycle {last.cycle} used"
+    )
     if last.cycle < cfg.max_cycles:
         return Decision(BACK_TO_SFT, f"{why}; back to SFT for cycle {last.cycle + 1}", evidence, warning)
     if stalled:

@@ -1,7 +1,6 @@
 """The pieces every environment is made of (see the package docstring): `Environment`, the `tool`
 decorator whose failures end an episode, `Episode`, and `register`."""
 
-
 from __future__ import annotations
 
 import functools
@@ -9,7 +8,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
 
 MAX_RESULT_CHARS = 2000
 _REGISTRY: dict[str, type] = {}
@@ -63,7 +61,11 @@ def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # noqa: BLE001 - any failure of a tool ends the episode, never the stage
             ep.failure = entry["error"] = f"{fn.__name__} raised {type(exc).__name__}: {exc}"[:500]
             return f"error: {ep.failure}"
-        if isinstance(result, bool) or not isinstance(result, (str, int, float)) or (isinstance(result, float) and not math.isfinite(result)):
+        if (
+            isinstance(result, bool)
+            or not isinstance(result, (str, int, float))
+            or (isinstance(result, float) and not math.isfinite(result))
+        ):
             ep.failure = entry["error"] = f"{fn.__name__} returned {type(result).__name__}, not text or a number"
             return f"error: {ep.failure}"
         text = str(result)
@@ -119,5 +121,8 @@ def tools_of(instance: Any) -> list[Callable[..., Any]]:
     """The tools an instance exposes, as TRL finds them: public methods other than reset/get_reward."""
     import inspect
 
-    return [getattr(instance, n) for n, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
-            if n not in ("reset", "get_reward") and not n.startswith("_")]
+    return [
+        getattr(instance, n)
+        for n, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if n not in ("reset", "get_reward") and not n.startswith("_")
+    ]

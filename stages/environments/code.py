@@ -54,5 +54,7 @@ class CodeEnvironment(Environment):
 
     def _score(self, final_answer: str) -> float:
         row = self.episode.row
-        value = self._judge(prompts=[row.get("prompt")], completions=[final_answer], **_columns(row, visible_only=False))[0]
+        value = self._judge(
+            prompts=[row.get("prompt")], completions=[final_answer], **_columns(row, visible_only=False)
+        )[0]
         return float(value or 0.0)

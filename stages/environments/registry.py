@@ -7,9 +7,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from regimen.stages.core.errors import InputError
 from regimen.stages.environments import code, probe  # noqa: F401 - they register themselves
 from regimen.stages.environments.base import registered
-from regimen.stages.core.errors import InputError
 
 
 def known() -> list[str]:
@@ -29,7 +29,9 @@ def get(name: str) -> type:
         if not isinstance(cls, type) or not callable(getattr(cls, "reset", None)):
             raise InputError(f"environment.name: {name!r} is not an environment class (it needs a reset method)")
         return cls
-    raise InputError(f"environment.name: unknown environment {name!r}; known: {', '.join(known())}, or a dotted path 'pkg.module:Class'")
+    raise InputError(
+        f"environment.name: unknown environment {name!r}; known: {', '.join(known())}, or a dotted path 'pkg.module:Class'"
+    )
 
 
 def factory(spec) -> Callable[[], Any]:

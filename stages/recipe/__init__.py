@@ -21,7 +21,17 @@ from regimen.stages.core.errors import InputError
 from regimen.stages.recipe import defaults
 from regimen.stages.recipe.schema import Recipe, RewardSpec
 
-__all__ = ["Recipe", "RewardSpec", "load_recipe", "recipe_from_dict", "parse_set", "apply_overrides", "read_yaml", "explain", "raw_of"]
+__all__ = [
+    "Recipe",
+    "RewardSpec",
+    "load_recipe",
+    "recipe_from_dict",
+    "parse_set",
+    "apply_overrides",
+    "read_yaml",
+    "explain",
+    "raw_of",
+]
 
 _YAML11_WORDS = {"yes", "no", "on", "off", "y", "n"}
 _KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
@@ -107,12 +117,21 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             section = ".".join(str(p) for p in loc[:-1])
             allowed = _allowed_fields(loc[:-1], err)
-            msg = f"unknown {'field' if section else 'section'}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+            msg = f"unknown {'field' if section else 'section'}" + (
+                f"; allowed: {', '.join(allowed)}" if allowed else ""
+            )
         elif err["type"] == "union_tag_invalid":
             from regimen.stages.tasks.registry import TASKS
 
-            where, msg = "data.task", f"unknown task {err.get('input', {}).get('task') if isinstance(err.get('input'), dict) else err.get('input')!r}; tasks: {', '.join(TASKS)}"
-        elif err["type"] not in ("value_error", "assertion_error") and "input" in err and not isinstance(err["input"], dict):
+            where, msg = (
+                "data.task",
+                f"unknown task {err.get('input', {}).get('task') if isinstance(err.get('input'), dict) else err.get('input')!r}; tasks: {', '.join(TASKS)}",
+            )
+        elif (
+            err["type"] not in ("value_error", "assertion_error")
+            and "input" in err
+            and not isinstance(err["input"], dict)
+        ):
             shown = repr(err["input"])
             msg = f"{msg} (got {shown[:80] + '...' if len(shown) > 80 else shown})"
         lines.append(f"{where}: {msg}" if where else msg)
@@ -170,7 +189,9 @@ def recipe_from_dict(data: dict[str, Any], source: str = "<dict>", *, check_trl:
     return recipe
 
 
-def load_recipe(path: str | Path, overrides: dict[str, Any] | list[str] | None = None, *, check_trl: bool = True) -> Recipe:
+def load_recipe(
+    path: str | Path, overrides: dict[str, Any] | list[str] | None = None, *, check_trl: bool = True
+) -> Recipe:
     """Read, override, validate and resolve a recipe; any problem is an InputError naming the field or line."""
     if isinstance(overrides, list):
         overrides = parse_set(overrides)
@@ -190,7 +211,9 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
 
     def emit(indent: int, key: str, value: Any, origin: str) -> None:
         flow = isinstance(value, (dict, list))
-        text = yaml.safe_dump({key: value}, default_flow_style=False if not flow else None, width=10_000, sort_keys=False).strip()
+        text = yaml.safe_dump(
+            {key: value}, default_flow_style=False if not flow else None, width=10_000, sort_keys=False
+        ).strip()
         if flow:
             text = f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
         lines.append(f"{'  ' * indent}{text}  # {origin}")
@@ -221,7 +244,9 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
         elif isinstance(value, list) and section == "rewards":
             lines.append(f"rewards:  # {'recipe' if given is not _MISSING else 'Regimen default'}")
             for item in value:
-                lines.append("  - " + yaml.safe_dump(item, default_flow_style=True, width=10_000, sort_keys=False).strip())
+                lines.append(
+                    "  - " + yaml.safe_dump(item, default_flow_style=True, width=10_000, sort_keys=False).strip()
+                )
         else:
             emit(0, section, value, "recipe" if given is not _MISSING else "Regimen default")
     return "\n".join(lines) + "\n"
@@ -245,7 +270,9 @@ def _explain_trl(recipe: Recipe, section: str, given: Any, all_fields: bool, emi
         if key in shown or key in defaults.RESERVED - {"reward_weights"} or not hasattr(built, key):
             continue
         shown.append(key)
-        if key in given and key in trl.BUILT_BY_REGIMEN and key not in extra:  # kept by Regimen, not handed to TRL's config
+        if (
+            key in given and key in trl.BUILT_BY_REGIMEN and key not in extra
+        ):  # kept by Regimen, not handed to TRL's config
             emit(1, key, getattr(recipe, section)[key], f"recipe; {trl.BUILT_BY_REGIMEN[key]}")
             continue
         if key in given:
@@ -258,7 +285,9 @@ def _explain_trl(recipe: Recipe, section: str, given: Any, all_fields: bool, emi
             origin = "TRL default"
         emit(1, key, _plain(getattr(built, key)), origin)
     if not all_fields:
-        lines.append(f"  # ... and {len(defaults.trl_fields(section)) - len(shown)} more TRL values (regimen check --all)")
+        lines.append(
+            f"  # ... and {len(defaults.trl_fields(section)) - len(shown)} more TRL values (regimen check --all)"
+        )
 
 
 def _plain(value: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -15,7 +15,9 @@ from regimen.stages.tasks import registry as tasks
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN and infinities refused at the door
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False
+    )  # NaN and infinities refused at the door
 
 
 class TinyModel(Section):
@@ -27,7 +29,9 @@ class TinyModel(Section):
     num_attention_heads: int = Field(4, gt=0, le=1024)
     max_position_embeddings: int = Field(64, gt=8, le=1 << 20)
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    chat: bool = Field(False, description="give the tokenizer a compact chat template with tool calls (for environment recipes)")
+    chat: bool = Field(
+        False, description="give the tokenizer a compact chat template with tool calls (for environment recipes)"
+    )
 
 
 def looks_like_path(v: str) -> bool:
@@ -52,7 +56,9 @@ class ModelSection(Section):
     name_or_path: str = Field("tiny", description="hub id, local folder, or 'tiny' for the embedded model")
     tiny: TinyModel = TinyModel()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    merge_lora: bool = Field(True, description="with peft: merge the adapter into the saved policy so later stages load a plain model")
+    merge_lora: bool = Field(
+        True, description="with peft: merge the adapter into the saved policy so later stages load a plain model"
+    )
 
     @field_validator("name_or_path")
     @classmethod
@@ -60,7 +66,7 @@ class ModelSection(Section):
         return check_model_ref(v)
 
 
-DataSection = Annotated[Union[tasks.options_models()], Field(discriminator="task")]  # type: ignore[valid-type]
+DataSection = Annotated[tasks.options_models(), Field(discriminator="task")]  # type: ignore[valid-type]
 
 
 class TeacherSection(Section):
@@ -71,9 +77,16 @@ class TeacherSection(Section):
     kind: Literal["oracle", "weak", "model", "self", "none"] = "oracle"
     name_or_path: str | None = None
     samples_per_prompt: int = Field(4, ge=1, le=1024, description="model/self: completions generated per prompt")
-    min_reward: float = Field(1.0, ge=-1e9, le=1e9, description="model/self: keep a trace only when its total reward is at least this")
+    min_reward: float = Field(
+        1.0, ge=-1e9, le=1e9, description="model/self: keep a trace only when its total reward is at least this"
+    )
     temperature: float = Field(1.0, gt=0, le=100)
-    max_prompts: int | None = Field(None, gt=0, le=10**9, description="traces for at most this many training prompts (a cycle's fresh draw; default: all)")
+    max_prompts: int | None = Field(
+        None,
+        gt=0,
+        le=10**9,
+        description="traces for at most this many training prompts (a cycle's fresh draw; default: all)",
+    )
 
     @model_validator(mode="after")
     def _needs_model(self) -> TeacherSection:
@@ -104,7 +117,9 @@ class DryRunSection(Section):
 
     num_prompts: int = Field(32, gt=0, le=10**6, description="prompts sampled, num_generations completions each")
     min_mean_reward: float = Field(0.05, ge=-1e9, le=1e9, description="below this the task is hopeless for this policy")
-    max_mean_reward: float = Field(0.95, ge=-1e9, le=1e9, description="above this the task is trivial: nothing left to learn")
+    max_mean_reward: float = Field(
+        0.95, ge=-1e9, le=1e9, description="above this the task is trivial: nothing left to learn"
+    )
     max_frac_zero_std: float = Field(0.8, ge=0, le=1, description="most groups without variance teach nothing")
 
 
@@ -118,18 +133,37 @@ class ProbeSection(Section):
     """The held-out probe inside GRPO: greedy accuracy on a small held-out sample every `steps` steps, which
     the reward-hacking guard watches during training and which picks the checkpoint the version keeps."""
 
-    steps: int = Field(50, ge=0, le=10**9, description="probe every this many GRPO steps (0: no probe, the guard speaks after the round)")
+    steps: int = Field(
+        50,
+        ge=0,
+        le=10**9,
+        description="probe every this many GRPO steps (0: no probe, the guard speaks after the round)",
+    )
     prompts: int = Field(64, gt=0, le=10**6, description="held-out prompts per probe (greedy)")
-    keep: Literal["best", "last"] = Field("best", description="the GRPO version holds the best-probing checkpoint, or the last")
-    stop_at_target: bool = Field(True, description="end the GRPO round once two probes in a row reach cycle.target (evaluation then decides on the whole set)")
-    train_prompts: int = Field(32, ge=0, le=10**6, description="training prompts answered greedily at each probe too: tells hacking, overfitting and sharpening apart (0: none)")
+    keep: Literal["best", "last"] = Field(
+        "best", description="the GRPO version holds the best-probing checkpoint, or the last"
+    )
+    stop_at_target: bool = Field(
+        True,
+        description="end the GRPO round once two probes in a row reach cycle.target (evaluation then decides on the whole set)",
+    )
+    train_prompts: int = Field(
+        32,
+        ge=0,
+        le=10**6,
+        description="training prompts answered greedily at each probe too: tells hacking, overfitting and sharpening apart (0: none)",
+    )
 
 
 class EvalSection(Section):
     batch_size: int = Field(64, gt=0, le=1 << 20, description="held-out prompts per generate() call (greedy)")
-    max_new_tokens: int | None = Field(None, gt=0, le=10**7, description="default: grpo.max_completion_length as resolved")
+    max_new_tokens: int | None = Field(
+        None, gt=0, le=10**7, description="default: grpo.max_completion_length as resolved"
+    )
     trajectories: int = Field(50, ge=0, le=10**6, description="held-out samples written to trajectories.jsonl")
-    metric: str = Field("exact_match", description="'exact_match' against the `answer` column, or a reward name (1.0 counts as correct)")
+    metric: str = Field(
+        "exact_match", description="'exact_match' against the `answer` column, or a reward name (1.0 counts as correct)"
+    )
 
 
 class GuardSection(Section):
@@ -139,10 +173,19 @@ class GuardSection(Section):
     greedy decoding already scored: harmless)."""
 
     train_rise: float = Field(0.2, ge=-1e9, le=1e9, description="a rise of the training reward at least this large ...")
-    heldout_gain: float = Field(0.02, ge=-1, le=1, description="... with held-out accuracy gaining less than this is suspicious")
+    heldout_gain: float = Field(
+        0.02, ge=-1, le=1, description="... with held-out accuracy gaining less than this is suspicious"
+    )
     action: Literal["stop", "warn"] = Field("stop", description="on hacking: stop the stage, or warn and go on")
-    on_overfitting: Literal["stop", "warn"] = Field("warn", description="on overfitting: stop the stage, or warn and go on")
-    sharpening_margin: float = Field(0.05, ge=0, le=1e9, description="sampled reward within this of the greedy reward before training counts as sharpening")
+    on_overfitting: Literal["stop", "warn"] = Field(
+        "warn", description="on overfitting: stop the stage, or warn and go on"
+    )
+    sharpening_margin: float = Field(
+        0.05,
+        ge=0,
+        le=1e9,
+        description="sampled reward within this of the greedy reward before training counts as sharpening",
+    )
 
 
 class BandsSection(Section):
@@ -154,12 +197,19 @@ class CurriculumSection(Section):
     """GRPO's prompts chosen by pass rate (`stages/training/curriculum.py`): prompts whose latest groups all
     scored alike are set aside and re-admitted later; the rest are drawn by difficulty band."""
 
-    enabled: bool = Field(False, description="true: GRPO draws its prompts by pass rate; false (default): TRL's own sampler (a uniform shuffle of the training rows)")
+    enabled: bool = Field(
+        False,
+        description="true: GRPO draws its prompts by pass rate; false (default): TRL's own sampler (a uniform shuffle of the training rows)",
+    )
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
-    readmit_after: int = Field(50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again")
+    readmit_after: int = Field(
+        50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again"
+    )
     bands: BandsSection = BandsSection()
     weights: dict[Literal["easy", "normal", "hard"], float] = Field(
-        {"easy": 0.1, "normal": 0.7, "hard": 0.2}, description="each active prompt's weight in a draw, by its band (a band is drawn in proportion to weight x its active prompts)")
+        {"easy": 0.1, "normal": 0.7, "hard": 0.2},
+        description="each active prompt's weight in a draw, by its band (a band is drawn in proportion to weight x its active prompts)",
+    )
 
     @field_validator("weights")
     @classmethod
@@ -175,9 +225,13 @@ class CycleSection(Section):
     target: float = Field(0.95, ge=0, le=1, description="held-out accuracy that ends the flow")
     min_delta: float = Field(0.02, ge=0, le=1, description="held-out gain that counts as progress")
     patience: int = Field(1, ge=1, le=1000, description="evaluations without progress before going back to SFT")
-    stop_when_taught: bool = Field(True, description="end the cycle after SFT when its held-out accuracy already meets the target (no GRPO round)")
+    stop_when_taught: bool = Field(
+        True, description="end the cycle after SFT when its held-out accuracy already meets the target (no GRPO round)"
+    )
     start_from: Literal["champion", "base", "latest"] = Field(
-        "champion", description="cycle 1 starts from the experiment's champion (the base model until there is one), the base model, or the latest good policy")
+        "champion",
+        description="cycle 1 starts from the experiment's champion (the base model until there is one), the base model, or the latest good policy",
+    )
     guard: GuardSection = GuardSection()
 
 
@@ -185,8 +239,15 @@ class PromoteSection(Section):
     """When a run's challenger replaces the experiment's champion (`stages/decide/promotion.py`)."""
 
     enabled: bool = Field(True, description="promote a better challenger (false: decide and record, never promote)")
-    min_gain: float = Field(0.02, ge=0, le=1, description="held-out accuracy the challenger must gain over the champion at least")
-    confidence: float = Field(0.9, gt=0, lt=1, description="an exact McNemar test over the frozen set's prompts must reject 'no better' at this level")
+    min_gain: float = Field(
+        0.02, ge=0, le=1, description="held-out accuracy the challenger must gain over the champion at least"
+    )
+    confidence: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="an exact McNemar test over the frozen set's prompts must reject 'no better' at this level",
+    )
     test: Literal["mcnemar"] = "mcnemar"
 
 
@@ -214,8 +275,10 @@ class EnvironmentSection(Section):
         try:
             factory(self)()
         except Exception as exc:  # noqa: BLE001 - an environment's constructor is user code: its error, named
-            raise ValueError(f"environment.args: {self.name} could not be made with {dict(self.args)!r}: "
-                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+            raise ValueError(
+                f"environment.args: {self.name} could not be made with {dict(self.args)!r}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from None
         return self
 
 
@@ -224,22 +287,49 @@ class LimitsSection(Section):
     sets them for every run it serves (a UI run cannot raise them: `limits.*` is not on the allow-list).
     They do not enter fingerprints: they refuse or stop a run, they never change what it computes."""
 
-    max_steps: int | None = Field(None, ge=1, le=10**9, description="a training stage's max_steps at most (epoch-based training refused)")
-    max_checkpoints: int | None = Field(None, ge=2, le=10**6, description="checkpoints a training stage keeps at most (its save_total_limit)")
+    max_steps: int | None = Field(
+        None, ge=1, le=10**9, description="a training stage's max_steps at most (epoch-based training refused)"
+    )
+    max_checkpoints: int | None = Field(
+        None, ge=2, le=10**6, description="checkpoints a training stage keeps at most (its save_total_limit)"
+    )
     max_hours: float | None = Field(None, gt=0, le=10**5, description="wall time of the run: training stops past it")
-    max_disk_gb: float | None = Field(None, gt=0, le=10**7, description="the experiment folder's size: training stops past it at a save")
+    max_disk_gb: float | None = Field(
+        None, gt=0, le=10**7, description="the experiment folder's size: training stops past it at a save"
+    )
 
 
 ACCELERATE_FLAGS = {
-    "--mixed_precision", "--gpu_ids", "--dynamo_backend",
-    "--same_network", "--rdzv_backend", "--max_restarts", "--monitor_interval", "--deepspeed_config_file",
-    "--zero_stage", "--gradient_accumulation_steps", "--use_fsdp", "--use_deepspeed", "--fsdp_version",
-    "--num_cpu_threads_per_process", "--debug", "--quiet", "-q",
+    "--mixed_precision",
+    "--gpu_ids",
+    "--dynamo_backend",
+    "--same_network",
+    "--rdzv_backend",
+    "--max_restarts",
+    "--monitor_interval",
+    "--deepspeed_config_file",
+    "--zero_stage",
+    "--gradient_accumulation_steps",
+    "--use_fsdp",
+    "--use_deepspeed",
+    "--fsdp_version",
+    "--num_cpu_threads_per_process",
+    "--debug",
+    "--quiet",
+    "-q",
 }
 # accelerate launch options that are the section's own fields (typed and checked), never extra_args
-ACCELERATE_FIELDS = {"--num_processes": "num_processes", "--num_machines": "num_machines", "--machine_rank": "machine_rank",
-                     "--main_process_ip": "main_process_ip", "--main_process_port": "main_process_port", "--config_file": "config_file"}
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+ACCELERATE_FIELDS = {
+    "--num_processes": "num_processes",
+    "--num_machines": "num_machines",
+    "--machine_rank": "machine_rank",
+    "--main_process_ip": "main_process_ip",
+    "--main_process_port": "main_process_port",
+    "--config_file": "config_file",
+}
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 
 
 class AccelerateSection(Section):
@@ -251,22 +341,36 @@ class AccelerateSection(Section):
     (`run/launcher.py`). `num_machines`, `machine_rank` and the address do not enter fingerprints: where the
     processes run does not change what they compute (`tests/test_launch.py`)."""
 
-    num_processes: int = Field(2, ge=1, le=4096, description="processes of the whole job, across all machines (accelerate's --num_processes)")
+    num_processes: int = Field(
+        2, ge=1, le=4096, description="processes of the whole job, across all machines (accelerate's --num_processes)"
+    )
     num_machines: int = Field(1, ge=1, le=1024, description="machines the job spans (accelerate's --num_machines)")
-    machine_rank: int = Field(0, ge=0, le=1023, description="this machine's rank, below num_machines; 0 writes the stage's outputs")
-    main_process_ip: str | None = Field(None, max_length=253, validate_default=True,
-                                        description="address (IP or host name) of machine_rank 0, which every machine reaches; needed when num_machines > 1")
-    main_process_port: int = Field(0, ge=0, le=65535, validate_default=True, description="its port (0: a free one, only on one machine)")
+    machine_rank: int = Field(
+        0, ge=0, le=1023, description="this machine's rank, below num_machines; 0 writes the stage's outputs"
+    )
+    main_process_ip: str | None = Field(
+        None,
+        max_length=253,
+        validate_default=True,
+        description="address (IP or host name) of machine_rank 0, which every machine reaches; needed when num_machines > 1",
+    )
+    main_process_port: int = Field(
+        0, ge=0, le=65535, validate_default=True, description="its port (0: a free one, only on one machine)"
+    )
     config_file: str | None = None
-    extra_args: list[str] = Field([], description="more `accelerate launch` options (only known ones: no program or script)")
+    extra_args: list[str] = Field(
+        [], description="more `accelerate launch` options (only known ones: no program or script)"
+    )
 
     @field_validator("num_machines")
     @classmethod
     def _whole_processes(cls, v: int, info) -> int:
         n = info.data.get("num_processes")
         if n is not None and n % v:
-            raise ValueError(f"{n} processes (accelerate.num_processes, the whole job's) do not split evenly over {v} machines; "
-                             f"give each machine the same number")
+            raise ValueError(
+                f"{n} processes (accelerate.num_processes, the whole job's) do not split evenly over {v} machines; "
+                f"give each machine the same number"
+            )
         return v
 
     @field_validator("machine_rank")
@@ -274,7 +378,9 @@ class AccelerateSection(Section):
     def _rank_below_machines(cls, v: int, info) -> int:
         machines = info.data.get("num_machines")
         if machines is not None and v >= machines:
-            raise ValueError(f"{v} must be below accelerate.num_machines ({machines}): machines are ranked 0..{machines - 1}")
+            raise ValueError(
+                f"{v} must be below accelerate.num_machines ({machines}): machines are ranked 0..{machines - 1}"
+            )
         return v
 
     @field_validator("main_process_ip")
@@ -283,7 +389,9 @@ class AccelerateSection(Section):
         machines = info.data.get("num_machines") or 1
         if v is None:
             if machines > 1:
-                raise ValueError(f"required with accelerate.num_machines {machines}: the address of machine_rank 0 that every machine reaches")
+                raise ValueError(
+                    f"required with accelerate.num_machines {machines}: the address of machine_rank 0 that every machine reaches"
+                )
             return v
         import ipaddress
 
@@ -294,7 +402,9 @@ class AccelerateSection(Section):
                 raise ValueError(f"{v!r} is neither an IP address nor a host name") from None
             return v
         if ip.is_unspecified or ip.is_multicast:
-            raise ValueError(f"{v!r} is not an address another machine can connect to (give machine_rank 0's own address)")
+            raise ValueError(
+                f"{v!r} is not an address another machine can connect to (give machine_rank 0's own address)"
+            )
         return v
 
     @field_validator("main_process_port")
@@ -302,8 +412,10 @@ class AccelerateSection(Section):
     def _port(cls, v: int, info) -> int:
         machines = info.data.get("num_machines") or 1
         if machines > 1 and v == 0:
-            raise ValueError(f"set a port with accelerate.num_machines {machines}: 0 picks a free port on each machine separately, "
-                             "so they would never meet; every machine gives the same port, free on machine_rank 0")
+            raise ValueError(
+                f"set a port with accelerate.num_machines {machines}: 0 picks a free port on each machine separately, "
+                "so they would never meet; every machine gives the same port, free on machine_rank 0"
+            )
         return v
 
     @field_validator("config_file")
@@ -327,8 +439,17 @@ class AccelerateSection(Section):
             if flag in ACCELERATE_FIELDS:
                 raise ValueError(f"{flag} is a field of the section: set accelerate.{ACCELERATE_FIELDS[flag]}")
             if flag not in ACCELERATE_FLAGS:
-                raise ValueError(f"{arg!r} is not an allowed accelerate launch option (allowed: {', '.join(sorted(ACCELERATE_FLAGS))})")
-            expect_value = "=" not in arg and flag not in ("--debug", "--quiet", "-q", "--same_network", "--use_fsdp", "--use_deepspeed")
+                raise ValueError(
+                    f"{arg!r} is not an allowed accelerate launch option (allowed: {', '.join(sorted(ACCELERATE_FLAGS))})"
+                )
+            expect_value = "=" not in arg and flag not in (
+                "--debug",
+                "--quiet",
+                "-q",
+                "--same_network",
+                "--use_fsdp",
+                "--use_deepspeed",
+            )
         return v
 
 
@@ -338,14 +459,21 @@ class Recipe(Section):
     data: DataSection = Field(default_factory=lambda: tasks.TASKS["addition"].Options())  # type: ignore[valid-type]
     teacher: TeacherSection = TeacherSection()
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="answer")], min_length=1)
-    sft: dict[str, Any] = Field({}, validate_default=True, description="TRL SFTConfig fields, resolved: the recipe's over Regimen's defaults")
+    sft: dict[str, Any] = Field(
+        {}, validate_default=True, description="TRL SFTConfig fields, resolved: the recipe's over Regimen's defaults"
+    )
     peft: dict[str, Any] | None = None
     dry_run: DryRunSection = DryRunSection()
     smoke: SmokeSection = SmokeSection()
-    grpo: dict[str, Any] = Field({}, validate_default=True, description="TRL GRPOConfig fields, resolved: the recipe's over Regimen's defaults")
-    distill: dict[str, Any] | None = Field(None, description="TRL DistillationConfig fields for the on-policy distillation stage (after SFT; "
-                                           "skipped when absent); the teacher is distill.teacher_model_name_or_path: a folder, a hub id, "
-                                           "or champion:<experiment> (that experiment's champion in this store)")
+    grpo: dict[str, Any] = Field(
+        {}, validate_default=True, description="TRL GRPOConfig fields, resolved: the recipe's over Regimen's defaults"
+    )
+    distill: dict[str, Any] | None = Field(
+        None,
+        description="TRL DistillationConfig fields for the on-policy distillation stage (after SFT; "
+        "skipped when absent); the teacher is distill.teacher_model_name_or_path: a folder, a hub id, "
+        "or champion:<experiment> (that experiment's champion in this store)",
+    )
     probe: ProbeSection = ProbeSection()
     eval: EvalSection = EvalSection()
     cycle: CycleSection = CycleSection()
@@ -373,17 +501,23 @@ class Recipe(Section):
     def _distill_fields(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is None:
             return None
-        resolved = defaults.resolve_trl("distill", defaults.coerce("distill", v, defaults.trl_fields("distill"), "TRL's DistillationConfig"))
+        resolved = defaults.resolve_trl(
+            "distill", defaults.coerce("distill", v, defaults.trl_fields("distill"), "TRL's DistillationConfig")
+        )
         teacher = resolved.get("teacher_model_name_or_path")
         if not isinstance(teacher, str) or not teacher.strip():
-            raise ValueError("distill.teacher_model_name_or_path: name the teacher to distil from: a model folder, a hub id, "
-                             "or champion:<experiment> (the champion of another experiment in this store)")
+            raise ValueError(
+                "distill.teacher_model_name_or_path: name the teacher to distil from: a model folder, a hub id, "
+                "or champion:<experiment> (the champion of another experiment in this store)"
+            )
         if teacher.startswith("champion:"):
             import re
 
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", teacher.removeprefix("champion:")):
-                raise ValueError(f"distill.teacher_model_name_or_path {teacher!r}: champion:<experiment> takes an experiment name "
-                                 "(letters, digits, '_', '.' or '-')")
+                raise ValueError(
+                    f"distill.teacher_model_name_or_path {teacher!r}: champion:<experiment> takes an experiment name "
+                    "(letters, digits, '_', '.' or '-')"
+                )
         return resolved
 
     @field_validator("peft")
@@ -395,51 +529,76 @@ class Recipe(Section):
 
         from peft import LoraConfig
 
-        return defaults.coerce("peft", v, {f.name: f for f in dataclasses.fields(LoraConfig) if f.init}, "peft's LoraConfig")
+        return defaults.coerce(
+            "peft", v, {f.name: f for f in dataclasses.fields(LoraConfig) if f.init}, "peft's LoraConfig"
+        )
 
     @model_validator(mode="after")
     def _rules(self) -> Recipe:
         """Regimen's own rules; TRL's (group sizes, batch divisibility, ...) run when the configs are built
         (`recipe/trl.py`, at the door: `load_recipe`)."""
         if self.grpo["beta"] <= 0:
-            raise ValueError("grpo.beta must be > 0: Regimen's GRPO stage always trains with a KL penalty that limits drift")
+            raise ValueError(
+                "grpo.beta must be > 0: Regimen's GRPO stage always trains with a KL penalty that limits drift"
+            )
         from regimen.stages.rewards import check_specs
 
         names = check_specs(self.rewards)
         if not any(r.weight > 0 for r in self.rewards):
             raise ValueError("rewards: every reward has weight 0 (monitors only); at least one must train (weight > 0)")
         if self.eval.metric != "exact_match" and self.eval.metric not in names:
-            raise ValueError(f"eval.metric {self.eval.metric!r} must be 'exact_match' or one of the recipe's rewards: {', '.join(names)}")
+            raise ValueError(
+                f"eval.metric {self.eval.metric!r} must be 'exact_match' or one of the recipe's rewards: {', '.join(names)}"
+            )
         self._within_limits()
         if self.environment is not None:
             if self.eval.metric == "exact_match":
-                raise ValueError("eval.metric: with an environment, evaluation judges episodes: name a reward (e.g. episode), not exact_match")
+                raise ValueError(
+                    "eval.metric: with an environment, evaluation judges episodes: name a reward (e.g. episode), not exact_match"
+                )
             if self.model.name_or_path == "tiny" and not self.model.tiny.chat:
-                raise ValueError("model.tiny.chat: an environment needs a chat template with tool calls; set model.tiny.chat: true")
+                raise ValueError(
+                    "model.tiny.chat: an environment needs a chat template with tool calls; set model.tiny.chat: true"
+                )
             if self.teacher.kind in ("model", "self"):
-                raise ValueError(f"teacher.kind {self.teacher.kind!r}: with an environment only the task's oracle or weak teacher writes traces "
-                                 "(a model teacher's episodes are not run yet); use oracle, weak or none")
+                raise ValueError(
+                    f"teacher.kind {self.teacher.kind!r}: with an environment only the task's oracle or weak teacher writes traces "
+                    "(a model teacher's episodes are not run yet); use oracle, weak or none"
+                )
             if self.distill is not None:
-                raise ValueError("distill: not with an environment yet: TRL's DistillationTrainer runs tool calls from a list of functions, "
-                                 "not Regimen's environments' episodes (their state, turn limit and episode reward); remove distill: or environment:")
+                raise ValueError(
+                    "distill: not with an environment yet: TRL's DistillationTrainer runs tool calls from a list of functions, "
+                    "not Regimen's environments' episodes (their state, turn limit and episode reward); remove distill: or environment:"
+                )
         if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
-            raise ValueError(f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none")
+            raise ValueError(
+                f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none"
+            )
         return self
 
     def _within_limits(self) -> None:
         """A recipe asking for more than `limits` allows is refused, naming the field and the limit."""
         lim = self.limits
-        sections = {"sft": self.sft, "grpo": self.grpo, "smoke": {"max_steps": self.smoke.max_steps}, **({"distill": self.distill} if self.distill else {})}
+        sections = {
+            "sft": self.sft,
+            "grpo": self.grpo,
+            "smoke": {"max_steps": self.smoke.max_steps},
+            **({"distill": self.distill} if self.distill else {}),
+        }
         for section, values in sections.items():
             if section == "sft" and not self.trains_sft():
                 continue
             steps = values.get("max_steps", -1)  # TRL's default: train by epochs
             if lim.max_steps is not None and steps is not None and not 0 < steps <= lim.max_steps:
                 why = "training by epochs (max_steps -1) is not bounded" if steps <= 0 else f"{steps} asked"
-                raise ValueError(f"{section}.max_steps: at most {lim.max_steps} (limits.max_steps, the operator's limit); {why}")
+                raise ValueError(
+                    f"{section}.max_steps: at most {lim.max_steps} (limits.max_steps, the operator's limit); {why}"
+                )
             kept = values.get("save_total_limit")
             if lim.max_checkpoints is not None and kept is not None and kept > lim.max_checkpoints:
-                raise ValueError(f"{section}.save_total_limit: at most {lim.max_checkpoints} (limits.max_checkpoints, the operator's limit); {kept} asked")
+                raise ValueError(
+                    f"{section}.save_total_limit: at most {lim.max_checkpoints} (limits.max_checkpoints, the operator's limit); {kept} asked"
+                )
 
     # -- resolved values ----------------------------------------------------------------------
     def grpo_value(self, key: str) -> Any:

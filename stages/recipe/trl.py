@@ -120,11 +120,14 @@ def check(recipe) -> None:
         except (ValueError, TypeError) as exc:
             world = _world(recipe, section)
             where = f" (with {world} processes under launcher: accelerate)" if world > 1 else ""
-            raise Rejected(section, _culprits(section, settings(recipe, section), getattr(recipe, section), world), f"{exc}{where}") from None
+            raise Rejected(
+                section, _culprits(section, settings(recipe, section), getattr(recipe, section), world), f"{exc}{where}"
+            ) from None
 
 
 def _culprits(section: str, values: dict[str, Any], given: dict[str, Any], world: int) -> list[str]:
     """The recipe's keys without which TRL accepts the section (each tried alone, then all together)."""
+
     def accepted(without: set[str]) -> bool:
         try:
             _construct(section, {k: v for k, v in values.items() if k not in without}, world)

@@ -32,6 +32,7 @@ from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.store import Store, now_iso
 from regimen.stages.tasks import normalized_prompt
 
+
 class HeldoutDamaged(StoreError):
     """The experiment's frozen held-out set no longer matches its recorded digests (or is gone)."""
 
@@ -49,12 +50,19 @@ def _rows_digest(rows: list[dict[str, Any]]) -> str:
 
 
 def _ref(store: Store, manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"stage": HELDOUT, "version": manifest["version"], "fingerprint": manifest["fingerprint"],
-            "path": str(store.local_path(manifest)), "rows": manifest.get("rows")}
+    return {
+        "stage": HELDOUT,
+        "version": manifest["version"],
+        "fingerprint": manifest["fingerprint"],
+        "path": str(store.local_path(manifest)),
+        "rows": manifest.get("rows"),
+    }
 
 
-WAY_OUT = ("restore it byte for byte, or start a new set (a person's decision; accuracies on the old and new sets are not compared): "
-           "`regimen heldout refresh CONFIG --reason '...'`")
+WAY_OUT = (
+    "restore it byte for byte, or start a new set (a person's decision; accuracies on the old and new sets are not compared): "
+    "`regimen heldout refresh CONFIG --reason '...'`"
+)
 
 
 def _number(entry: str) -> int:
@@ -78,7 +86,9 @@ def problem(store: Store, experiment: str) -> str | None:
             return f"set v{newest['version']} at {where} no longer matches its recorded digests ({'; '.join(bad)})"
         return None
     if store.versions(experiment, DATA) or store.ledger.has(experiment, "champion.json"):
-        return f"the experiment has run before, but its set is gone from {store.backend.stage_path(experiment, HELDOUT)}"
+        return (
+            f"the experiment has run before, but its set is gone from {store.backend.stage_path(experiment, HELDOUT)}"
+        )
     return None
 
 
@@ -86,19 +96,42 @@ def current(store: Store, experiment: str) -> dict[str, Any] | None:
     """A reference to the experiment's frozen held-out set (its newest version), or None before its first
     run. Raises HeldoutDamaged when the set was edited, deleted or its manifest damaged (see the module doc)."""
     if (why := problem(store, experiment)) is not None:
-        raise HeldoutDamaged(f"the frozen held-out set of {experiment!r} cannot be used: {why}. Runs stop until it is fixed: {WAY_OUT}")
+        raise HeldoutDamaged(
+            f"the frozen held-out set of {experiment!r} cannot be used: {why}. Runs stop until it is fixed: {WAY_OUT}"
+        )
     versions = store.versions(experiment, HELDOUT)
     return _ref(store, versions[-1]) if versions else None
 
 
-def freeze(store: Store, experiment: str, rows: list[dict[str, Any]], *, by: str, reason: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def freeze(
+    store: Store,
+    experiment: str,
+    rows: list[dict[str, Any]],
+    *,
+    by: str,
+    reason: str,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Write `rows` as the experiment's new frozen held-out set; returns its reference."""
     staging = store.staging_dir(experiment, HELDOUT)
     try:
         (staging / ROWS).write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
-        manifest = store.commit(staging, {"experiment": experiment, "stage": HELDOUT, "fingerprint": _rows_digest(rows), "rows": len(rows),
-                                          "by": by, "reason": reason, "inputs": {}, "metrics": {}, "finished_at": now_iso(), **(extra or {})},
-                                min_version=_named_sets(store, experiment) + 1)
+        manifest = store.commit(
+            staging,
+            {
+                "experiment": experiment,
+                "stage": HELDOUT,
+                "fingerprint": _rows_digest(rows),
+                "rows": len(rows),
+                "by": by,
+                "reason": reason,
+                "inputs": {},
+                "metrics": {},
+                "finished_at": now_iso(),
+                **(extra or {}),
+            },
+            min_version=_named_sets(store, experiment) + 1,
+        )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return _ref(store, manifest)
@@ -113,8 +146,10 @@ def refresh(store: Store, experiment: str, rows: list[dict[str, Any]], *, reason
     prompts, row_keys = trained(store, experiment)
     kept = [r for r in rows if prompt_key(r.get("prompt")) not in prompts and row_key(r) not in row_keys]
     if not kept:
-        raise InputError(f"heldout refresh: all {len(rows)} held-out prompts of the recipe's data were trained on by {experiment!r}; "
-                         "add new rows to the data first")
+        raise InputError(
+            f"heldout refresh: all {len(rows)} held-out prompts of the recipe's data were trained on by {experiment!r}; "
+            "add new rows to the data first"
+        )
     ref = freeze(store, experiment, kept, by="person", reason=reason, extra={"excluded_trained": len(rows) - len(kept)})
     return {**ref, "excluded_trained": len(rows) - len(kept)}
 
@@ -137,7 +172,9 @@ def trained(store: Store, experiment: str) -> tuple[set[str], set[str]]:
             except FileNotFoundError:
                 pass
             except (OSError, ValueError) as exc:
-                raise StoreError(f"{folder / name}: unreadable ({str(exc)[:80]}); the trained prompts cannot be told") from None
+                raise StoreError(
+                    f"{folder / name}: unreadable ({str(exc)[:80]}); the trained prompts cannot be told"
+                ) from None
     return prompts, rows
 
 
@@ -146,7 +183,10 @@ def _named_sets(store: Store, experiment: str) -> int:
     a new set never takes it, so two sets are never compared as one)."""
     rec = store.ledger.read(experiment, "champion.json")
     lines = [*(rec.get("history") or []), rec.get("champion") or {}] if isinstance(rec, dict) else []
-    return max((int(h["heldout_set"]) for h in lines if isinstance(h, dict) and isinstance(h.get("heldout_set"), int)), default=0)
+    return max(
+        (int(h["heldout_set"]) for h in lines if isinstance(h, dict) and isinstance(h.get("heldout_set"), int)),
+        default=0,
+    )
 
 
 def resolve(store: Store, experiment: str, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
@@ -159,10 +199,14 @@ def resolve(store: Store, experiment: str, rows: list[dict[str, Any]]) -> tuple[
 
 def row_key(row: dict[str, Any]) -> str:
     """A row's short identity (prompt and answer), for counting what is new."""
-    return hashlib.sha256(json.dumps([row.get("prompt"), row.get("answer")], sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(
+        json.dumps([row.get("prompt"), row.get("answer")], sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
 
 
-def record_training_data(store: Store, experiment: str, train: list[dict[str, Any]], dropped_heldout: int) -> dict[str, Any]:
+def record_training_data(
+    store: Store, experiment: str, train: list[dict[str, Any]], dropped_heldout: int
+) -> dict[str, Any]:
     """What tonight's training data is next to the last recorded version (rows, new, gone, dropped as
     held-out); a new `data/v<N>` when it changed. Returns the summary (with `version`, `changed`)."""
     keys = [row_key(r) for r in train]
@@ -170,7 +214,15 @@ def record_training_data(store: Store, experiment: str, train: list[dict[str, An
     versions = store.versions(experiment, DATA)
     last = versions[-1] if versions else None
     if last is not None and last["fingerprint"] == digest:
-        return {"version": last["version"], "changed": False, "digest": digest, "rows": len(keys), "new": 0, "gone": 0, "dropped_heldout": dropped_heldout}
+        return {
+            "version": last["version"],
+            "changed": False,
+            "digest": digest,
+            "rows": len(keys),
+            "new": 0,
+            "gone": 0,
+            "dropped_heldout": dropped_heldout,
+        }
     before: set[str] = set()
     if last is not None:
         try:
@@ -178,13 +230,28 @@ def record_training_data(store: Store, experiment: str, train: list[dict[str, An
         except (OSError, ValueError):
             before = set()
     now = set(keys)
-    summary = {"rows": len(keys), "new": len(now - before), "gone": len(before - now), "dropped_heldout": dropped_heldout}
+    summary = {
+        "rows": len(keys),
+        "new": len(now - before),
+        "gone": len(before - now),
+        "dropped_heldout": dropped_heldout,
+    }
     staging = store.staging_dir(experiment, DATA)
     try:
         (staging / "rows.json").write_text(json.dumps(sorted(now)))
         (staging / "prompts.json").write_text(json.dumps(sorted({prompt_key(r.get("prompt")) for r in train})))
-        manifest = store.commit(staging, {"experiment": experiment, "stage": DATA, "fingerprint": digest, "inputs": {},
-                                          "metrics": {k: float(v) for k, v in summary.items()}, **summary, "finished_at": now_iso()})
+        manifest = store.commit(
+            staging,
+            {
+                "experiment": experiment,
+                "stage": DATA,
+                "fingerprint": digest,
+                "inputs": {},
+                "metrics": {k: float(v) for k, v in summary.items()},
+                **summary,
+                "finished_at": now_iso(),
+            },
+        )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"version": manifest["version"], "changed": True, "digest": digest, **summary}

@@ -12,7 +12,21 @@ and decorate it with `@register("name")`; importing this package registers the b
 
 from regimen.stages.rewards import code, text  # noqa: F401  (their import registers the built-in rewards)
 from regimen.stages.rewards.registry import (  # noqa: F401
-    GAMEABLE_WARNING, RewardFn, check_specs, identity, check_values, completion_text, from_specs, gameable_names, get_reward, is_gameable,
-    known_rewards, preflight, register, register_factory, score, weighted_total,
+    GAMEABLE_WARNING,
+    RewardFn,
+    check_specs,
+    check_values,
+    completion_text,
+    from_specs,
+    gameable_names,
+    get_reward,
+    identity,
+    is_gameable,
+    known_rewards,
+    preflight,
+    register,
+    register_factory,
+    score,
+    weighted_total,
 )
 from regimen.stages.rewards.text import answer, digits, first_line, format_reward, normalize_answer  # noqa: F401

@@ -47,7 +47,9 @@ from regimen.stages.sandbox.harness import needs_fixtures
 log = logging.getLogger("regimen.rewards")
 
 # A complete fenced block whose info string is python, python3, py or empty (code_block's notion of a block).
-_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE | re.IGNORECASE)
+_FENCE = re.compile(
+    r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE | re.IGNORECASE
+)
 
 
 def extract_code(text: str) -> str:
@@ -111,7 +113,11 @@ class BaselineCache:
     _loaded: dict[Path, dict[str, float]] = {}
 
     def __init__(self, folder: str | os.PathLike | None, salt: str) -> None:
-        base = Path(folder) if folder else Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "judge-baselines"
+        base = (
+            Path(folder)
+            if folder
+            else Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "judge-baselines"
+        )
         self.path = base / f"{judge_version()}.jsonl"
         self.salt = salt
 
@@ -200,15 +206,25 @@ class UnitTestsReward:
         name: str = "unit_tests",
     ) -> None:
         if isinstance(packages, str) or not all(isinstance(p, str) and p.isidentifier() for p in packages):
-            raise InputError(f"{name}: packages must be a list of top-level import names (such as numpy), got {packages!r}")
+            raise InputError(
+                f"{name}: packages must be a list of top-level import names (such as numpy), got {packages!r}"
+            )
         self.__name__ = name  # TRL logs rewards by __name__
         self.workers, self.all_or_nothing, self.allow_eval = workers, all_or_nothing, allow_eval
-        self.config = sandbox.SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated, packages=tuple(packages))
+        self.config = sandbox.SandboxConfig(
+            timeout_s=timeout_s, memory_mb=memory_mb, allow_unisolated=allow_unisolated, packages=tuple(packages)
+        )
         self.options = dict(case_timeout_s=case_timeout_s, float_tolerance=float_tolerance, max_cases=max_cases)
         self.pays_anything: dict[str, float] = {}  # job key -> share of its tests an empty program passes
         self.checked: set[str] = set()  # job keys already let through the door's checks (GRPO sees each row many times)
-        self.disk = (BaselineCache(baseline_cache if isinstance(baseline_cache, str) else None, f"{timeout_s}/{memory_mb}/{sorted(packages)}/")
-                     if baseline_cache else None)
+        self.disk = (
+            BaselineCache(
+                baseline_cache if isinstance(baseline_cache, str) else None,
+                f"{timeout_s}/{memory_mb}/{sorted(packages)}/",
+            )
+            if baseline_cache
+            else None
+        )
 
     def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         scores: list[float | None] = [None] * len(completions)
@@ -218,8 +234,12 @@ class UnitTestsReward:
             return scores
         self.baseline([jobs[i] for i in rows])  # type: ignore[misc]
         rows = [i for i in rows if self.pays_anything[_key(jobs[i])] < 1.0]  # type: ignore[arg-type]
-        items = [dataclasses.replace(jobs[i], code=solution_for(completions[i], jobs[i], prompts[i] if prompts is not None else None))  # type: ignore[arg-type]
-                 for i in rows]
+        items = [
+            dataclasses.replace(
+                jobs[i], code=solution_for(completions[i], jobs[i], prompts[i] if prompts is not None else None)
+            )  # type: ignore[arg-type]
+            for i in rows
+        ]
         for i, result in zip(rows, self.batch(items)):
             scores[i] = self.score(result, i)
         return scores
@@ -240,11 +260,15 @@ class UnitTestsReward:
         if key in self.checked:
             return
         if not self.allow_eval and (found := evaluates(job.tests + [job.setup or ""])):
-            raise InputError(f"{self.__name__}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text would run as the "
-                             "judge; refused (the reward's `allow_eval: true` runs such strings in the solution's process instead)")
+            raise InputError(
+                f"{self.__name__}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text would run as the "
+                "judge; refused (the reward's `allow_eval: true` runs such strings in the solution's process instead)"
+            )
         if fixture := needs_fixtures(job.tests):
-            raise InputError(f"{self.__name__}: {where}: its test {fixture}() takes arguments (pytest fixtures other than capsys, or parameters no "
-                             "parametrize mark gives), which only pytest can supply; refused")
+            raise InputError(
+                f"{self.__name__}: {where}: its test {fixture}() takes arguments (pytest fixtures other than capsys, or parameters no "
+                "parametrize mark gives), which only pytest can supply; refused"
+            )
         self.checked.add(key)
 
     def baseline(self, jobs: list[sandbox.Job]) -> None:

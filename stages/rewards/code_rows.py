@@ -75,7 +75,9 @@ def humaneval_snippet(test: str, entry_point: str) -> str:
 
 def mbpp_snippets(test_list: Sequence[str], test_setup_code: str = "", test_imports: Sequence[str] = ()) -> list[str]:
     """MBPP's `test_list` asserts as snippets; setup code and imports, if any, precede each one."""
-    prefix = "".join(f"{line}\n" for line in test_imports) + (f"{test_setup_code.rstrip()}\n" if test_setup_code and test_setup_code.strip() else "")
+    prefix = "".join(f"{line}\n" for line in test_imports) + (
+        f"{test_setup_code.rstrip()}\n" if test_setup_code and test_setup_code.strip() else ""
+    )
     return [prefix + t for t in test_list]
 
 
@@ -103,7 +105,9 @@ def _snippets(value: Any, row: int, column: str) -> list[str] | None:
             return [value] if stripped else None
     if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
         return list(value) or None
-    raise InputError(f"unit_tests: row {row}: `{column}` must be a list of Python snippets (strings), got {type(value).__name__}")
+    raise InputError(
+        f"unit_tests: row {row}: `{column}` must be a list of Python snippets (strings), got {type(value).__name__}"
+    )
 
 
 def _mapping(value: Any, row: int, column: str) -> dict | None:
@@ -141,8 +145,12 @@ def pytest_file_snippets(test: str) -> list[str]:
         return "\n".join(lines[first - 1 : node.end_lineno])
 
     def is_test(node: ast.stmt) -> bool:
-        return (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
-                or isinstance(node, ast.ClassDef) and node.name.startswith("Test"))
+        return (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name.startswith("test")
+            or isinstance(node, ast.ClassDef)
+            and node.name.startswith("Test")
+        )
 
     tests = [node for node in tree.body if is_test(node)]
     if len(tests) <= 1:
@@ -151,7 +159,19 @@ def pytest_file_snippets(test: str) -> list[str]:
     return [f"{prelude}\n\n\n{source(node)}\n" for node in tests]
 
 
-_PLAIN_STRING_OPS = {"PROTO", "FRAME", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "STOP"}
+_PLAIN_STRING_OPS = {
+    "PROTO",
+    "FRAME",
+    "SHORT_BINUNICODE",
+    "BINUNICODE",
+    "BINUNICODE8",
+    "UNICODE",
+    "MEMOIZE",
+    "BINPUT",
+    "LONG_BINPUT",
+    "PUT",
+    "STOP",
+}
 _MAX_DECOMPRESSED = 1 << 30
 
 
@@ -162,7 +182,9 @@ def _compressed_cases(value: str, row: int, column: str) -> Any:
     try:
         return _decompressed(value)
     except InputError as exc:
-        raise InputError(str(exc).replace("unit_tests: `", f"unit_tests: row {row}: `").replace("`?`", f"`{column}`")) from None
+        raise InputError(
+            str(exc).replace("unit_tests: `", f"unit_tests: row {row}: `").replace("`?`", f"`{column}`")
+        ) from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -176,7 +198,9 @@ def _decompressed(value: str) -> Any:
     try:
         for opcode, arg, _ in pickletools.genops(data):
             if opcode.name not in _PLAIN_STRING_OPS:
-                raise InputError(f"{where}: its pickle holds {opcode.name}, not just a string; refused (never unpickled)")
+                raise InputError(
+                    f"{where}: its pickle holds {opcode.name}, not just a string; refused (never unpickled)"
+                )
             if "UNICODE" in opcode.name:
                 strings.append(arg)
     except ValueError as exc:
@@ -227,16 +251,37 @@ def _cases_job(cases: list | dict, fn_name: str, row: int, options: dict) -> san
         if len(inputs) != len(outputs):
             raise InputError(f"unit_tests: row {row}: the tests have {len(inputs)} inputs and {len(outputs)} outputs")
         fn_name = str(cases.get("fn_name") or fn_name or "")
-        cases = [{"input": i, "output": o, "type": "functional" if fn_name else "stdin"} for i, o in zip(inputs, outputs)]
+        cases = [
+            {"input": i, "output": o, "type": "functional" if fn_name else "stdin"} for i, o in zip(inputs, outputs)
+        ]
     functional = [c for c in cases if str(c.get("testtype", c.get("type", "stdin"))) in ("functional", "function_call")]
     max_cases = options.get("max_cases")
     if not functional:
         pairs = [(_text(c.get("input", "")), _text(c.get("output", ""))) for c in cases]
         pairs = pairs[:max_cases] if max_cases else pairs
-        return sandbox.Job("", [], None, None, "programs", pairs, options.get("case_timeout_s", 2.0), options.get("float_tolerance")) if pairs else None
-    fn_name = fn_name or next((str(c["fn_name"]) for c in functional if c.get("fn_name")), "") or _func_name(functional[0].get("metadata"))
+        return (
+            sandbox.Job(
+                "",
+                [],
+                None,
+                None,
+                "programs",
+                pairs,
+                options.get("case_timeout_s", 2.0),
+                options.get("float_tolerance"),
+            )
+            if pairs
+            else None
+        )
+    fn_name = (
+        fn_name
+        or next((str(c["fn_name"]) for c in functional if c.get("fn_name")), "")
+        or _func_name(functional[0].get("metadata"))
+    )
     if not fn_name:
-        raise InputError(f"unit_tests: row {row}: functional test cases without a function name (metadata.func_name or fn_name)")
+        raise InputError(
+            f"unit_tests: row {row}: functional test cases without a function name (metadata.func_name or fn_name)"
+        )
     outputs = [json.loads(o) if isinstance(o, str) and _json(o) else o for o in (c.get("output") for c in functional)]
     snippets = _call_snippets(fn_name, [c.get("input") for c in functional], outputs, row)
     snippets = snippets[:max_cases] if max_cases else snippets
@@ -260,13 +305,15 @@ def _call_snippets(fn_name: str, inputs: list, outputs: list, row: int) -> list[
             f"try:\n    _f = {fn_name}\nexcept NameError:\n    _f = Solution().{fn_name}\n"
             f"_out = _f(*{args!r})\n_exp = {expected!r}\n"
             "if isinstance(_out, tuple):\n    _out = list(_out)\n"
-            "assert _out == _exp or (isinstance(_exp, list) and len(_exp) > 0 and _out == _exp[0]), f'got {_out!r}'\n")
+            "assert _out == _exp or (isinstance(_exp, list) and len(_exp) > 0 and _out == _exp[0]), f'got {_out!r}'\n"
+        )
     return out
 
 
 def program_cases(columns: dict[str, Any], row: int) -> tuple[list[tuple[str, str]] | None, str | None]:
     """(stdin/stdout cases, None) or (None, fn_name) for a call-based row, from the row's own format;
     (None, None) when the row has no such tests. Call-based rows also fill `columns["_calls"]`."""
+
     def col(name: str) -> Any:
         values = columns.get(name)
         return None if values is None else values[row]
@@ -286,8 +333,14 @@ def program_cases(columns: dict[str, Any], row: int) -> tuple[list[tuple[str, st
             raise InputError(f"unit_tests: row {row}: verification_info.test_cases must be a list")
         kinds = {str(c.get("type", "stdin_stdout")) for c in cases if isinstance(c, dict)}
         if kinds <= {"stdin_stdout", "stdin", "stdio"}:
-            return [(_text(c.get("input", "")), _text(c.get("output", ""))) for c in cases if isinstance(c, dict)] or None, None
-        return None, str(info.get("fn_name") or next((c.get("fn_name") for c in cases if isinstance(c, dict) and c.get("fn_name")), "") or "")
+            return [
+                (_text(c.get("input", "")), _text(c.get("output", ""))) for c in cases if isinstance(c, dict)
+            ] or None, None
+        return None, str(
+            info.get("fn_name")
+            or next((c.get("fn_name") for c in cases if isinstance(c, dict) and c.get("fn_name")), "")
+            or ""
+        )
     cases: list[tuple[str, str]] = []
     for name in ("public_tests", "private_tests", "generated_tests"):
         spec = _mapping(col(name), row, name)
@@ -297,8 +350,15 @@ def program_cases(columns: dict[str, Any], row: int) -> tuple[list[tuple[str, st
     return cases or None, None
 
 
-def row_job(row: int, columns: dict[str, Any], prompt: Any = None, *, case_timeout_s: float = 2.0, float_tolerance: float | None = None,
-            max_cases: int | None = None) -> sandbox.Job | None:
+def row_job(
+    row: int,
+    columns: dict[str, Any],
+    prompt: Any = None,
+    *,
+    case_timeout_s: float = 2.0,
+    float_tolerance: float | None = None,
+    max_cases: int | None = None,
+) -> sandbox.Job | None:
     """What the judge needs for row `row` (its code left empty), from whichever format the row itself
     uses (see the module doc); None when it has no tests."""
 
@@ -313,7 +373,11 @@ def row_job(row: int, columns: dict[str, Any], prompt: Any = None, *, case_timeo
     tests = _snippets(col("tests"), row, "tests")
     if tests:
         return sandbox.Job("", tests, _entry_point(col("entry_point"), row))
-    lcb = [c for name in ("public_test_cases", "private_test_cases") for c in _case_list(col(name), row, name, compressed=True) or []]
+    lcb = [
+        c
+        for name in ("public_test_cases", "private_test_cases")
+        for c in _case_list(col(name), row, name, compressed=True) or []
+    ]
     if lcb:  # LiveCodeBench
         return _cases_job(lcb, _func_name(col("metadata")), row, options)
     test_list = _snippets(col("test_list"), row, "test_list")
@@ -331,15 +395,29 @@ def row_job(row: int, columns: dict[str, Any], prompt: Any = None, *, case_timeo
     cases, fn_name = program_cases(columns, row)
     if cases:
         cases = cases[:max_cases] if max_cases else cases
-        apps = col("input_output") is not None and bool(col("url")) and bool(col("difficulty"))  # a row as APPS and TACO publish it
-        return sandbox.Job("", [], None, None, "programs", cases, case_timeout_s, float_tolerance, "apps" if apps else None)
+        apps = (
+            col("input_output") is not None and bool(col("url")) and bool(col("difficulty"))
+        )  # a row as APPS and TACO publish it
+        return sandbox.Job(
+            "", [], None, None, "programs", cases, case_timeout_s, float_tolerance, "apps" if apps else None
+        )
     if fn_name:
         spec = _mapping(col("input_output"), row, "input_output") or {}
         snippets = _call_snippets(fn_name, spec.get("inputs") or [], spec.get("outputs") or [], row)
         if not snippets:
             info = _mapping(col("verification_info"), row, "verification_info") or {}
             calls = [c for c in info.get("test_cases") or [] if isinstance(c, dict)]
-            snippets = _call_snippets(fn_name, [c.get("input") for c in calls], [json.loads(c["output"]) if isinstance(c.get("output"), str) and _json(c["output"]) else c.get("output") for c in calls], row)
+            snippets = _call_snippets(
+                fn_name,
+                [c.get("input") for c in calls],
+                [
+                    json.loads(c["output"])
+                    if isinstance(c.get("output"), str) and _json(c["output"])
+                    else c.get("output")
+                    for c in calls
+                ],
+                row,
+            )
         snippets = snippets[:max_cases] if max_cases else snippets
         return sandbox.Job("", snippets, None) if snippets else None
     return None
@@ -363,7 +441,9 @@ def evaluates(tests: list[str]) -> str | None:
             continue
         for node in ast.walk(tree):
             name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-            if name in EVALUATING and not (name == "compile" and isinstance(node, ast.Attribute)):  # re.compile is not Python's compile
+            if name in EVALUATING and not (
+                name == "compile" and isinstance(node, ast.Attribute)
+            ):  # re.compile is not Python's compile
                 return f"`{name}` in test {i + 1}, line {node.lineno}"
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]

@@ -48,7 +48,11 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, dict):
         return str(completion.get("content", ""))
     if isinstance(completion, Sequence):
-        parts = [m.get("content", "") for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+        parts = [
+            m.get("content", "")
+            for m in completion
+            if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+        ]
         return "".join(str(p) for p in parts)
     return str(completion)
 
@@ -62,7 +66,9 @@ def get_reward(name: str, **options: Any) -> RewardFn:
     `options` configure rewards that take them (`format` takes `pattern`)."""
     if ":" in name:
         if options:
-            raise InputError(f"rewards: {name!r}: options (args/pattern) are for built-in rewards; configure your own function in code")
+            raise InputError(
+                f"rewards: {name!r}: options (args/pattern) are for built-in rewards; configure your own function in code"
+            )
         module_name, _, attr = name.partition(":")
         try:
             fn = getattr(importlib.import_module(module_name), attr)
@@ -72,7 +78,9 @@ def get_reward(name: str, **options: Any) -> RewardFn:
             raise InputError(f"rewards: {name!r} is not callable")
         return fn
     if name not in _REGISTRY:
-        raise InputError(f"rewards: unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}, or a dotted path 'pkg.module:function'")
+        raise InputError(
+            f"rewards: unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}, or a dotted path 'pkg.module:function'"
+        )
     if not options:
         return _REGISTRY[name]
     if name not in _FACTORIES:
@@ -105,7 +113,9 @@ def check_values(name: str, values: Any, n: int) -> list[float | None]:
     """A reward's output as Regimen and TRL need it: one real number or None per completion. Anything
     else (NaN, infinity, a string, a wrong length) is an InputError naming the reward, the row and the value."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-        raise InputError(f"reward {name!r} returned {type(values).__name__}, not a list of numbers (one per completion)")
+        raise InputError(
+            f"reward {name!r} returned {type(values).__name__}, not a list of numbers (one per completion)"
+        )
     if len(values) != n:
         raise InputError(f"reward {name!r} returned {len(values)} values for {n} completions")
     out: list[float | None] = []
@@ -113,16 +123,26 @@ def check_values(name: str, values: Any, n: int) -> list[float | None]:
         if v is None:
             out.append(None)
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) and not (hasattr(v, "__float__") and type(v).__module__ in ("numpy", "torch")):
-            raise InputError(f"reward {name!r}: row {i}: returned {v!r} ({type(v).__name__}); a reward returns a real number or None")
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            and not (hasattr(v, "__float__") and type(v).__module__ in ("numpy", "torch"))
+        ):
+            raise InputError(
+                f"reward {name!r}: row {i}: returned {v!r} ({type(v).__name__}); a reward returns a real number or None"
+            )
         f = float(v)
         if not math.isfinite(f):
-            raise InputError(f"reward {name!r}: row {i}: returned {f}; a reward returns a finite number or None (no opinion)")
+            raise InputError(
+                f"reward {name!r}: row {i}: returned {f}; a reward returns a finite number or None (no opinion)"
+            )
         out.append(f)
     return out
 
 
-def score(fns: dict[str, RewardFn], prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]) -> dict[str, list[float | None]]:
+def score(
+    fns: dict[str, RewardFn], prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
+) -> dict[str, list[float | None]]:
     """Run each reward over a batch; each must return one real number or None per completion."""
     out: dict[str, list[float | None]] = {}
     for name, fn in fns.items():
@@ -136,7 +156,9 @@ def score(fns: dict[str, RewardFn], prompts: list[Any], completions: list[Any], 
     return out
 
 
-def preflight(fns: dict[str, RewardFn], rows: list[dict[str, Any]], completions: list[Any]) -> dict[str, list[float | None]]:
+def preflight(
+    fns: dict[str, RewardFn], rows: list[dict[str, Any]], completions: list[Any]
+) -> dict[str, list[float | None]]:
     """Call every reward on a few rows before anything trains, so a broken one is named now (reward, row,
     value), not after SFT. `completions` are the task's reference answers where it has them."""
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}

@@ -53,11 +53,15 @@ from typing import Any
 _OPENING = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$")
 PYTHON_TAGS = {"", "python", "python3", "py", "py3"}
 _READS_STDIN = re.compile(r"\binput\s*\(|sys\.stdin|\bopen\(\s*0\s*[,)]|\bfileinput\b")
-_FEEDS_STDIN = re.compile(r"\bsys\.stdin\s*=(?!=)|\bredirect_stdin\b|^\s*(builtins\.)?input\s*=(?!=)|\bsys\.stdin\.write\b|mock\.patch\([^)]*input",
-                          re.MULTILINE)
+_FEEDS_STDIN = re.compile(
+    r"\bsys\.stdin\s*=(?!=)|\bredirect_stdin\b|^\s*(builtins\.)?input\s*=(?!=)|\bsys\.stdin\.write\b|mock\.patch\([^)]*input",
+    re.MULTILINE,
+)
 _STARTS_CODE = re.compile(r"^(def |async def |class |import |from \S+ import |@)")
-_STARTS_STATEMENT = re.compile(r"^(def|async|class|import|from|for|while|if|with|try|print|assert)\b"
-                               r"|^@\w|^[a-z_][\w.]*(\[[^\]]*\])?(\s*,\s*[a-z_][\w.]*)*\s*([-+*/%|&^]|//|\*\*|<<|>>)?=(?!=)|^[a-z_][\w.]*\(")
+_STARTS_STATEMENT = re.compile(
+    r"^(def|async|class|import|from|for|while|if|with|try|print|assert)\b"
+    r"|^@\w|^[a-z_][\w.]*(\[[^\]]*\])?(\s*,\s*[a-z_][\w.]*)*\s*([-+*/%|&^]|//|\*\*|<<|>>)?=(?!=)|^[a-z_][\w.]*\("
+)
 _KEYWORD_LINE = re.compile(r"^(return|raise|pass|break|continue|else|elif|except|finally|yield|del|nonlocal|global)\b")
 _COMPILE_BUDGET = 2000
 """Compilations spent at most looking for code between prose in one completion."""
@@ -73,7 +77,7 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
     blocks, i = [], 0
     while i < len(lines):
         opening = _OPENING.match(lines[i])
-        if not opening or (opening.group(1)[0] == "`" and "`" in lines[i][opening.end(1):]):
+        if not opening or (opening.group(1)[0] == "`" and "`" in lines[i][opening.end(1) :]):
             i += 1
             continue
         fence = opening.group(1)
@@ -121,7 +125,10 @@ def code_between_prose(text: str) -> list[str]:
             start = end
         else:
             start += 1
-    if any(i not in covered and (_STARTS_STATEMENT.match(line.lstrip()) or _KEYWORD_LINE.match(line.lstrip())) for i, line in enumerate(lines)):
+    if any(
+        i not in covered and (_STARTS_STATEMENT.match(line.lstrip()) or _KEYWORD_LINE.match(line.lstrip()))
+        for i, line in enumerate(lines)
+    ):
         return []  # a line of code is left over: broken code, not code between prose (judged whole, as `exec` would)
     return runs
 
@@ -183,13 +190,24 @@ def _imported_from_solution(code: str) -> frozenset[str]:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return frozenset()
-    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "solution" and not n.level
-             for a in n.names if a.name != "*"}
-    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "solution"}
+    names = {
+        a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "solution" and not n.level
+        for a in n.names
+        if a.name != "*"
+    }
+    names |= {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "solution"
+    }
     return frozenset(names)
 
 
-def find_solution(text: str, *, needs: set[str] | None = None, prompt_code: str | None = None, programs: bool = False) -> str:
+def find_solution(
+    text: str, *, needs: set[str] | None = None, prompt_code: str | None = None, programs: bool = False
+) -> str:
     """The code to judge in a completion (see the module doc for the rule)."""
     blocks = python_blocks(text)
     if not blocks:
@@ -254,15 +272,24 @@ def _corrected(program: str, later: str) -> str:
         tree, fix = ast.parse(program), ast.parse(later)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return program
-    if not fix.body or not all(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)) for n in fix.body):
+    if not fix.body or not all(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom))
+        for n in fix.body
+    ):
         return program
     fixes = {n.name: n for n in fix.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     lines, fix_lines = program.split("\n"), later.split("\n")
 
     def span(node: ast.stmt) -> tuple[int, int]:
-        return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1, node.end_lineno or node.lineno
+        return min(
+            [node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]
+        ) - 1, node.end_lineno or node.lineno
 
-    replaced = [(span(n), n.name) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name in fixes]
+    replaced = [
+        (span(n), n.name)
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name in fixes
+    ]
     if not replaced:
         return program
     imports = [fix_lines[span(n)[0] : span(n)[1]] for n in fix.body if isinstance(n, (ast.Import, ast.ImportFrom))]
@@ -313,7 +340,8 @@ def _definitions_only(code: str, used: set[str], dropped: frozenset[str] = froze
     kept = []
     for node in tree.body:
         keep = isinstance(node, (ast.Import, ast.ImportFrom)) or (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name not in dropped)
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name not in dropped
+        )
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             keep = bool(targets & used)
@@ -350,7 +378,11 @@ def prompt_code(prompt: Any) -> str | None:
     if isinstance(prompt, str):
         text = prompt
     elif isinstance(prompt, (list, tuple)):
-        text = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role", "user") in ("user", "system"))
+        text = "\n".join(
+            str(m.get("content", ""))
+            for m in prompt
+            if isinstance(m, dict) and m.get("role", "user") in ("user", "system")
+        )
     else:
         return None
     return _prompt_code(_newlines(text)) if text.strip() else None

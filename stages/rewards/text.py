@@ -85,10 +85,10 @@ def digits(prompts: list[Any], completions: list[Any], **_: Any) -> list[float |
     return [1.0 if re.fullmatch(r"\d+", first_line(completion_text(c)).strip()) else 0.0 for c in completions]
 
 
-
-
 @register("episode")
-def episode(prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **_: Any) -> list[float | None]:
+def episode(
+    prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **_: Any
+) -> list[float | None]:
     """An environment's episode reward (`environment:` recipes): the environment judges the final assistant
     message, and a tool failure or the turn limit makes it 0 (`stages/environments`). None without an
     environment (a recipe without one has no episodes to judge)."""

@@ -78,8 +78,10 @@ class LentToMachineZero(RegimenError):
     exit_code = 0
 
     def __init__(self, stage: str, machine_rank: int, num_machines: int, processes: int, main: str):
-        super().__init__(f"{stage}: machine_rank {machine_rank} of {num_machines} ran its {processes} process(es) of the job to the end; "
-                         f"global rank 0 on machine_rank 0 ({main}) writes the stage's version: nothing is committed here")
+        super().__init__(
+            f"{stage}: machine_rank {machine_rank} of {num_machines} ran its {processes} process(es) of the job to the end; "
+            f"global rank 0 on machine_rank 0 ({main}) writes the stage's version: nothing is committed here"
+        )
         self.stage, self.machine_rank = stage, machine_rank
 
 
@@ -101,8 +103,16 @@ def accelerate_command(recipe, spec: Path) -> list[str]:
         cmd += ["--config_file", acc.config_file]
     elif acc.num_processes > 1:
         cmd += ["--multi_gpu"]
-    cmd += ["--num_processes", str(acc.num_processes), "--main_process_port", str(acc.main_process_port),
-            "--num_machines", str(acc.num_machines), "--machine_rank", str(acc.machine_rank)]  # the recipe's, over a config file's
+    cmd += [
+        "--num_processes",
+        str(acc.num_processes),
+        "--main_process_port",
+        str(acc.main_process_port),
+        "--num_machines",
+        str(acc.num_machines),
+        "--machine_rank",
+        str(acc.machine_rank),
+    ]  # the recipe's, over a config file's
     if acc.num_machines > 1:
         cmd += ["--main_process_ip", str(acc.main_process_ip)]
     cmd += list(acc.extra_args)
@@ -118,14 +128,39 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
     output.unlink(missing_ok=True)
     from regimen.stages.store import files
 
-    files.write_text(work, spec, json.dumps({"stage": stage, "recipe": recipe.model_dump(mode="json"), "inputs": inputs,
-                                             "out": str(dirs.out), "checkpoints": str(work)}, default=str))
+    files.write_text(
+        work,
+        spec,
+        json.dumps(
+            {
+                "stage": stage,
+                "recipe": recipe.model_dump(mode="json"),
+                "inputs": inputs,
+                "out": str(dirs.out),
+                "checkpoints": str(work),
+            },
+            default=str,
+        ),
+    )
     acc = recipe.accelerate
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_processes(recipe))))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get(
+            "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_processes(recipe)))
+        ),
+    }
     tail: collections.deque[str] = collections.deque(maxlen=15)
     rank_errors: list[str] = []
-    proc = subprocess.Popen(accelerate_command(recipe, spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, preexec_fn=die_with_parent, bufsize=1)
+    proc = subprocess.Popen(
+        accelerate_command(recipe, spec),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+        bufsize=1,
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -142,13 +177,23 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
         raise
     _kill_ranks(work)
     if rc == 0 and acc.machine_rank > 0:  # its ranks are done; global rank 0 wrote the version on machine 0
-        raise LentToMachineZero(stage, acc.machine_rank, acc.num_machines, local_processes(recipe), f"{acc.main_process_ip}:{acc.main_process_port}")
+        raise LentToMachineZero(
+            stage,
+            acc.machine_rank,
+            acc.num_machines,
+            local_processes(recipe),
+            f"{acc.main_process_ip}:{acc.main_process_port}",
+        )
     if rc != 0 or not output.is_file() or output.is_symlink():
         cause = "".join(f"\n  {e}" for e in rank_errors)
         last = "\n".join(tail)
         where = f" on machine_rank {acc.machine_rank} of {acc.num_machines}" if acc.num_machines > 1 else ""
-        raise StageStopped(stage, f"accelerate launch ({acc.num_processes} processes{where}) exited with code {rc}"
-                                  + (f"; the ranks raised:{cause}" if cause else "") + f"\nlast lines:\n{last}")
+        raise StageStopped(
+            stage,
+            f"accelerate launch ({acc.num_processes} processes{where}) exited with code {rc}"
+            + (f"; the ranks raised:{cause}" if cause else "")
+            + f"\nlast lines:\n{last}",
+        )
     data = json.loads(files.read_text(work, output))
     return StageOutput(data["metrics"], data["status"], data.get("diagnosis"), data.get("extra", {}))
 

@@ -39,33 +39,53 @@ def check(recipe) -> dict[str, Any]:
 
     task = load_task(recipe.data)
     if not task.train or not task.heldout:
-        raise InputError(f"data: the task has {len(task.train)} training and {len(task.heldout)} held-out rows; both must be non-empty")
+        raise InputError(
+            f"data: the task has {len(task.train)} training and {len(task.heldout)} held-out rows; both must be non-empty"
+        )
     if recipe.eval.metric == "exact_match":
         missing = next((i for i, r in enumerate(task.heldout, 1) if r.get("answer") in (None, "")), None)
         if missing is not None:
-            raise InputError(f"data: held-out row {missing} (prompt {_shown(task.heldout[missing - 1])}) has no 'answer', which eval.metric exact_match compares against "
-                             "(map your column with data.columns, or set eval.metric to one of the rewards)")
+            raise InputError(
+                f"data: held-out row {missing} (prompt {_shown(task.heldout[missing - 1])}) has no 'answer', which eval.metric exact_match compares against "
+                "(map your column with data.columns, or set eval.metric to one of the rewards)"
+            )
     if recipe.teacher.kind == "oracle":
         missing = next((i for i, r in enumerate(task.train, 1) if task.reference(r) is None), None)
         if missing is not None:
-            raise InputError(f"data: training row {missing} (prompt {_shown(task.train[missing - 1])}) has no reference ('completion', 'solution' or 'answer') for the oracle teacher "
-                             "(map your column with data.columns, or use teacher.kind: model, self or none)")
+            raise InputError(
+                f"data: training row {missing} (prompt {_shown(task.train[missing - 1])}) has no reference ('completion', 'solution' or 'answer') for the oracle teacher "
+                "(map your column with data.columns, or use teacher.kind: model, self or none)"
+            )
     rows = task.train[:ROWS]
     completions = [task.reference(r) or "" for r in rows]
     fns = from_specs(recipe.rewards)
     values = preflight(fns, rows, completions)
-    summary: dict[str, Any] = {"train_rows": len(task.train), "heldout_rows": len(task.heldout), "rewards": {k: v for k, v in values.items()}}
+    summary: dict[str, Any] = {
+        "train_rows": len(task.train),
+        "heldout_rows": len(task.heldout),
+        "rewards": {k: v for k, v in values.items()},
+    }
     for name, fn in fns.items():
         if callable(door := getattr(fn, "door", None)):  # a reward's own checks on every row (unit_tests: code_rows.py)
-            where = [f"data: training row {i}" for i in range(1, len(task.train) + 1)] + [f"data: held-out row {i}" for i in range(1, len(task.heldout) + 1)]
+            where = [f"data: training row {i}" for i in range(1, len(task.train) + 1)] + [
+                f"data: held-out row {i}" for i in range(1, len(task.heldout) + 1)
+            ]
             report = door(task.train + task.heldout, where)
             summary[f"door/{name}"] = report
             if report.get("pays_anything"):
-                log.warning("%s: %d row(s) pass their tests with no solution at all, so they pay anything: left out of scoring (%s)",
-                            name, len(report["pays_anything"]), _few(report["pays_anything"]))
+                log.warning(
+                    "%s: %d row(s) pass their tests with no solution at all, so they pay anything: left out of scoring (%s)",
+                    name,
+                    len(report["pays_anything"]),
+                    _few(report["pays_anything"]),
+                )
             if report.get("pays_some"):
-                log.warning("%s: %d row(s) pass some of their tests with no solution at all (those tests pay anything): %s",
-                            name, len(report["pays_some"]), _few(report["pays_some"]))
+                log.warning(
+                    "%s: %d row(s) pass some of their tests with no solution at all (those tests pay anything): %s",
+                    name,
+                    len(report["pays_some"]),
+                    _few(report["pays_some"]),
+                )
     return summary
 
 

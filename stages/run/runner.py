@@ -16,14 +16,22 @@ import os
 import shutil
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from regimen.stages import registry
 from regimen.stages.core.contract import StageDirs, StageOutput
 from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
-from regimen.stages.core.fingerprint import code_version, content_digest, cpu_capability, digest, environment, input_digests
+from regimen.stages.core.fingerprint import (
+    code_version,
+    content_digest,
+    cpu_capability,
+    digest,
+    environment,
+    input_digests,
+)
 from regimen.stages.store import StageHandle, Store, now_iso
 
 log = logging.getLogger("regimen.runner")
@@ -58,7 +66,9 @@ def launch_info(stage: str, recipe) -> dict[str, Any]:
             from regimen.stages.core.fingerprint import file_digest
 
             acc = recipe.accelerate
-            info.update(config_sha256=file_digest(acc.config_file) if acc.config_file else None, extra_args=list(acc.extra_args))
+            info.update(
+                config_sha256=file_digest(acc.config_file) if acc.config_file else None, extra_args=list(acc.extra_args)
+            )
         return info
     return {"launcher": "inprocess", "num_processes": 1}
 
@@ -66,9 +76,18 @@ def launch_info(stage: str, recipe) -> dict[str, Any]:
 def stage_key(stage: str, recipe, inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(fingerprint, config section) of `stage` for this recipe and these inputs."""
     module = registry.get(stage)
-    section = module.config_section(recipe, inputs) if _takes_inputs(module.config_section) else module.config_section(recipe)
-    key = digest({"stage": stage, "config": section, "inputs": input_digests(inputs),
-                  "code": code_version(module.__name__), "launch": launch_info(stage, recipe)})
+    section = (
+        module.config_section(recipe, inputs) if _takes_inputs(module.config_section) else module.config_section(recipe)
+    )
+    key = digest(
+        {
+            "stage": stage,
+            "config": section,
+            "inputs": input_digests(inputs),
+            "code": code_version(module.__name__),
+            "launch": launch_info(stage, recipe),
+        }
+    )
     return key, section
 
 
@@ -96,11 +115,19 @@ class StageCall:
 
     def manifest(self, fp: str, section: dict[str, Any]) -> dict[str, Any]:
         """The manifest's first part, as it is before the stage runs."""
-        return {"experiment": self.experiment, "stage": self.stage, "cycle": self.cycle, "round": self.round, "fingerprint": fp,
-                "inputs": self.inputs, "config": section, "launch": launch_info(self.stage, self.recipe),
-                "code_version": code_version(registry.get(self.stage).__name__),
-                "libraries": environment(),  # the resolved versions (those that compute results are in code_version too)
-                "started_at": now_iso()}
+        return {
+            "experiment": self.experiment,
+            "stage": self.stage,
+            "cycle": self.cycle,
+            "round": self.round,
+            "fingerprint": fp,
+            "inputs": self.inputs,
+            "config": section,
+            "launch": launch_info(self.stage, self.recipe),
+            "code_version": code_version(registry.get(self.stage).__name__),
+            "libraries": environment(),  # the resolved versions (those that compute results are in code_version too)
+            "started_at": now_iso(),
+        }
 
 
 def execute(call: StageCall, store: Store) -> StageResult:
@@ -114,7 +141,12 @@ def execute(call: StageCall, store: Store) -> StageResult:
     if call.reuse:
         found, damaged = handle.find_intact(fp)
         for d in damaged:
-            log.warning("%s v%s is damaged (%s): not reused; the stage runs again", call.stage, d["version"], ", ".join(d["problems"][:3]))
+            log.warning(
+                "%s v%s is damaged (%s): not reused; the stage runs again",
+                call.stage,
+                d["version"],
+                ", ".join(d["problems"][:3]),
+            )
         if found:
             return StageResult(found, True, time.perf_counter() - t0, handle.local_path(found))
 
@@ -124,16 +156,33 @@ def execute(call: StageCall, store: Store) -> StageResult:
                 held.enter_context(call.slot())
             except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel while waiting: say so, exit 130/143
                 if how := interruption(exc):
-                    _record_failure(handle, None, {
-                        "experiment": call.experiment, "stage": call.stage, "cycle": call.cycle, "round": call.round, "fingerprint": fp,
-                        "started_at": now_iso(), "finished_at": now_iso(), "interrupted": True},
-                        f"interrupted ({how}) while waiting for this machine's compute slot")
-                    raise StageInterrupted(call.stage, how, "interrupted while waiting for this machine's compute slot: nothing of the stage ran") from exc
+                    _record_failure(
+                        handle,
+                        None,
+                        {
+                            "experiment": call.experiment,
+                            "stage": call.stage,
+                            "cycle": call.cycle,
+                            "round": call.round,
+                            "fingerprint": fp,
+                            "started_at": now_iso(),
+                            "finished_at": now_iso(),
+                            "interrupted": True,
+                        },
+                        f"interrupted ({how}) while waiting for this machine's compute slot",
+                    )
+                    raise StageInterrupted(
+                        call.stage,
+                        how,
+                        "interrupted while waiting for this machine's compute slot: nothing of the stage ran",
+                    ) from exc
                 raise
         return _run(call, handle, call.manifest(fp, section), damaged, t0)
 
 
-def _run(call: StageCall, handle: StageHandle, manifest: dict[str, Any], damaged: list[dict[str, Any]], t0: float) -> StageResult:
+def _run(
+    call: StageCall, handle: StageHandle, manifest: dict[str, Any], damaged: list[dict[str, Any]], t0: float
+) -> StageResult:
     stage, recipe, fp = call.stage, call.recipe, manifest["fingerprint"]
     module = registry.get(stage)
     dirs = StageDirs(out=handle.staging_dir(), checkpoints=handle.work_dir(fp), progress=call.progress)
@@ -143,8 +192,12 @@ def _run(call: StageCall, handle: StageHandle, manifest: dict[str, Any], damaged
         fetch_remote(dirs.checkpoints)
     device = _device(recipe, module)
     manifest["device"] = device["device"]
-    manifest["torch_cpu_capability"] = cpu_capability()  # which float kernels torch chose: a tiny model's training depends on it
-    with handle.running({"fingerprint": fp, "cycle": call.cycle, "round": call.round, "checkpoints": str(dirs.checkpoints)}):
+    manifest["torch_cpu_capability"] = (
+        cpu_capability()
+    )  # which float kernels torch chose: a tiny model's training depends on it
+    with handle.running(
+        {"fingerprint": fp, "cycle": call.cycle, "round": call.round, "checkpoints": str(dirs.checkpoints)}
+    ):
         output = _launch_recorded(call, module, dirs, handle, manifest)
     wall = time.perf_counter() - t0
     (dirs.out / "metrics.json").write_text(json.dumps(output.metrics, indent=1))
@@ -162,7 +215,9 @@ def _run(call: StageCall, handle: StageHandle, manifest: dict[str, Any], damaged
     return StageResult(committed, False, wall, handle.local_path(committed), damaged or None)
 
 
-def _launch_recorded(call: StageCall, module, dirs: StageDirs, handle: StageHandle, manifest: dict[str, Any]) -> StageOutput:
+def _launch_recorded(
+    call: StageCall, module, dirs: StageDirs, handle: StageHandle, manifest: dict[str, Any]
+) -> StageOutput:
     """The stage's output; when it raises, the failed attempt is recorded and the error said as the
     stage's: StageInterrupted (Ctrl-C, SIGTERM, cancel), StageStopped (anything else), SystemExit as is."""
     try:
@@ -170,16 +225,23 @@ def _launch_recorded(call: StageCall, module, dirs: StageDirs, handle: StageHand
     except RegimenError as exc:
         from regimen.stages.run.launcher import LentToMachineZero
 
-        if isinstance(exc, LentToMachineZero):  # machine_rank >= 1 ran its ranks to the end: no failed attempt, nothing to commit
+        if isinstance(
+            exc, LentToMachineZero
+        ):  # machine_rank >= 1 ran its ranks to the end: no failed attempt, nothing to commit
             raise
         _record_failure(handle, dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised as the stage's failure
-        detail = _out_of_space(dirs, handle.workspace.b.cache) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        detail = (
+            _out_of_space(dirs, handle.workspace.b.cache)
+            or "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        )
         interrupted = interruption(exc)
         if interrupted:
             detail = f"interrupted ({interrupted})"
-        _record_failure(handle, dirs.out, {**manifest, "finished_at": now_iso(), "interrupted": bool(interrupted)}, detail)
+        _record_failure(
+            handle, dirs.out, {**manifest, "finished_at": now_iso(), "interrupted": bool(interrupted)}, detail
+        )
         if interrupted:
             raise StageInterrupted(call.stage, interrupted, resume_hint(dirs.checkpoints)) from exc
         if isinstance(exc, SystemExit):
@@ -239,8 +301,13 @@ def _record_failure(handle: StageHandle, staging: Path | None, manifest: dict[st
         handle.record_failure(staging, manifest, error)
     except Exception as exc:  # noqa: BLE001 - e.g. a read-only store or a full disk: keep the record elsewhere, keep the real error
         kept = _record_elsewhere(manifest, error)
-        log.error("could not record the failed attempt of %s in the store (%s); %s; the stage's error was: %s", manifest["stage"],
-                  str(exc)[:200], f"recorded in {kept} instead" if kept else "not recorded anywhere", error)
+        log.error(
+            "could not record the failed attempt of %s in the store (%s); %s; the stage's error was: %s",
+            manifest["stage"],
+            str(exc)[:200],
+            f"recorded in {kept} instead" if kept else "not recorded anywhere",
+            error,
+        )
 
 
 def _record_elsewhere(manifest: dict[str, Any], error: str) -> str | None:
@@ -250,8 +317,13 @@ def _record_elsewhere(manifest: dict[str, Any], error: str) -> str | None:
     try:
         base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "unrecorded"
         base.mkdir(parents=True, exist_ok=True)
-        path = base / f"{manifest.get('experiment')}-{manifest['stage']}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}.json"
-        path.write_text(json.dumps({**manifest, "status": "failed", "error": error, "failed_at": now_iso()}, indent=1, default=str))
+        path = (
+            base
+            / f"{manifest.get('experiment')}-{manifest['stage']}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}.json"
+        )
+        path.write_text(
+            json.dumps({**manifest, "status": "failed", "error": error, "failed_at": now_iso()}, indent=1, default=str)
+        )
         return str(path)
     except OSError:
         return None

@@ -63,9 +63,18 @@ uid drop either: the solution runs as the caller's user and can signal the calle
 is logged.
 """
 
-from .jobs import Job, SandboxConfig, SandboxResult, SandboxUnavailable, as_job
-from .jobs import _default_uid_base, _unavailable_message  # noqa: F401  (used by tests)
+from .jobs import Job, SandboxConfig, SandboxResult, SandboxUnavailable, _default_uid_base, _unavailable_message, as_job  # noqa: F401  (used by tests)
 from .pool import isolation_status, run_batch, run_tests, shutdown
 from .worker import _Server  # noqa: F401  (used by tests)
 
-__all__ = ["Job", "SandboxConfig", "SandboxResult", "SandboxUnavailable", "as_job", "isolation_status", "run_batch", "run_tests", "shutdown"]
+__all__ = [
+    "Job",
+    "SandboxConfig",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "as_job",
+    "isolation_status",
+    "run_batch",
+    "run_tests",
+    "shutdown",
+]

@@ -108,7 +108,10 @@ def _fields(obj: object) -> object:
     params = getattr(cls, "__dataclass_params__", None)
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type) or params is None or not params.eq:
         return None
-    return (str.__str__(type.__dict__["__qualname__"].__get__(cls)), [getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare])
+    return (
+        str.__str__(type.__dict__["__qualname__"].__get__(cls)),
+        [getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare],
+    )
 
 
 def _scalar(x: object):
@@ -208,7 +211,11 @@ _BUILTIN_MODULES = ("builtins", "math", "operator", "string")
 def _builtin(name: str) -> object:
     """The standard-library function a test passed by name (`module:qualname`, see wire.py), looked up here."""
     module, _, qualname = name.partition(":")
-    if module not in _BUILTIN_MODULES or not qualname or not all(p.isidentifier() and not p.startswith("_") for p in qualname.split(".")):
+    if (
+        module not in _BUILTIN_MODULES
+        or not qualname
+        or not all(p.isidentifier() and not p.startswith("_") for p in qualname.split("."))
+    ):
         raise wire.WireError(f"no function {name[:80]}")
     import importlib
 
@@ -257,7 +264,9 @@ def _site_builtins() -> None:
 
 
 def _streams() -> None:
-    out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
+    out = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
     sys.stdout = sys.__stdout__ = out
     sys.stderr = sys.__stderr__ = out
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
@@ -278,7 +287,7 @@ class _Capture(io.StringIO):
             super().write(text[:room])
             self.kept += min(room, len(text))
         if len(text) > room:
-            self.real.write(text[max(room, 0):])
+            self.real.write(text[max(room, 0) :])
         return len(text)
 
 
@@ -305,8 +314,11 @@ def _call(fn, args: tuple, kwargs: dict, io_spec: object) -> tuple:
         sys.stdout, sys.stdin = saved_out, saved_in
     keys = io_spec.get("writeback") if type(io_spec) is dict else None
     if type(keys) is list and exc is None:  # the judge asked for the final state of the test's mutable arguments
-        states = [(k, args[k] if type(k) is int else kwargs[k]) for k in keys
-                  if (type(k) is int and 0 <= k < len(args)) or (type(k) is str and k in kwargs)]
+        states = [
+            (k, args[k] if type(k) is int else kwargs[k])
+            for k in keys
+            if (type(k) is int and 0 <= k < len(args)) or (type(k) is str and k in kwargs)
+        ]
         value = (value, states)
     return value, exc, capture.getvalue() if capture is not None else "", stdin.tell() if stdin is not None else 0
 
@@ -372,7 +384,9 @@ class Solution:
 
     def callback(self, number: int, args: tuple, kwargs: dict) -> object:
         """Call the test's callable `number` in J (see `Callback`), serving J's requests meanwhile."""
-        payload = wire.encode(("callback", number, args, kwargs), subclasses=True, handles=self.handles.add, convert=_scalar)
+        payload = wire.encode(
+            ("callback", number, args, kwargs), subclasses=True, handles=self.handles.add, convert=_scalar
+        )
         try:
             wire.send_encoded(self.sock, payload)
         except BaseException:
@@ -407,8 +421,16 @@ class Solution:
             return next, (it,), {}, None
         if kind == "op" and request[2] in OPS:
             op, args = request[2], request[3]
-            fns = {"len": len, "bool": bool, "str": str, "repr": repr, "iter": iter,
-                   "getitem": lambda o, k: o[k], "contains": lambda o, k: k in o, "fields": _fields}
+            fns = {
+                "len": len,
+                "bool": bool,
+                "str": str,
+                "repr": repr,
+                "iter": iter,
+                "getitem": lambda o, k: o[k],
+                "contains": lambda o, k: k in o,
+                "fields": _fields,
+            }
             return fns[op], (obj(), *args), {}, None
         if kind == "eval" and request[2] in ("eval", "exec"):
             fn = builtins.eval if request[2] == "eval" else builtins.exec
@@ -434,7 +456,9 @@ def serve(sock: int, code: str, mode: str = "functions") -> None:
         send(sock, ("ready", names))
     except BaseException:
         _exit(0)
-    sys.setrecursionlimit(sys.getrecursionlimit() + _depth() + 1 - PLAIN_HARNESS_DEPTH)  # the frames below a call are ours
+    sys.setrecursionlimit(
+        sys.getrecursionlimit() + _depth() + 1 - PLAIN_HARNESS_DEPTH
+    )  # the frames below a call are ours
     while True:
         try:
             request = recv(sock, solution.handles.get)

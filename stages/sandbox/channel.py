@@ -105,14 +105,18 @@ class Channel:
         try:
             payload = wire.encode(message, handles=self.handle_of)
         except wire.NotPlainData as exc:
-            raise TypeError(f"{what}: an argument is not plain data ({exc}), so it cannot be passed to the solution's process") from None
+            raise TypeError(
+                f"{what}: an argument is not plain data ({exc}), so it cannot be passed to the solution's process"
+            ) from None
         try:
             wire.send_encoded(self.fd, payload)
         except OSError:
             self.fail("the solution's process ended")
             raise SolutionEnded(self.gone) from None
 
-    def request(self, message: tuple, what: str, streams: bool = False, iterating: bool = False, writeback: tuple | None = None) -> object:
+    def request(
+        self, message: tuple, what: str, streams: bool = False, iterating: bool = False, writeback: tuple | None = None
+    ) -> object:
         """Send `message`, return the decoded value of S's answer (or raise what S raised). With
         `streams`, the test's redirected stdout and replaced stdin go along (see the module doc). Only
         an iterator's `next` (`iterating`) may end with StopIteration: any other answer "stop" is a
@@ -126,10 +130,18 @@ class Channel:
             message = (*message, io_spec)
         self.send(message, what)
         reply = self.recv()
-        while type(reply) is tuple and len(reply) == 4 and reply[0] == "callback":  # the solution calls a callable of the test's
+        while (
+            type(reply) is tuple and len(reply) == 4 and reply[0] == "callback"
+        ):  # the solution calls a callable of the test's
             self.serve_callback(reply)
             reply = self.recv()
-        if type(reply) is tuple and len(reply) == 4 and reply[0] == "ok" and type(reply[2]) is str and type(reply[3]) is int:
+        if (
+            type(reply) is tuple
+            and len(reply) == 4
+            and reply[0] == "ok"
+            and type(reply[2]) is str
+            and type(reply[3]) is int
+        ):
             _after(reply[2], reply[3], stdin)
             if keys and streams:
                 if type(reply[1]) is not tuple or len(reply[1]) != 2:
@@ -139,7 +151,13 @@ class Channel:
                 _write_back(*writeback, keys, states)  # type: ignore[misc]
                 return value
             return reply[1]
-        if type(reply) is tuple and len(reply) == 5 and reply[0] == "raise" and type(reply[1]) is list and type(reply[2]) is str:
+        if (
+            type(reply) is tuple
+            and len(reply) == 5
+            and reply[0] == "raise"
+            and type(reply[1]) is list
+            and type(reply[2]) is str
+        ):
             if type(reply[3]) is str and type(reply[4]) is int:
                 _after(reply[3], reply[4], stdin)
             raise _exception(reply[1], reply[2], self.exceptions)
@@ -193,7 +211,9 @@ class Channel:
         try:
             payload = wire.encode(answer, handles=self.handle_of)
         except wire.NotPlainData as exc:
-            payload = wire.encode(("cbraise", ["TypeError"], f"the test's callable returned something that is not plain data ({exc})"))
+            payload = wire.encode(
+                ("cbraise", ["TypeError"], f"the test's callable returned something that is not plain data ({exc})")
+            )
         try:
             wire.send_encoded(self.fd, payload)
         except OSError:
@@ -207,7 +227,14 @@ class Channel:
         """One run of the solution's program (programs mode): (stdout, status, truncated)."""
         self.send(("run", stdin, limits, output_limit), "the program")
         reply = self.recv()
-        if type(reply) is tuple and len(reply) == 4 and reply[0] == "ran" and type(reply[1]) is bytes and type(reply[2]) is int and type(reply[3]) is bool:
+        if (
+            type(reply) is tuple
+            and len(reply) == 4
+            and reply[0] == "ran"
+            and type(reply[1]) is bytes
+            and type(reply[2]) is int
+            and type(reply[3]) is bool
+        ):
             return reply[1], reply[2], reply[3]
         if type(reply) is tuple and len(reply) == 2 and reply[0] == "bad" and type(reply[1]) is str:
             raise TypeError(f"the program could not run: {reply[1]}")
@@ -243,7 +270,9 @@ _MUTABLE = (list, dict, set, bytearray)
 
 def _writeback_keys(args: tuple, kwargs: dict) -> list:
     """The arguments of a call that are the test's own mutable containers: positions, then keyword names."""
-    return [i for i, a in enumerate(args) if type(a) in _MUTABLE] + [k for k, v in kwargs.items() if type(v) in _MUTABLE]
+    return [i for i, a in enumerate(args) if type(a) in _MUTABLE] + [
+        k for k, v in kwargs.items() if type(v) in _MUTABLE
+    ]
 
 
 def _write_back(args: tuple, kwargs: dict, keys: list, states: object) -> None:
@@ -280,12 +309,19 @@ def _builtin_name(x: object) -> str | None:
 
     if isinstance(x, type):
         return f"builtins:{x.__name__}" if getattr(builtins, x.__name__, None) is x else None
-    if type(x) not in (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType):
+    if type(x) not in (
+        types.BuiltinFunctionType,
+        types.MethodDescriptorType,
+        types.WrapperDescriptorType,
+        types.ClassMethodDescriptorType,
+    ):
         return None
     owner = getattr(x, "__objclass__", None)
     module = "builtins" if isinstance(owner, type) else str(getattr(x, "__module__", "") or "").lstrip("_")
     qualname = str(getattr(x, "__qualname__", ""))
-    if module not in BUILTIN_MODULES or not all(p.isidentifier() and not p.startswith("_") for p in qualname.split(".")):
+    if module not in BUILTIN_MODULES or not all(
+        p.isidentifier() and not p.startswith("_") for p in qualname.split(".")
+    ):
         return None
     found = sys.modules.get(module)
     for part in qualname.split("."):
@@ -336,7 +372,9 @@ class ObjectProxy:
 
     def _op(self, op: str, *args: object) -> object:
         channel = object.__getattribute__(self, "_channel")
-        return channel.request(("op", object.__getattribute__(self, "_number"), op, args), f"{op}() of the solution's {self._name()}")
+        return channel.request(
+            ("op", object.__getattribute__(self, "_number"), op, args), f"{op}() of the solution's {self._name()}"
+        )
 
     def _name(self) -> str:
         return object.__getattribute__(self, "_typename")
@@ -351,12 +389,18 @@ class ObjectProxy:
         if name.startswith("__"):
             raise AttributeError(name)
         channel = object.__getattribute__(self, "_channel")
-        channel.request(("setattr", object.__getattribute__(self, "_number"), name, value), f"setting {self._name()}.{name}")
+        channel.request(
+            ("setattr", object.__getattribute__(self, "_number"), name, value), f"setting {self._name()}.{name}"
+        )
 
     def __call__(self, *args, **kwargs):
         channel = object.__getattribute__(self, "_channel")
-        return channel.request(("callobj", object.__getattribute__(self, "_number"), args, kwargs), f"{self._name()}()", streams=True,
-                               writeback=(args, kwargs))
+        return channel.request(
+            ("callobj", object.__getattribute__(self, "_number"), args, kwargs),
+            f"{self._name()}()",
+            streams=True,
+            writeback=(args, kwargs),
+        )
 
     def __len__(self) -> int:
         n = self._op("len")
@@ -431,7 +475,11 @@ class IteratorProxy(ObjectProxy):
 
     def __next__(self) -> object:
         channel = object.__getattribute__(self, "_channel")
-        return channel.request(("next", object.__getattribute__(self, "_number")), f"next() of the solution's {self._name()}", iterating=True)
+        return channel.request(
+            ("next", object.__getattribute__(self, "_number")),
+            f"next() of the solution's {self._name()}",
+            iterating=True,
+        )
 
 
 def missing(name: str):

@@ -102,7 +102,9 @@ def _patch_unittest_main(ns: dict):
 def _run_test_cases(candidates: list, ns: dict) -> None:
     import unittest
 
-    cases = [c for c in candidates if isinstance(c, type) and issubclass(c, unittest.TestCase) and c is not unittest.TestCase]
+    cases = [
+        c for c in candidates if isinstance(c, type) and issubclass(c, unittest.TestCase) and c is not unittest.TestCase
+    ]
     if not cases:
         return
     loader = unittest.TestLoader()
@@ -114,16 +116,28 @@ def _run_test_cases(candidates: list, ns: dict) -> None:
     if problems:
         test, detail = problems[0]
         last = [line for line in str(detail).strip().splitlines() if line.strip()][-1:] or ["failed"]
-        raise AssertionError(f"{len(problems)} of {result.testsRun} unittest test(s) failed; first: {test.id()}: {last[0][:200]}")
+        raise AssertionError(
+            f"{len(problems)} of {result.testsRun} unittest test(s) failed; first: {test.id()}: {last[0][:200]}"
+        )
 
 
 def _uncalled_test_functions(tree: ast.Module, ns: dict) -> list:
     """pytest-style tests the snippet defines and does not call itself (at module level)."""
-    called = {n.func.id for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-              for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    called = {
+        n.func.id
+        for stmt in tree.body
+        if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        for n in ast.walk(stmt)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
     out = []
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and node.name not in called and callable(ns.get(node.name)):
+        if (
+            isinstance(node, ast.FunctionDef)
+            and node.name.startswith("test")
+            and node.name not in called
+            and callable(ns.get(node.name))
+        ):
             out.append(ns[node.name])
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test") and node.name not in called:
             cls = ns.get(node.name)
@@ -226,7 +240,9 @@ def needs_fixtures(snippets: list[str]) -> str | None:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
                 a = node.args
                 positional = [x.arg for x in a.posonlyargs + a.args]
-                required = positional[: len(positional) - len(a.defaults)] + [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+                required = positional[: len(positional) - len(a.defaults)] + [
+                    x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None
+                ]
                 if set(required) - _parametrized(node) - SUPPLIED_FIXTURES:
                     return node.name
     return None
@@ -271,7 +287,9 @@ def same_output(got: bytes, expected: str, float_tolerance: float | None = None,
             fx, fy = float(x), float(y)
         except ValueError:
             return False
-        if not (math.isfinite(fx) and math.isfinite(fy)) or not math.isclose(fx, fy, rel_tol=float_tolerance, abs_tol=float_tolerance):
+        if not (math.isfinite(fx) and math.isfinite(fy)) or not math.isclose(
+            fx, fy, rel_tol=float_tolerance, abs_tol=float_tolerance
+        ):
             return False
     return True
 

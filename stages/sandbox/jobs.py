@@ -66,7 +66,9 @@ class SandboxConfig:
             raise ValueError("SandboxConfig.open_files must be at least 8")
         if self.wall_timeout_s is not None and not self.wall_timeout_s > 0:
             raise ValueError(f"SandboxConfig.wall_timeout_s must be positive, got {self.wall_timeout_s!r}")
-        if not isinstance(self.packages, tuple) or not all(isinstance(n, str) and n.isidentifier() for n in self.packages):
+        if not isinstance(self.packages, tuple) or not all(
+            isinstance(n, str) and n.isidentifier() for n in self.packages
+        ):
             raise ValueError(f"SandboxConfig.packages must be a tuple of top-level import names, got {self.packages!r}")
         if not self.cpus_per_slot >= 0:
             raise ValueError(f"SandboxConfig.cpus_per_slot must be >= 0 (0: no quota), got {self.cpus_per_slot!r}")
@@ -83,7 +85,9 @@ class SandboxConfig:
                 continue
             if spec is None or spec.origin in (None, "built-in", "frozen"):
                 continue
-            path = os.path.realpath(list(spec.submodule_search_locations)[0] if spec.submodule_search_locations else spec.origin)
+            path = os.path.realpath(
+                list(spec.submodule_search_locations)[0] if spec.submodule_search_locations else spec.origin
+            )
             if path not in paths:
                 paths.append(path)
             libs = os.path.join(os.path.dirname(path), f"{name}.libs")
@@ -179,7 +183,9 @@ def as_job(item: Any, index: int = 0) -> Job:
     elif isinstance(item, dict):
         unknown = set(item) - fields
         if unknown or "code" not in item or not ({"tests", "cases"} & set(item)):
-            raise TypeError(f"run_batch: item {index}: a dict needs `code` and `tests` (or `cases`) and only Job's fields, got {sorted(item)}")
+            raise TypeError(
+                f"run_batch: item {index}: a dict needs `code` and `tests` (or `cases`) and only Job's fields, got {sorted(item)}"
+            )
         job = Job(**{"tests": [], **item})
     elif isinstance(item, (tuple, list)) and len(item) == 2:
         job = Job(item[0], item[1])
@@ -198,18 +204,34 @@ def as_job(item: Any, index: int = 0) -> Job:
     cases = None
     if job.mode == "programs":
         if not isinstance(job.cases, (list, tuple)) or not all(
-                isinstance(c, (list, tuple)) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in job.cases):
-            raise TypeError(f"run_batch: item {index}: a program's cases must be a list of (stdin, expected stdout) strings")
+            isinstance(c, (list, tuple)) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in job.cases
+        ):
+            raise TypeError(
+                f"run_batch: item {index}: a program's cases must be a list of (stdin, expected stdout) strings"
+            )
         cases = [(c[0], c[1]) for c in job.cases]
     if not (isinstance(job.case_timeout_s, (int, float)) and job.case_timeout_s > 0):
         raise TypeError(f"run_batch: item {index}: case_timeout_s must be positive")
-    if job.float_tolerance is not None and not (isinstance(job.float_tolerance, (int, float)) and job.float_tolerance >= 0):
+    if job.float_tolerance is not None and not (
+        isinstance(job.float_tolerance, (int, float)) and job.float_tolerance >= 0
+    ):
         raise TypeError(f"run_batch: item {index}: float_tolerance must be a non-negative number or None")
     if job.float_rule not in (None, "apps"):
         raise TypeError(f"run_batch: item {index}: float_rule must be 'apps' or None, got {job.float_rule!r}")
-    return Job(job.code, list(job.tests), job.entry_point or None, job.setup or None, job.mode, cases, float(job.case_timeout_s),
-               None if job.float_tolerance is None else float(job.float_tolerance), job.float_rule)
+    return Job(
+        job.code,
+        list(job.tests),
+        job.entry_point or None,
+        job.setup or None,
+        job.mode,
+        cases,
+        float(job.case_timeout_s),
+        None if job.float_tolerance is None else float(job.float_tolerance),
+        job.float_rule,
+    )
 
 
 def _infra(total: int, reason: str) -> SandboxResult:
-    return SandboxResult(passed=0, total=total, error=reason, status="infra", tests=[False] * total, test_errors=[None] * total)
+    return SandboxResult(
+        passed=0, total=total, error=reason, status="infra", tests=[False] * total, test_errors=[None] * total
+    )

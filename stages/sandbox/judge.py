@@ -50,19 +50,70 @@ import sys
 
 try:
     from . import harness, wire
-    from .channel import AsyncFunctionProxy, Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions
+    from .channel import (
+        AsyncFunctionProxy,
+        Channel,
+        FunctionProxy,
+        SolutionEnded,
+        SolutionError,
+        missing,
+        original_streams,
+        solution_exceptions,
+    )
 except ImportError:  # imported by the server as a top-level module
     import harness  # type: ignore[no-redef]
     import wire  # type: ignore[no-redef]
-    from channel import AsyncFunctionProxy, Channel, FunctionProxy, SolutionEnded, SolutionError, missing, original_streams, solution_exceptions  # type: ignore[no-redef]
+    from channel import (
+        AsyncFunctionProxy,
+        Channel,
+        FunctionProxy,
+        SolutionEnded,
+        SolutionError,
+        missing,
+        original_streams,
+        solution_exceptions,
+    )  # type: ignore[no-redef]
 
 INFO_LIMIT = 300
 """Characters of an error description sent to the server per line."""
-TEST_MODULES = frozenset({
-    "array", "base64", "binascii", "bisect", "calendar", "cmath", "collections", "copy", "datetime", "decimal", "difflib",
-    "enum", "fractions", "functools", "hashlib", "heapq", "itertools", "json", "keyword", "math", "numbers", "operator",
-    "os", "random", "re", "statistics", "string", "struct", "sys", "textwrap", "time", "typing", "unicodedata", "zlib",
-})
+TEST_MODULES = frozenset(
+    {
+        "array",
+        "base64",
+        "binascii",
+        "bisect",
+        "calendar",
+        "cmath",
+        "collections",
+        "copy",
+        "datetime",
+        "decimal",
+        "difflib",
+        "enum",
+        "fractions",
+        "functools",
+        "hashlib",
+        "heapq",
+        "itertools",
+        "json",
+        "keyword",
+        "math",
+        "numbers",
+        "operator",
+        "os",
+        "random",
+        "re",
+        "statistics",
+        "string",
+        "struct",
+        "sys",
+        "textwrap",
+        "time",
+        "typing",
+        "unicodedata",
+        "zlib",
+    }
+)
 """Standard-library modules (and their submodules) a test may use because the solution imported them."""
 _Channel = Channel  # the name the tests know it by
 __all__ = ["Channel", "SolutionEnded", "SolutionError", "bind_solution", "run", "test_names", "under_test"]
@@ -164,10 +215,20 @@ def under_test(tests: list[str], own: set[str] | frozenset[str] = frozenset()) -
                 subject = test.left if isinstance(test, ast.Compare) else test
                 while isinstance(subject, ast.UnaryOp):
                     subject = subject.operand
-                if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Name) and subject.func.id in builtin_names:
+                if (
+                    isinstance(subject, ast.Call)
+                    and isinstance(subject.func, ast.Name)
+                    and subject.func.id in builtin_names
+                ):
                     inside = [n for arg in [*subject.args, *subject.keywords] for n in ast.walk(arg)]
-                    foreign = [n for n in inside if isinstance(n, ast.Call)
-                               or isinstance(n, ast.Name) and n.id not in own and n.id not in builtin_names]
+                    foreign = [
+                        n
+                        for n in inside
+                        if isinstance(n, ast.Call)
+                        or isinstance(n, ast.Name)
+                        and n.id not in own
+                        and n.id not in builtin_names
+                    ]
                     if not foreign:  # applied to the test's own data, not to something of the solution's
                         subjects.add(subject.func.id)
     if called - builtin_names:
@@ -175,8 +236,14 @@ def under_test(tests: list[str], own: set[str] | frozenset[str] = frozenset()) -
     return subjects - set(own)
 
 
-def bind_solution(ns: dict, reported: object, channel: Channel, entry_point: str | None, own: set[str] | frozenset[str] = frozenset(),
-                  tested: set[str] | frozenset[str] = frozenset()) -> None:
+def bind_solution(
+    ns: dict,
+    reported: object,
+    channel: Channel,
+    entry_point: str | None,
+    own: set[str] | frozenset[str] = frozenset(),
+    tested: set[str] | frozenset[str] = frozenset(),
+) -> None:
     """Bind the names S reported into `ns` (see the module docstring for the rules); `own`: the names
     the tests bind themselves (`test_names`); `tested`: builtin names under test (`under_test`)."""
     trusted = set(dir(builtins)) | set(ns) | set(own)
@@ -225,7 +292,12 @@ def solution_module(reported: object, channel: Channel, entry_point: str | None)
         if type(item) is not tuple or len(item) != 3 or type(item[0]) is not str:
             continue
         name, kind, value = item
-        if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("__") or (entry_point and name != entry_point):
+        if (
+            not name.isidentifier()
+            or keyword.iskeyword(name)
+            or name.startswith("__")
+            or (entry_point and name != entry_point)
+        ):
             continue
         if kind == "module" and (imported := _test_module(name, value)) is not None:
             setattr(module, name, imported)
@@ -268,7 +340,9 @@ def run(job: dict, sock: int, results: int) -> None:
         while data:
             data = data[os.write(results, data) :]
 
-    out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
+    out = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
     sys.stdout = sys.__stdout__ = sys.stderr = sys.__stderr__ = out
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     original_streams(sys.stdout, sys.stdin)
@@ -289,14 +363,34 @@ def run(job: dict, sock: int, results: int) -> None:
         hello = ("loadfail", ["SolutionEnded"], f"{exc} before it finished loading")
     if type(hello) is tuple and len(hello) == 2 and hello[0] == "ready":
         if not programs:
-            channel.exceptions = solution_exceptions({item[0]: item[2] for item in hello[1] if type(item) is tuple and len(item) == 3
-                                                      and type(item[0]) is str and item[1] == "exception"} if type(hello[1]) is list else {})
+            channel.exceptions = solution_exceptions(
+                {
+                    item[0]: item[2]
+                    for item in hello[1]
+                    if type(item) is tuple and len(item) == 3 and type(item[0]) is str and item[1] == "exception"
+                }
+                if type(hello[1]) is list
+                else {}
+            )
             own = test_names(tests)
-            bind_solution(ns, hello[1], channel, entry_point, own, under_test(tests, own | set(ns)) if not entry_point else frozenset())
+            bind_solution(
+                ns,
+                hello[1],
+                channel,
+                entry_point,
+                own,
+                under_test(tests, own | set(ns)) if not entry_point else frozenset(),
+            )
             sys.modules["solution"] = solution_module(hello[1], channel, entry_point)
         emit("loaded")
     else:
-        if type(hello) is tuple and len(hello) == 3 and hello[0] == "loadfail" and type(hello[1]) is list and type(hello[2]) is str:
+        if (
+            type(hello) is tuple
+            and len(hello) == 3
+            and hello[0] == "loadfail"
+            and type(hello[1]) is list
+            and type(hello[2]) is str
+        ):
             first = hello[1][0] if hello[1] and type(hello[1][0]) is str else "Exception"
             why = f"{first}: {hello[2]}" if hello[2] else first
         else:
@@ -324,9 +418,13 @@ def run(job: dict, sock: int, results: int) -> None:
 def _run_case(channel: Channel, case: object, job: dict) -> None:
     """One stdin/stdout case: S runs the program with the input; J compares the output (raises on a miss)."""
     stdin, expected = case  # type: ignore[misc]
-    out, status, truncated = channel.run(stdin, tuple(job.get("case_limits") or (2.0, 6.0)), int(job.get("output_limit") or 1 << 20))
+    out, status, truncated = channel.run(
+        stdin, tuple(job.get("case_limits") or (2.0, 6.0)), int(job.get("output_limit") or 1 << 20)
+    )
     if status != 0:
-        raise AssertionError(f"the program exited with status {status}" + (" (killed: a time or memory limit)" if status > 128 else ""))
+        raise AssertionError(
+            f"the program exited with status {status}" + (" (killed: a time or memory limit)" if status > 128 else "")
+        )
     if truncated:
         raise AssertionError("the program printed more than the output limit")
     if not harness.same_output(out, expected, job.get("float_tolerance"), job.get("float_rule")):

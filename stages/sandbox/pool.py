@@ -233,8 +233,11 @@ class _Batch:
             shared = list(range(len(jobs)))
             self.queues = [shared] * n_workers
 
-    def run(self, pool: "_Pool") -> None:
-        threads = [threading.Thread(target=self.worker, args=(pool, slot), name=f"sandbox-{slot}", daemon=True) for slot in range(self.n_workers)]
+    def run(self, pool: _Pool) -> None:
+        threads = [
+            threading.Thread(target=self.worker, args=(pool, slot), name=f"sandbox-{slot}", daemon=True)
+            for slot in range(self.n_workers)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -247,7 +250,7 @@ class _Batch:
                 return None
             return mine.pop(0)
 
-    def worker(self, pool: "_Pool", slot: int) -> None:
+    def worker(self, pool: _Pool, slot: int) -> None:
         """Run this slot's items; a slot whose server fails to start or dies more than 3 times gives up
         and leaves the remaining items to the other slots (round-robin: marks its own as infra)."""
         troubles = 0
@@ -265,7 +268,7 @@ class _Batch:
             pool.drop(slot)
             raise
 
-    def _attempt(self, pool: "_Pool", slot: int, i: int) -> str:
+    def _attempt(self, pool: _Pool, slot: int, i: int) -> str:
         job = self.jobs[i]
         try:
             self.results[i] = pool.server(slot).run(job)
@@ -336,7 +339,10 @@ def isolation_status() -> tuple[bool, str]:
             except (OSError, RuntimeError) as exc:
                 _status_cache = (False, str(exc))
             else:
-                _status_cache = (server.isolated, server.reason or "namespaces, minimal root, uid drop and syscall filter work")
+                _status_cache = (
+                    server.isolated,
+                    server.reason or "namespaces, minimal root, uid drop and syscall filter work",
+                )
                 server.close()
             finally:
                 _release_indices(indices)

@@ -78,8 +78,12 @@ def _child(code, inp: int, out_w: int, out_r: int, cpu_s: float) -> None:
         import io
 
         sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-        sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-        sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
+        sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
+        )
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+        )
         sys.argv = ["solution.py"]
         sys.modules.pop("solution", None)
         ns = {"__name__": "__main__", "__builtins__": builtins}

@@ -29,7 +29,9 @@ class SolutionEnded(SolutionError):
 
 def _exception_names(exc: BaseException) -> list:
     """The names of the builtin classes an exception of J's derives from, its own class's first."""
-    return [type(exc).__name__] + [c.__name__ for c in type(exc).__mro__[1:8] if getattr(builtins, c.__name__, None) is c]
+    return [type(exc).__name__] + [
+        c.__name__ for c in type(exc).__mro__[1:8] if getattr(builtins, c.__name__, None) is c
+    ]
 
 
 def _text(exc: BaseException) -> str:
@@ -49,7 +51,9 @@ def solution_exceptions(reported: dict) -> dict:
     classes, their methods and their hierarchy are J's, so a lie about the bases can make the class no
     more than an exception S could have raised anyway."""
     made: dict = {}
-    reported = {k: v for k, v in list(reported.items())[:1000] if type(k) is str and k.isidentifier() and type(v) is list}
+    reported = {
+        k: v for k, v in list(reported.items())[:1000] if type(k) is str and k.isidentifier() and type(v) is list
+    }
 
     def make(name: str, depth: int = 0):
         if name in made:
@@ -65,7 +69,13 @@ def solution_exceptions(reported: dict) -> dict:
                 parent_cls = parent_cls or make(parent, depth + 1)
                 continue
             cls = getattr(builtins, parent, None)
-            if builtin_cls is None and isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
+            if (
+                builtin_cls is None
+                and isinstance(cls, type)
+                and issubclass(cls, Exception)
+                and cls is not Exception
+                and not issubclass(cls, _NEVER_RAISE)
+            ):
                 builtin_cls = cls
         bases = tuple(b for b in (parent_cls, builtin_cls) if b is not None)
         if parent_cls is not None and builtin_cls is not None and issubclass(parent_cls, builtin_cls):
@@ -89,12 +99,21 @@ def _exception(names: list, message: str, classes: dict | None = None) -> Except
     own = classes.get(names[0]) if classes and names and type(names[0]) is str else None
     if own is not None:
         try:
-            return own(f"{names[0][:100]}: {message}" if issubclass(own, SolutionError) and own.__name__ == "SolutionError" else message)
+            return own(
+                f"{names[0][:100]}: {message}"
+                if issubclass(own, SolutionError) and own.__name__ == "SolutionError"
+                else message
+            )
         except Exception:
             pass
     for name in names[:8]:
         cls = getattr(builtins, name, None) if type(name) is str else None
-        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and not issubclass(cls, _NEVER_RAISE):
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, Exception)
+            and cls is not Exception
+            and not issubclass(cls, _NEVER_RAISE)
+        ):
             try:
                 return cls(message)
             except Exception:  # a constructor that wants other arguments: try the next base

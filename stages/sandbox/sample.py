@@ -38,7 +38,11 @@ def _alone(job: dict) -> bool:
     judge gets its greeting ("ready", no names) and the verdicts are those of an empty solution; it saves
     the process, its set-up and its start (about 8 of a sample's 18 ms of CPU)."""
     texts = [t for t in [*(job.get("tests") or []), job.get("setup") or ""] if isinstance(t, str)]
-    return job.get("code") == "" and (job.get("mode") or "functions") == "functions" and not any("eval" in t or "exec" in t for t in texts)
+    return (
+        job.get("code") == ""
+        and (job.get("mode") or "functions") == "functions"
+        and not any("eval" in t or "exec" in t for t in texts)
+    )
 
 
 class Sample:
@@ -76,12 +80,28 @@ class Sample:
             shared = tempfile.mkdtemp(prefix="regimen-sandbox-")
             os.chmod(shared, 0o1777)
             self.workdirs = (shared, shared)
-        code_fd = _memfd(json.dumps({"code": job["code"], "mode": job.get("mode") or "functions", "workdir": self.workdirs[0]}).encode())
+        code_fd = _memfd(
+            json.dumps(
+                {"code": job["code"], "mode": job.get("mode") or "functions", "workdir": self.workdirs[0]}
+            ).encode()
+        )
         cpu = float(job.get("case_timeout_s") or 2.0)
-        job_fd = _memfd(json.dumps({"tests": job["tests"], "setup": job.get("setup"), "entry_point": job.get("entry_point"),
-                                    "mode": job.get("mode") or "functions", "cases": job.get("cases"), "case_limits": [cpu, 3 * cpu + 1],
-                                    "float_tolerance": job.get("float_tolerance"), "float_rule": job.get("float_rule"), "output_limit": self.server.output_limit * 64,
-                                    "workdir": self.workdirs[1]}).encode())
+        job_fd = _memfd(
+            json.dumps(
+                {
+                    "tests": job["tests"],
+                    "setup": job.get("setup"),
+                    "entry_point": job.get("entry_point"),
+                    "mode": job.get("mode") or "functions",
+                    "cases": job.get("cases"),
+                    "case_limits": [cpu, 3 * cpu + 1],
+                    "float_tolerance": job.get("float_tolerance"),
+                    "float_rule": job.get("float_rule"),
+                    "output_limit": self.server.output_limit * 64,
+                    "workdir": self.workdirs[1],
+                }
+            ).encode()
+        )
         self.res_r, res_w = os.pipe()
         self.out_r, out_w = os.pipe()
         self.ctl, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -122,7 +142,9 @@ class Sample:
                 return
             limit = (give_up if give_up is not None else wall_deadline) - now
             watch = list(self.open_fds) + ([self.ctl.fileno()] if self.pids is None else [])
-            ready, _, _ = select.select(watch, [], [], max(0.0, min(limit, _POLL_S if self.cpu0 is not None else limit)))
+            ready, _, _ = select.select(
+                watch, [], [], max(0.0, min(limit, _POLL_S if self.cpu0 is not None else limit))
+            )
             for fd in ready:
                 if fd == self.ctl.fileno():
                     self._receive_pids()
@@ -250,8 +272,12 @@ class Sample:
             output += f"\n[... {self.out_total - len(out)} more bytes of output discarded]"
         res = bytes(self.bufs.get(self.res_r, b"")) if self.bufs else b""
         result = verdict(res, self.n, timed_out=self.timed_out, overflow=self.result_overflow)
-        result.update(output=output, duration_s=round(time.monotonic() - self.started, 4), isolated=self.isolated,
-                      cpu_s=round(self.cpu_used, 4) if self.cpu0 is not None else None)
+        result.update(
+            output=output,
+            duration_s=round(time.monotonic() - self.started, 4),
+            isolated=self.isolated,
+            cpu_s=round(self.cpu_used, 4) if self.cpu0 is not None else None,
+        )
         return result
 
 
@@ -266,7 +292,13 @@ def _describe_status(code: int | None) -> str:
             name = signal.Signals(sig).name
         except ValueError:
             name = f"signal {sig}"
-        hint = {"SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (file size limit)", "SIGKILL": " (memory limit, or killed)", "SIGSEGV": " (crashed)", "SIGSYS": " (forbidden system call)"}
+        hint = {
+            "SIGXCPU": " (CPU time limit)",
+            "SIGXFSZ": " (file size limit)",
+            "SIGKILL": " (memory limit, or killed)",
+            "SIGSEGV": " (crashed)",
+            "SIGSYS": " (forbidden system call)",
+        }
         return f"killed by {name}{hint.get(name, '')}"
     return f"exit status {code}"
 
@@ -306,7 +338,13 @@ def verdict(res: bytes, n: int, timed_out: str | None = None, overflow: bool = F
             errors.append(None if kind == "pass" else info or "failed")
         elif kind == "gone" and loaded and gone is None:
             gone = rest
-        elif kind == "done" and rest == str(n) and loaded is not None and (len(tests) == n or loaded is False) and not done:
+        elif (
+            kind == "done"
+            and rest == str(n)
+            and loaded is not None
+            and (len(tests) == n or loaded is False)
+            and not done
+        ):
             done = True
         else:
             malformed = True

@@ -62,9 +62,31 @@ else:
     from .slot import _PIVOT_ROOT, PR_SET_PDEATHSIG, Slot, _oom_score_adj, _prctl
     from .tree import _zygote
 
-_PRELOAD = ("math", "cmath", "re", "collections", "itertools", "functools", "typing", "string", "heapq", "bisect", "operator",
-            "random", "statistics", "fractions", "decimal", "json", "copy", "dataclasses", "hashlib", "datetime", "textwrap", "enum",
-            "site")  # site: S adds its exit(), quit() to the builtins for every solution
+_PRELOAD = (
+    "math",
+    "cmath",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "typing",
+    "string",
+    "heapq",
+    "bisect",
+    "operator",
+    "random",
+    "statistics",
+    "fractions",
+    "decimal",
+    "json",
+    "copy",
+    "dataclasses",
+    "hashlib",
+    "datetime",
+    "textwrap",
+    "enum",
+    "site",
+)  # site: S adds its exit(), quit() to the builtins for every solution
 
 
 class Server:
@@ -180,8 +202,14 @@ def serve(settings: dict) -> None:
         else:
             isolated, reason = False, "isolation is switched off (SandboxConfig.isolation=False)"
         ready = isolated or bool(settings.get("allow_unisolated"))
-        hello = {"ready": ready, "isolated": isolated, "reason": reason, "cgroups": server.slot.cgroup_dirs,
-                 "cpu_accounting": server.slot.cpu_file is not None, "seccomp": server.slot.seccomp is not None}
+        hello = {
+            "ready": ready,
+            "isolated": isolated,
+            "reason": reason,
+            "cgroups": server.slot.cgroup_dirs,
+            "cpu_accounting": server.slot.cpu_file is not None,
+            "seccomp": server.slot.seccomp is not None,
+        }
         out.write(json.dumps(hello).encode() + b"\n")
         out.flush()
         if not ready:
@@ -192,8 +220,15 @@ def serve(settings: dict) -> None:
             try:
                 result = server.run_job(job, isolated)
             except Exception as exc:  # never let one job take the server (and the batch) down
-                result = {"passed": 0, "total": n, "tests": [False] * n, "test_errors": [None] * n, "status": "infra",
-                          "error": f"sandbox server error: {type(exc).__name__}: {exc}", "isolated": isolated}
+                result = {
+                    "passed": 0,
+                    "total": n,
+                    "tests": [False] * n,
+                    "test_errors": [None] * n,
+                    "status": "infra",
+                    "error": f"sandbox server error: {type(exc).__name__}: {exc}",
+                    "isolated": isolated,
+                }
             del job, line
             out.write(json.dumps(result).encode() + b"\n")
             out.flush()

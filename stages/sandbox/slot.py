@@ -38,7 +38,19 @@ PR_SET_SECCOMP = 22
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
-_PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217, "i686": 217, "i386": 217, "armv7l": 218}
+_PIVOT_ROOT = {
+    "x86_64": 155,
+    "amd64": 155,
+    "aarch64": 41,
+    "arm64": 41,
+    "riscv64": 41,
+    "ppc64le": 203,
+    "ppc64": 203,
+    "s390x": 217,
+    "i686": 217,
+    "i386": 217,
+    "armv7l": 218,
+}
 
 # A path inside the sandbox's fresh root (its private tmpfs after pivot_root), never the host's /tmp: the
 # working folder S and J share, as a plain harness's one working folder (a test writes a file the solution
@@ -142,13 +154,18 @@ class Slot:
         self.uids = {"s": int(settings["uid_s"]), "j": int(settings["uid_j"])}
         self.memory_bytes = int(settings["memory_mb"]) << 20
         self.seccomp = _seccomp_prog(bytes.fromhex(settings["seccomp"])) if settings.get("seccomp") else None
-        self.seccomp_s = _seccomp_prog(bytes.fromhex(settings["seccomp_s"])) if settings.get("seccomp_s") else self.seccomp
+        self.seccomp_s = (
+            _seccomp_prog(bytes.fromhex(settings["seccomp_s"])) if settings.get("seccomp_s") else self.seccomp
+        )
         self.cgroup_dirs: list[str] = []
         self.procs: list[str] = []  # cgroup.procs of the slot's group in each hierarchy
         self.cpu_file: tuple[str, str] | None = None  # (path, "cpuacct" | "cpu.stat")
         self.plan = self._plan()
-        self.plan["packages"] = [(src, f"{PACKAGES_DIR}/{os.path.basename(src)}") for src in settings.get("package_paths") or []
-                                 if type(src) is str and os.path.isabs(src) and os.path.exists(src)]
+        self.plan["packages"] = [
+            (src, f"{PACKAGES_DIR}/{os.path.basename(src)}")
+            for src in settings.get("package_paths") or []
+            if type(src) is str and os.path.isabs(src) and os.path.exists(src)
+        ]
         self.template: str | None = None  # the slot's read-only root, made once by Z (build_template)
         self.devices = [(n, os.stat(f"/dev/{n}").st_rdev) for n in _DEV_NODES if os.path.exists(f"/dev/{n}")]
 
@@ -350,7 +367,12 @@ class Slot:
         dirs = sorted(set(dirs))
         dirs = [d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs)]
         files = [f for f in sorted(set(files)) if not any(f.startswith(d + "/") for d in dirs)]
-        masks = [os.path.join(d, sub) for d in stdlib for sub in ("site-packages", "dist-packages") if os.path.isdir(os.path.join(d, sub))]
+        masks = [
+            os.path.join(d, sub)
+            for d in stdlib
+            for sub in ("site-packages", "dist-packages")
+            if os.path.isdir(os.path.join(d, sub))
+        ]
         for d in dirs:  # a symlink under a bound folder is visible through the bind already
             for p in list(links):
                 if p.startswith(d + "/"):
@@ -379,7 +401,10 @@ class Slot:
         plan = self.plan
         sources = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC), True) for p in plan["dirs"]]
         sources += [(p, os.open(p, os.O_PATH | os.O_CLOEXEC), False) for p in plan["files"]]
-        sources += [(target, os.open(src, os.O_PATH | os.O_CLOEXEC), os.path.isdir(src)) for src, target in plan.get("packages", [])]
+        sources += [
+            (target, os.open(src, os.O_PATH | os.O_CLOEXEC), os.path.isdir(src))
+            for src, target in plan.get("packages", [])
+        ]
         # The root tmpfs allows device nodes (the five below, made here; it is read-only before any
         # untrusted code runs, and nobody in the sandbox may mknod); /tmp and /dev/shm are nodev.
         _mount("tmpfs", r, "tmpfs", MS_NOSUID, "size=1m,nr_inodes=4096,mode=755")
@@ -398,12 +423,23 @@ class Slot:
             os.mknod(f"{r}/dev/{name}", 0o666 | stat.S_IFCHR, rdev)
             os.chmod(f"{r}/dev/{name}", 0o666)
         for mask in plan["masks"]:
-            _mount("tmpfs", r + mask, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=16,mode=755")
+            _mount(
+                "tmpfs",
+                r + mask,
+                "tmpfs",
+                MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                "size=4k,nr_inodes=16,mode=755",
+            )
         for link, dest in plan["links"]:
             os.makedirs(os.path.dirname(r + link), mode=0o755, exist_ok=True)
             if not os.path.lexists(r + link):
                 os.symlink(dest, r + link)
-        for name, dest in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        for name, dest in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
             os.symlink(dest, f"{r}/dev/{name}")
 
     def build_root(self) -> None:

@@ -47,13 +47,35 @@ import time
 try:
     from . import callee, judge
     from .slot import (
-        CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PACKAGES_DIR, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl,
+        CLONE_NEWIPC,
+        CLONE_NEWNET,
+        CLONE_NEWNS,
+        CLONE_NEWPID,
+        CLONE_NEWUTS,
+        PACKAGES_DIR,
+        PR_SET_CHILD_SUBREAPER,
+        PR_SET_PDEATHSIG,
+        Slot,
+        _c,
+        _check,
+        _prctl,
     )
 except ImportError:  # imported by the server script as a top-level module
     import callee  # type: ignore[no-redef]
     import judge  # type: ignore[no-redef]
     from slot import (  # type: ignore[no-redef]
-        CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, PACKAGES_DIR, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, Slot, _c, _check, _prctl,
+        CLONE_NEWIPC,
+        CLONE_NEWNET,
+        CLONE_NEWNS,
+        CLONE_NEWPID,
+        CLONE_NEWUTS,
+        PACKAGES_DIR,
+        PR_SET_CHILD_SUBREAPER,
+        PR_SET_PDEATHSIG,
+        Slot,
+        _c,
+        _check,
+        _prctl,
     )
 
 _EXIT_INFRA = 121
@@ -186,7 +208,15 @@ def _isolate_zygote(slot: Slot) -> int | None:
     return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _start_job(slot: Slot, zsock: socket.socket, isolated: bool, fds: list[int], own_pidns: int | None, children: dict, alone: bool = False) -> None:
+def _start_job(
+    slot: Slot,
+    zsock: socket.socket,
+    isolated: bool,
+    fds: list[int],
+    own_pidns: int | None,
+    children: dict,
+    alone: bool = False,
+) -> None:
     code_fd, job_fd, out_w, res_w, ctl = fds
     try:
         if isolated:  # the next child is pid 1 of a new pid namespace; Z itself stays where it is

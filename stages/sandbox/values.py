@@ -39,7 +39,13 @@ def _ints(p: object, n: int) -> tuple:
 def _zone(p: object):
     if p is None:
         return None
-    if type(p) is tuple and len(p) == 3 and p[0] == "offset" and type(p[1]) is int and (p[2] is None or type(p[2]) is str):
+    if (
+        type(p) is tuple
+        and len(p) == 3
+        and p[0] == "offset"
+        and type(p[1]) is int
+        and (p[2] is None or type(p[2]) is str)
+    ):
         delta = datetime.timedelta(seconds=p[1])
         return datetime.timezone(delta, p[2]) if p[2] is not None else datetime.timezone(delta)
     if type(p) is tuple and len(p) == 2 and p[0] == "zone" and type(p[1]) is str:
@@ -78,7 +84,17 @@ def _datetime(p):
     return datetime.datetime(*_ints(p[:7], 7), tzinfo=_zone(p[8]), fold=_ints((p[7],), 1)[0])
 
 
-_FACTORIES = {"list": list, "int": int, "set": set, "dict": dict, "str": str, "float": float, "tuple": tuple, "frozenset": frozenset, "bool": bool}
+_FACTORIES = {
+    "list": list,
+    "int": int,
+    "set": set,
+    "dict": dict,
+    "str": str,
+    "float": float,
+    "tuple": tuple,
+    "frozenset": frozenset,
+    "bool": bool,
+}
 
 
 def _defaultdict(p: object):
@@ -108,8 +124,15 @@ _NAMEDTUPLES: dict = {}
 
 
 def _namedtuple(p: object):
-    if (type(p) is not tuple or len(p) != 3 or type(p[0]) is not str or type(p[1]) is not tuple or type(p[2]) is not tuple
-            or not all(type(f) is str for f in p[1]) or len(p[1]) != len(p[2])):
+    if (
+        type(p) is not tuple
+        or len(p) != 3
+        or type(p[0]) is not str
+        or type(p[1]) is not tuple
+        or type(p[2]) is not tuple
+        or not all(type(f) is str for f in p[1])
+        or len(p[1]) != len(p[2])
+    ):
         raise PayloadError("bad namedtuple payload")
     key = (p[0], p[1])
     cls = _NAMEDTUPLES.get(key)
@@ -140,7 +163,12 @@ def _fraction(p: object):
 
 
 def _deque(p: object):
-    if type(p) is not tuple or len(p) != 2 or type(p[0]) is not list or not (p[1] is None or type(p[1]) is int and p[1] >= 0):
+    if (
+        type(p) is not tuple
+        or len(p) != 2
+        or type(p[0]) is not list
+        or not (p[1] is None or type(p[1]) is int and p[1] >= 0)
+    ):
         raise PayloadError("bad deque payload")
     return collections.deque(p[0], p[1])
 
@@ -156,17 +184,41 @@ def _pairs(cls, p: object):
 
 
 VALUE_TYPES: dict[str, tuple[type, object, object]] = {
-    "Fraction": (fractions.Fraction, lambda x: (fractions.Fraction.numerator.__get__(x), fractions.Fraction.denominator.__get__(x)), _fraction),
+    "Fraction": (
+        fractions.Fraction,
+        lambda x: (fractions.Fraction.numerator.__get__(x), fractions.Fraction.denominator.__get__(x)),
+        _fraction,
+    ),
     "Decimal": (decimal.Decimal, lambda x: decimal.Decimal.__str__(x), _decimal),
-    "datetime": (datetime.datetime, lambda x: (x.year, x.month, x.day, x.hour, x.minute, x.second, x.microsecond, x.fold, _zone_payload(x.tzinfo)), _datetime),
+    "datetime": (
+        datetime.datetime,
+        lambda x: (x.year, x.month, x.day, x.hour, x.minute, x.second, x.microsecond, x.fold, _zone_payload(x.tzinfo)),
+        _datetime,
+    ),
     "date": (datetime.date, lambda x: (x.year, x.month, x.day), _date),
-    "time": (datetime.time, lambda x: (x.hour, x.minute, x.second, x.microsecond, x.fold, _zone_payload(x.tzinfo)), _time),
-    "timedelta": (datetime.timedelta, lambda x: (x.days, x.seconds, x.microseconds), lambda p: datetime.timedelta(*_ints(p, 3))),
+    "time": (
+        datetime.time,
+        lambda x: (x.hour, x.minute, x.second, x.microsecond, x.fold, _zone_payload(x.tzinfo)),
+        _time,
+    ),
+    "timedelta": (
+        datetime.timedelta,
+        lambda x: (x.days, x.seconds, x.microseconds),
+        lambda p: datetime.timedelta(*_ints(p, 3)),
+    ),
     "timezone": (datetime.timezone, _zone_payload, _zone),
     "deque": (collections.deque, lambda x: (list(collections.deque.__iter__(x)), x.maxlen), _deque),
     "Counter": (collections.Counter, lambda x: list(dict.items(x)), lambda p: _pairs(collections.Counter, p)),
-    "OrderedDict": (collections.OrderedDict, lambda x: list(collections.OrderedDict.items(x)), lambda p: _pairs(collections.OrderedDict, p)),
-    "defaultdict": (collections.defaultdict, lambda x: (_factory_name(x.default_factory), list(dict.items(x))), _defaultdict),
+    "OrderedDict": (
+        collections.OrderedDict,
+        lambda x: list(collections.OrderedDict.items(x)),
+        lambda p: _pairs(collections.OrderedDict, p),
+    ),
+    "defaultdict": (
+        collections.defaultdict,
+        lambda x: (_factory_name(x.default_factory), list(dict.items(x))),
+        _defaultdict,
+    ),
     "range": (range, lambda x: (x.start, x.stop, x.step), lambda p: range(*_ints(p, 3))),
     "bytearray": (bytearray, lambda x: bytes(x), lambda p: _typed(bytearray, p, bytes)),
     "UUID": (uuid.UUID, lambda x: uuid.UUID.bytes.__get__(x), _uuid),
@@ -206,7 +258,11 @@ def payload(name: str, x: object) -> object:
     """The plain data of `x`, a value of VALUE_TYPES' `name` (or a named tuple, a ZoneInfo)."""
     t = type(x)
     if name == "namedtuple":
-        return (type.__dict__["__name__"].__get__(t), tuple(str.__str__(f) for f in t._fields), tuple(tuple.__iter__(x)))  # type: ignore[attr-defined]
+        return (
+            type.__dict__["__name__"].__get__(t),
+            tuple(str.__str__(f) for f in t._fields),
+            tuple(tuple.__iter__(x)),
+        )  # type: ignore[attr-defined]
     if name == "ZoneInfo":
         return _zone_payload(x)
     return VALUE_TYPES[name][1](x)  # type: ignore[operator]

@@ -150,15 +150,21 @@ class _Encoder:
         elif t is float:
             self.put(_FLOAT_T + _FLOAT.pack(x))
         elif t is complex:
-            self.put(_COMPLEX_T + _COMPLEX.pack(complex.__getattribute__(x, "real"), complex.__getattribute__(x, "imag")))  # type: ignore[arg-type]
+            self.put(
+                _COMPLEX_T + _COMPLEX.pack(complex.__getattribute__(x, "real"), complex.__getattribute__(x, "imag"))
+            )  # type: ignore[arg-type]
         elif t is str:
             self.sized(_STR, str.encode(x, "utf-8", "surrogatepass"))  # type: ignore[arg-type]
         elif t is bytes:
             self.sized(_BYTES, bytes(x))  # type: ignore[arg-type]
         elif t in (list, tuple, set, frozenset, dict):
             self.container(t, x, depth)
-        elif self.convert is not None and type(converted := self.convert(x)) is tuple and len(converted) == 1 and (
-                converted[0] is None or type(converted[0]) in (bool, int, float, complex, str, bytes)):
+        elif (
+            self.convert is not None
+            and type(converted := self.convert(x)) is tuple
+            and len(converted) == 1
+            and (converted[0] is None or type(converted[0]) in (bool, int, float, complex, str, bytes))
+        ):
             self.enc(converted[0], depth + 1)
         elif self.handles is not None:
             kind, number, typename = self.handles(x)

@@ -54,9 +54,15 @@ class _Server:
         program_s, why_s = syscalls.program("s")
         settings = asdict(cfg)
         settings.update(
-            uid_s=base + 2 * index, uid_j=base + 2 * index + 1, parent_pid=os.getpid(), slot=slot, wall_timeout_s=cfg.wall_s,
-            seccomp=program.hex() if program and program_s else None, seccomp_s=program_s.hex() if program and program_s else None,
-            seccomp_error=why or why_s, package_paths=cfg.package_paths,
+            uid_s=base + 2 * index,
+            uid_j=base + 2 * index + 1,
+            parent_pid=os.getpid(),
+            slot=slot,
+            wall_timeout_s=cfg.wall_s,
+            seccomp=program.hex() if program and program_s else None,
+            seccomp_s=program_s.hex() if program and program_s else None,
+            seccomp_error=why or why_s,
+            package_paths=cfg.package_paths,
         )
         self.proc = _spawner.popen(
             [_interpreter(), "-I", "-S", _SERVER_SCRIPT, "--serve", json.dumps(settings)],

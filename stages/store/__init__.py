@@ -50,8 +50,18 @@ from regimen.stages.store.ledger import Ledger, StaleRecord
 from regimen.stages.store.lock import ExperimentBusy, lost_lease
 from regimen.stages.store.workspace import Workspace
 
-__all__ = ["Store", "StageHandle", "ExperimentBusy", "StaleRecord", "MANIFEST", "now_iso", "sha256_file", "check_name", "well_formed",
-           "lost_lease"]
+__all__ = [
+    "Store",
+    "StageHandle",
+    "ExperimentBusy",
+    "StaleRecord",
+    "MANIFEST",
+    "now_iso",
+    "sha256_file",
+    "check_name",
+    "well_formed",
+    "lost_lease",
+]
 
 
 class Store:
@@ -60,8 +70,13 @@ class Store:
 
     def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None):
         self.backend = Backend(root, cache_dir)  # where it lives: paths, small reads, a remote store's errors
-        self.url, self.fs, self.root, self.local, self.cache = (self.backend.url, self.backend.fs, self.backend.root, self.backend.local,
-                                                                self.backend.cache)
+        self.url, self.fs, self.root, self.local, self.cache = (
+            self.backend.url,
+            self.backend.fs,
+            self.backend.root,
+            self.backend.local,
+            self.backend.cache,
+        )
         self.catalog = Catalog(self.backend)  # the stages' versions: scan, find, check, verify, fetch, commit
         self.ledger = Ledger(self.backend)  # the experiment's records, the cycle's verdicts, failed attempts
         self.workspace = Workspace(self.backend)  # this machine's work folders, running markers, the experiment lock

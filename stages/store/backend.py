@@ -41,7 +41,9 @@ def check_name(name: str, what: str = "experiment") -> str:
     """Experiment names become folder names: letters, digits, `_.-`, at most 100 characters."""
     if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
         shown = name if len(str(name)) <= 60 else f"{str(name)[:57]}..."
-        raise InputError(f"{what} {shown!r}: use 1-100 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        raise InputError(
+            f"{what} {shown!r}: use 1-100 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
     return name
 
 
@@ -75,7 +77,9 @@ class Backend:
         try:
             self.cache.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"store {self.url}: cannot create {self.cache}: {files.describe_os_error(exc, self.cache)}") from None
+            raise StoreError(
+                f"store {self.url}: cannot create {self.cache}: {files.describe_os_error(exc, self.cache)}"
+            ) from None
         if not self.local:
             self.reachable()
 
@@ -104,15 +108,29 @@ class Backend:
         code = str(((response or {}).get("Error") or {}).get("Code", "")) if isinstance(response, dict) else ""
         text = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         if code in ("NoSuchBucket",) or (isinstance(exc, FileNotFoundError) and "bucket" in text.lower()):
-            return InputError(f"{where}: the bucket does not exist (create it, or correct `store:`); nothing was written")
-        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken") or isinstance(exc, PermissionError) \
-                or "NoCredentialsError" in names:
-            return InputError(f"{where}: the credentials were refused while {doing} ({text}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
-                              "nothing was written")
-        if names & {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError", "ClientConnectorError"} \
-                or isinstance(exc, (ConnectionError, TimeoutError)):
-            return StoreError(f"{where}: the endpoint cannot be reached while {doing} ({type(exc).__name__}); check AWS_ENDPOINT_URL and the "
-                              "network; nothing was written")
+            return InputError(
+                f"{where}: the bucket does not exist (create it, or correct `store:`); nothing was written"
+            )
+        if (
+            code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken")
+            or isinstance(exc, PermissionError)
+            or "NoCredentialsError" in names
+        ):
+            return InputError(
+                f"{where}: the credentials were refused while {doing} ({text}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+                "nothing was written"
+            )
+        if names & {
+            "EndpointConnectionError",
+            "ConnectTimeoutError",
+            "ConnectionClosedError",
+            "ReadTimeoutError",
+            "ClientConnectorError",
+        } or isinstance(exc, (ConnectionError, TimeoutError)):
+            return StoreError(
+                f"{where}: the endpoint cannot be reached while {doing} ({type(exc).__name__}); check AWS_ENDPOINT_URL and the "
+                "network; nothing was written"
+            )
         return StoreError(f"{where}: {doing} failed: {type(exc).__name__}: {text}")
 
     def _asked(self) -> str:
@@ -145,9 +163,11 @@ class Backend:
         with self.answers("probing conditional writes"):
             honoured = probe_conditional_create(self.fs, key)
         if not honoured:
-            raise StoreError(f"{self._where()} does not honour conditional writes "
-                             "(a second create with If-None-Match: * was not refused): two runs could take one experiment's lease or one "
-                             "version number there; use a server that supports them (AWS S3, SeaweedFS, MinIO)")
+            raise StoreError(
+                f"{self._where()} does not honour conditional writes "
+                "(a second create with If-None-Match: * was not refused): two runs could take one experiment's lease or one "
+                "version number there; use a server that supports them (AWS S3, SeaweedFS, MinIO)"
+            )
         _PROBED.add(self._asked())
 
     # -- paths -------------------------------------------------------------------------------
@@ -203,4 +223,6 @@ class Backend:
             if body:
                 self.fs.put([str(staging / rel) for rel in body], [f"{target}/{rel}" for rel in body])
             if not exclusive_create(self.fs, f"{target}/{last}", (staging / last).read_bytes()):
-                raise StoreError(f"{target}/{last} appeared while this run uploaded it: two writers in one claimed folder; nothing more written")
+                raise StoreError(
+                    f"{target}/{last} appeared while this run uploaded it: two writers in one claimed folder; nothing more written"
+                )

@@ -28,7 +28,9 @@ def _stats(root: Path) -> tuple[dict[str, str], dict[str, list[int]]]:
     digests, stats = {}, {}
     for p in sorted(Path(root).rglob("*")):
         if p.is_symlink():
-            raise StoreError(f"{p}: a stage wrote a symbolic link into its version folder; versions hold plain files only")
+            raise StoreError(
+                f"{p}: a stage wrote a symbolic link into its version folder; versions hold plain files only"
+            )
         if p.is_file() and p.name != MANIFEST:
             rel = p.relative_to(root).as_posix()
             st = p.stat()
@@ -85,7 +87,9 @@ class Catalog:
                 continue
             problems = self.check(manifest)
             if not problems and not self.b.local:
-                problems = self.copies.fetch(manifest)[1]  # the files as they arrive, by sha256: reuse reads them next anyway
+                problems = self.copies.fetch(manifest)[
+                    1
+                ]  # the files as they arrive, by sha256: reuse reads them next anyway
             if not problems:
                 return manifest, damaged
             damaged.append({"version": manifest["version"], "problems": problems})
@@ -166,7 +170,9 @@ class Catalog:
         (N at least `min_version`: a number records elsewhere still name is never given to new content)."""
         experiment, stage = manifest["experiment"], manifest["stage"]
         if lost_lease(self.b.url, experiment).is_set():
-            raise StoreError(f"{experiment}/{stage}: this run lost the experiment's lease in {self.b.url} (another run may hold it); nothing committed")
+            raise StoreError(
+                f"{experiment}/{stage}: this run lost the experiment's lease in {self.b.url} (another run may hold it); nothing committed"
+            )
         digests, stats = _stats(staging)
         manifest = {**manifest, "status": "completed", "files": digests, "file_stats": stats}
         try:
@@ -198,4 +204,6 @@ class Catalog:
     def _claim(self, target: str) -> bool:
         """Claim a remote version folder (exclusive create of `v<N>/.claim`): False when another writer has it."""
         with self.b.answers(f"claiming {target}"):
-            return exclusive_create(self.b.fs, f"{target}/{CLAIM}", json.dumps({"by": f"pid {os.getpid()}", "at": now_iso()}).encode())
+            return exclusive_create(
+                self.b.fs, f"{target}/{CLAIM}", json.dumps({"by": f"pid {os.getpid()}", "at": now_iso()}).encode()
+            )

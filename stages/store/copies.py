@@ -39,7 +39,13 @@ class RemoteCopies:
         return problems
 
     def cached(self, manifest: dict[str, Any]) -> Path:
-        return self.b.cache / manifest["experiment"] / manifest["stage"] / "versions" / f"v{manifest['version']}-{manifest['fingerprint'][:12]}"
+        return (
+            self.b.cache
+            / manifest["experiment"]
+            / manifest["stage"]
+            / "versions"
+            / f"v{manifest['version']}-{manifest['fingerprint'][:12]}"
+        )
 
     def _check_sizes(self, manifest: dict[str, Any]) -> list[str]:
         base = self.b.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
@@ -53,7 +59,7 @@ class RemoteCopies:
         except OSError as exc:
             raise self.b.remote_error(exc, f"listing {base}") from None
         prefix = base.rstrip("/") + "/"
-        found = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in found.items()}
+        found = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in found.items()}
         for rel in manifest["files"]:
             if rel not in found:
                 problems.append(f"{rel}: missing")
@@ -104,8 +110,11 @@ class RemoteCopies:
                 raise
             except Exception as exc:  # noqa: BLE001 - one line naming the bucket and the endpoint
                 raise self.b.remote_error(exc, f"downloading {remote}") from None
-            problems = [f"{rel}: sha256 differs from the manifest" for rel, digest in manifest["files"].items()
-                        if not (tmp / rel).is_file() or sha256_file(tmp / rel) != digest]
+            problems = [
+                f"{rel}: sha256 differs from the manifest"
+                for rel, digest in manifest["files"].items()
+                if not (tmp / rel).is_file() or sha256_file(tmp / rel) != digest
+            ]
             if problems:
                 return target, problems
             stamp = {rel: [(tmp / rel).stat().st_size, (tmp / rel).stat().st_mtime_ns] for rel in manifest["files"]}

@@ -50,7 +50,9 @@ def check_no_links(root: Path, path: Path) -> None:
     for part in rel.parts:
         current = current / part
         if current.is_symlink():
-            raise StoreError(f"{current} is a symbolic link inside the store; the store never follows links it did not make (remove it)")
+            raise StoreError(
+                f"{current} is a symbolic link inside the store; the store never follows links it did not make (remove it)"
+            )
 
 
 def check_tree_no_links(path: Path) -> None:
@@ -60,7 +62,9 @@ def check_tree_no_links(path: Path) -> None:
         for name in (*dirs, *names):
             found = Path(dirpath) / name
             if found.is_symlink():
-                raise StoreError(f"{found} is a symbolic link inside the store; the store never writes or reads through links it did not make (remove it)")
+                raise StoreError(
+                    f"{found} is a symbolic link inside the store; the store never writes or reads through links it did not make (remove it)"
+                )
 
 
 def ensure_dir(root: Path, path: Path) -> Path:
@@ -86,7 +90,7 @@ def write_bytes(root: Path, path: Path, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(tmp, path)

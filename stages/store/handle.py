@@ -52,4 +52,6 @@ class StageHandle:
 
     def record_failure(self, staging: Path | None, manifest: dict[str, Any], error: str) -> str:
         """A failed attempt kept beside the versions."""
-        return self.ledger.record_failure(staging, {**manifest, "experiment": self.experiment, "stage": self.stage}, error)
+        return self.ledger.record_failure(
+            staging, {**manifest, "experiment": self.experiment, "stage": self.stage}, error
+        )

@@ -51,11 +51,17 @@ class Ledger:
         whose `revision` is set here (one more than the current). With `expect`, the write happens only
         if the record's revision is still the one the caller read; else StaleRecord (compare-and-swap:
         the caller decides again on what is there now). Returns the record written."""
-        with record_lock(self.b.fs, self.b.join(check_name(experiment), ".records.lock"), local_root=Path(self.b.root) if self.b.local else None):
+        with record_lock(
+            self.b.fs,
+            self.b.join(check_name(experiment), ".records.lock"),
+            local_root=Path(self.b.root) if self.b.local else None,
+        ):
             current = self.read(experiment, name)
             if current is None and self.has(experiment, name):
-                raise StoreError(f"{self.b.join(experiment, name)}: unreadable (not the JSON the store wrote); restore it from a backup "
-                                 "or move it aside (the experiment's history is in it)")
+                raise StoreError(
+                    f"{self.b.join(experiment, name)}: unreadable (not the JSON the store wrote); restore it from a backup "
+                    "or move it aside (the experiment's history is in it)"
+                )
             revision = current.get("revision", 0) if isinstance(current, dict) else 0
             if expect is not None and revision != expect:
                 raise StaleRecord(f"{experiment}/{name} changed (revision {expect} -> {revision}) since it was read")
@@ -74,7 +80,11 @@ class Ledger:
     def decisions(self, experiment: str) -> list[dict[str, Any]]:
         """Every recorded verdict, oldest first."""
         entries = sorted(self.b.entries(self.b.join(check_name(experiment), "decisions")))
-        return [r for e in entries if e.endswith(".json") and schemas.parse(schemas.Verdict, r := self.b.read_json(e)) is not None]
+        return [
+            r
+            for e in entries
+            if e.endswith(".json") and schemas.parse(schemas.Verdict, r := self.b.read_json(e)) is not None
+        ]
 
     def verdicts_by_eval(self, experiment: str) -> dict[int, dict[str, Any]]:
         """The newest verdict recorded for each eval version."""
@@ -98,7 +108,11 @@ class Ledger:
                 os.rename(staging, target)
                 return str(target)
             remote = self.b.join(experiment, stage, "failed", name)
-            rels = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file() and not p.is_symlink() and p.name != "error.json")
+            rels = sorted(
+                p.relative_to(staging).as_posix()
+                for p in staging.rglob("*")
+                if p.is_file() and not p.is_symlink() and p.name != "error.json"
+            )
             self.b.upload(staging, remote, [*rels, "error.json"])  # error.json last: `failures` counts an attempt by it
             shutil.rmtree(staging, ignore_errors=True)
             return remote
@@ -106,4 +120,6 @@ class Ledger:
 
     def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
         entries = sorted(self.b.entries(self.b.join(check_name(experiment), stage, "failed")))
-        return [r for e in entries if schemas.parse(schemas.Failure, r := self.b.read_json(f"{e}/error.json")) is not None]
+        return [
+            r for e in entries if schemas.parse(schemas.Failure, r := self.b.read_json(f"{e}/error.json")) is not None
+        ]

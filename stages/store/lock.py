@@ -84,7 +84,9 @@ def _now() -> float:
 
 
 def _owner() -> str:
-    return f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+    return (
+        f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+    )
 
 
 def _machine() -> str:
@@ -127,7 +129,8 @@ def _holder_gone(record: dict) -> bool:
 def _busy(experiment: str, url: str, holder: str) -> ExperimentBusy:
     return ExperimentBusy(
         f"experiment {experiment!r} in store {url} is already being run by another process{f' ({holder})' if holder else ''}; "
-        "wait for it to finish, or use --experiment NAME to run a separate experiment")
+        "wait for it to finish, or use --experiment NAME to run a separate experiment"
+    )
 
 
 @contextmanager
@@ -206,19 +209,31 @@ ATOMIC_CREATE = {"file", "local", "memory", "s3", "s3a", "gcs", "gs"}
 
 
 @contextmanager
-def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_S, lost: threading.Event | None = None) -> Iterator[None]:
+def lease(
+    fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_S, lost: threading.Event | None = None
+) -> Iterator[None]:
     """An expiring lease in any fsspec store (see the module doc). `lost` is set when the lease can no
     longer be vouched for (another run took it over, or renewing failed until it expired): the store
     then refuses to commit, so a run that lost its lease never writes a version."""
     token = uuid.uuid4().hex
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     if not protocols & ATOMIC_CREATE:
-        log.warning("store %s (%s): fsspec's exclusive create may not be atomic on this backend; two machines starting the same "
-                    "experiment in the same instant could both proceed", url, "/".join(sorted(protocols)))
+        log.warning(
+            "store %s (%s): fsspec's exclusive create may not be atomic on this backend; two machines starting the same "
+            "experiment in the same instant could both proceed",
+            url,
+            "/".join(sorted(protocols)),
+        )
 
     def create() -> bool:
-        record = {"owner": _owner(), "token": token, "expires": _now() + ttl_s, "machine": _machine(), "pid": os.getpid(),
-                  "pid_started": process_started(os.getpid())}
+        record = {
+            "owner": _owner(),
+            "token": token,
+            "expires": _now() + ttl_s,
+            "machine": _machine(),
+            "pid": os.getpid(),
+            "pid_started": process_started(os.getpid()),
+        }
         return exclusive_create(fs, path, json.dumps(record).encode())
 
     if not create():
@@ -229,8 +244,12 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
         gone = _holder_gone(current)
         if float(current.get("expires", 0)) > _now() and not gone:
             raise _busy(experiment, url, str(current.get("owner", "")))
-        log.warning("taking over the lease of %s (%s): %s", experiment, current.get("owner"),
-                    "its process is gone from this machine" if gone else "it expired")
+        log.warning(
+            "taking over the lease of %s (%s): %s",
+            experiment,
+            current.get("owner"),
+            "its process is gone from this machine" if gone else "it expired",
+        )
         try:
             fs.rm_file(path)
         except FileNotFoundError:
@@ -246,7 +265,11 @@ def lease(fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_
             try:
                 current = json.loads(fs.cat_file(path))
                 if current.get("token") != token:
-                    log.error("the lease of %s was taken over by %s: this run will not commit", experiment, current.get("owner"))
+                    log.error(
+                        "the lease of %s was taken over by %s: this run will not commit",
+                        experiment,
+                        current.get("owner"),
+                    )
                     if lost is not None:
                         lost.set()
                     return
@@ -279,7 +302,9 @@ RECORD_LOCK_WAIT_S = 60.0
 
 
 @contextmanager
-def record_lock(fs, path: str, *, local_root: Path | None, wait_s: float = RECORD_LOCK_WAIT_S, ttl_s: float = RECORD_LOCK_TTL_S) -> Iterator[None]:
+def record_lock(
+    fs, path: str, *, local_root: Path | None, wait_s: float = RECORD_LOCK_WAIT_S, ttl_s: float = RECORD_LOCK_TTL_S
+) -> Iterator[None]:
     """Hold the lock on an experiment's records for one read-decide-write (seconds, never a training).
     Waits up to `wait_s` for another holder; then StoreError naming it. `local_root`: the store's root when
     it is a local folder (filelock), else None (a lock object in the fsspec store)."""
@@ -291,9 +316,13 @@ def record_lock(fs, path: str, *, local_root: Path | None, wait_s: float = RECOR
         try:
             lock.acquire()
         except Timeout:
-            raise StoreError(f"{lock_path}: the experiment's records stayed locked for {wait_s:.0f} s by another process; try again") from None
+            raise StoreError(
+                f"{lock_path}: the experiment's records stayed locked for {wait_s:.0f} s by another process; try again"
+            ) from None
         except OSError as exc:  # a read-only or full store: the store's error, which a stopped run reports as a warning
-            raise StoreError(f"cannot lock the experiment's records: {files.describe_os_error(exc, lock_path)}") from None
+            raise StoreError(
+                f"cannot lock the experiment's records: {files.describe_os_error(exc, lock_path)}"
+            ) from None
         try:
             yield
         finally:
@@ -302,7 +331,9 @@ def record_lock(fs, path: str, *, local_root: Path | None, wait_s: float = RECOR
     token = uuid.uuid4().hex
     deadline = _now() + wait_s
     while True:
-        if exclusive_create(fs, path, json.dumps({"owner": _owner(), "token": token, "expires": _now() + ttl_s}).encode()):
+        if exclusive_create(
+            fs, path, json.dumps({"owner": _owner(), "token": token, "expires": _now() + ttl_s}).encode()
+        ):
             break
         try:
             current = json.loads(fs.cat_file(path))
@@ -319,7 +350,9 @@ def record_lock(fs, path: str, *, local_root: Path | None, wait_s: float = RECOR
                 pass
             continue
         if _now() > deadline:
-            raise StoreError(f"{path}: the experiment's records stayed locked for {wait_s:.0f} s by {current.get('owner')}; try again")
+            raise StoreError(
+                f"{path}: the experiment's records stayed locked for {wait_s:.0f} s by {current.get('owner')}; try again"
+            )
         time.sleep(0.2)
     try:
         yield
@@ -353,7 +386,9 @@ def machine_slot(label: str, *, say=None) -> Iterator[None]:
             holder = owner.read_text().strip()
         except OSError:
             holder = "another run"
-        message = f"waiting for this machine's compute slot: {holder} is running (REGIMEN_MACHINE_SLOTS=0 runs both at once)"
+        message = (
+            f"waiting for this machine's compute slot: {holder} is running (REGIMEN_MACHINE_SLOTS=0 runs both at once)"
+        )
         (say or log.warning)(message)
         lock.acquire()
     try:

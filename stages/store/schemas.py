@@ -11,7 +11,17 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 PID_MAX = 2**22  # Linux's pid_max ceiling
 
@@ -64,7 +74,9 @@ class Verdict(_Record):
 class Running(_Record):
     pid: StrictInt = Field(ge=1, lt=PID_MAX)
     since: StrictStr
-    pid_started: StrictFloat | StrictInt | None = None  # the process's start time (psutil), so a reused pid is not "running"
+    pid_started: StrictFloat | StrictInt | None = (
+        None  # the process's start time (psutil), so a reused pid is not "running"
+    )
 
     @field_validator("pid_started")
     @classmethod

@@ -93,7 +93,7 @@ def remote_checkpoints(fs, key: str, marker: str) -> tuple[list[int], list[int]]
     for path, info in found.items():
         if info.get("type") == "directory" or not path.startswith(prefix):
             continue
-        top, _, rest = path[len(prefix):].partition("/")
+        top, _, rest = path[len(prefix) :].partition("/")
         if rest and (m := _CKPT.match(top)):
             held.setdefault(int(m.group(1)), set()).add(rest)
     complete = sorted(s for s, names in held.items() if marker in names)
@@ -112,7 +112,11 @@ def push(work: Path, ckpt: Path, marker: str, keep: int | None) -> bool:
         log.error("this run lost the experiment's lease: %s stays on this host, not uploaded", ckpt.name)
         return False
     step = int(_CKPT.match(ckpt.name).group(1))
-    rels = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file() and not p.is_symlink() and p.name != marker)
+    rels = sorted(
+        p.relative_to(ckpt).as_posix()
+        for p in ckpt.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.name != marker
+    )
     body = {"step": step, "files": {rel: _sha256(ckpt / rel) for rel in rels}}
     dest = f"{key}/{ckpt.name}"
     fs.put([str(ckpt / rel) for rel in rels], [f"{dest}/{rel}" for rel in rels])
@@ -153,7 +157,12 @@ def pull(work: Path, marker: str, have: int | None) -> int | None:
             fs.get([f"{src}/{rel}" for rel in rels], [str(tmp / rel) for rel in rels])
             bad = [rel for rel, digest in body["files"].items() if _sha256(tmp / rel) != digest]
             if bad:
-                log.warning("checkpoint-%d in %s does not match its digests (%s): trying the one before", step, key, ", ".join(bad[:3]))
+                log.warning(
+                    "checkpoint-%d in %s does not match its digests (%s): trying the one before",
+                    step,
+                    key,
+                    ", ".join(bad[:3]),
+                )
                 continue
             (tmp / marker).write_text(json.dumps(body))
             final = Path(work) / f"checkpoint-{step}"

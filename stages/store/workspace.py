@@ -72,7 +72,9 @@ class Workspace:
             if d.stat().st_uid == os.geteuid():
                 os.chmod(d, 0o700)
             else:
-                raise StoreError(f"{d} belongs to another user; refusing to resume from files someone else wrote (remove it)")
+                raise StoreError(
+                    f"{d} belongs to another user; refusing to resume from files someone else wrote (remove it)"
+                )
         except OSError as exc:
             raise StoreError(f"cannot secure {d}: {files.describe_os_error(exc, d)}") from None
         files.check_tree_no_links(d)  # a planted `checkpoint-N` link would take the Trainer's writes elsewhere
@@ -91,7 +93,11 @@ class Workspace:
     def running(self, experiment: str, stage: str, info: dict[str, Any]) -> Iterator[None]:
         """A marker saying this process runs the stage, there while the block runs."""
         marker = self.stage_dir(experiment, stage) / "running.json"
-        files.write_text(self.b.cache, marker, json.dumps({**info, "pid": os.getpid(), "since": now_iso(), "pid_started": process_started(os.getpid())}))
+        files.write_text(
+            self.b.cache,
+            marker,
+            json.dumps({**info, "pid": os.getpid(), "since": now_iso(), "pid_started": process_started(os.getpid())}),
+        )
         with files.removed_after(self.b.cache, marker):
             yield
 
@@ -108,7 +114,9 @@ class Workspace:
         if (why := schemas.problem(schemas.Running, info)) is not None:
             return {"stale": True, "malformed": f"{marker}: {why}"}
         started = process_started(info["pid"])
-        if started is None or (started and info.get("pid_started") is not None and abs(started - info["pid_started"]) > 1.0):
+        if started is None or (
+            started and info.get("pid_started") is not None and abs(started - info["pid_started"]) > 1.0
+        ):
             return {**info, "stale": True}
         return info
 
@@ -125,8 +133,15 @@ class Workspace:
             self.b.probe()
             with ExitStack() as held:
                 with self.b.answers(f"taking the lease of {experiment}"):
-                    held.enter_context(lease(self.b.fs, self.b.join(experiment, ".lease.json"), experiment=experiment, url=self.b.url,
-                                             lost=lost_lease(self.b.url, experiment)))
+                    held.enter_context(
+                        lease(
+                            self.b.fs,
+                            self.b.join(experiment, ".lease.json"),
+                            experiment=experiment,
+                            url=self.b.url,
+                            lost=lost_lease(self.b.url, experiment),
+                        )
+                    )
                 self._sweep_staging(experiment)
                 self._sweep_remote(experiment)
                 yield

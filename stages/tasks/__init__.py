@@ -34,7 +34,9 @@ class TaskOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of generated data and of held-out splits")
-    max_prompt_chars: int = Field(8000, gt=0, le=10**7, description="a longer prompt is refused (it would cost memory, not teach)")
+    max_prompt_chars: int = Field(
+        8000, gt=0, le=10**7, description="a longer prompt is refused (it would cost memory, not teach)"
+    )
 
 
 @dataclass
@@ -80,14 +82,18 @@ def check_prompt(prompt: Any, where: str, max_chars: int) -> None:
     elif isinstance(prompt, list) and prompt:
         for i, m in enumerate(prompt):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise InputError(f"{where}: 'prompt' message {i} must be {{role: str, content: str}}, got {str(m)[:80]!r}")
+                raise InputError(
+                    f"{where}: 'prompt' message {i} must be {{role: str, content: str}}, got {str(m)[:80]!r}"
+                )
         size = sum(len(m["content"]) for m in prompt)
     else:
         kind = "null" if prompt is None else type(prompt).__name__
         raise InputError(f"{where}: 'prompt' must be text or a list of chat messages, got {kind}")
     if size > max_chars:
-        raise InputError(f"{where}: 'prompt' is {size} characters, over data.max_prompt_chars={max_chars} "
-                         "(raise it if the model's context allows)")
+        raise InputError(
+            f"{where}: 'prompt' is {size} characters, over data.max_prompt_chars={max_chars} "
+            "(raise it if the model's context allows)"
+        )
 
 
 def check_rows(rows: list[dict[str, Any]], source: str, *, max_prompt_chars: int) -> None:
@@ -97,7 +103,9 @@ def check_rows(rows: list[dict[str, Any]], source: str, *, max_prompt_chars: int
     for i, row in enumerate(rows, 1):
         where = f"{source}: row {i}"
         if "prompt" not in row:
-            raise InputError(f"{where}: missing column 'prompt' (columns: {', '.join(sorted(row)) or 'none'}; map yours with data.columns)")
+            raise InputError(
+                f"{where}: missing column 'prompt' (columns: {', '.join(sorted(row)) or 'none'}; map yours with data.columns)"
+            )
         check_prompt(row["prompt"], where, max_prompt_chars)
         if "answer" in row and row["answer"] is not None and not isinstance(row["answer"], (str, int, float)):
             raise InputError(f"{where}: 'answer' must be text or a number, got {type(row['answer']).__name__}")
@@ -110,7 +118,9 @@ def same_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: r.get(k) for k in keys} for r in rows]
 
 
-def check_split(train: list[dict[str, Any]], heldout: list[dict[str, Any]], train_source: str, heldout_source: str) -> list[dict[str, Any]]:
+def check_split(
+    train: list[dict[str, Any]], heldout: list[dict[str, Any]], train_source: str, heldout_source: str
+) -> list[dict[str, Any]]:
     """The training rows without those whose prompt is also a held-out prompt (after normalisation):
     held-out prompts are never trained on. Dropped rows and repeated prompts are reported, not refused."""
     held = {normalized_prompt(r["prompt"]) for r in heldout}
@@ -118,17 +128,27 @@ def check_split(train: list[dict[str, Any]], heldout: list[dict[str, Any]], trai
     seen: set[str] = set()
     dups = sum(1 for k in train_keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
     if dups:
-        log.warning("%s: %d training prompt(s) repeat an earlier one (after whitespace and case normalisation)", train_source, dups)
+        log.warning(
+            "%s: %d training prompt(s) repeat an earlier one (after whitespace and case normalisation)",
+            train_source,
+            dups,
+        )
     kept = [r for r, k in zip(train, train_keys) if k not in held]
     if len(kept) < len(train):
-        log.warning("data: %d training row(s) of %s are held-out prompts of %s (after whitespace and case normalisation): left out of training",
-                    len(train) - len(kept), train_source, heldout_source)
+        log.warning(
+            "data: %d training row(s) of %s are held-out prompts of %s (after whitespace and case normalisation): left out of training",
+            len(train) - len(kept),
+            train_source,
+            heldout_source,
+        )
     if not kept:
         raise InputError(f"data: every training row of {train_source} is a held-out prompt of {heldout_source}")
     return kept
 
 
-def seeded_split(rows: list[dict[str, Any]], fraction: float, seed: int, source: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def seeded_split(
+    rows: list[dict[str, Any]], fraction: float, seed: int, source: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, heldout): a seeded share of the distinct prompts held out. Rows whose prompts are the same
     after normalisation go to the same side, so the split never puts copies of a row on both."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -139,7 +159,9 @@ def seeded_split(rows: list[dict[str, Any]], fraction: float, seed: int, source:
     if n >= len(keys):
         raise InputError(f"data: {source} has too few distinct prompts ({len(keys)}) to hold out {fraction:.0%}")
     held = set(keys[:n])
-    return [r for r in shuffled(rows, seed=seed) if normalized_prompt(r["prompt"]) not in held], [groups[k][0] for k in keys[:n]]
+    return [r for r in shuffled(rows, seed=seed) if normalized_prompt(r["prompt"]) not in held], [
+        groups[k][0] for k in keys[:n]
+    ]
 
 
 def with_frozen_heldout(task: Task, frozen: list[dict[str, Any]]) -> Task:
@@ -148,12 +170,23 @@ def with_frozen_heldout(task: Task, frozen: list[dict[str, Any]]) -> Task:
     keys = {normalized_prompt(r["prompt"]) for r in frozen}
     train = [r for r in task.train if normalized_prompt(r["prompt"]) not in keys]
     if not train:
-        raise InputError("data: every training row is a prompt of the experiment's frozen held-out set; add new rows, "
-                         "or start a new set with `regimen heldout refresh`")
-    return Task(train, list(frozen), task.name, task.reference, task.weak_reference, dropped_heldout=len(task.train) - len(train))
+        raise InputError(
+            "data: every training row is a prompt of the experiment's frozen held-out set; add new rows, "
+            "or start a new set with `regimen heldout refresh`"
+        )
+    return Task(
+        train,
+        list(frozen),
+        task.name,
+        task.reference,
+        task.weak_reference,
+        dropped_heldout=len(task.train) - len(train),
+    )
 
 
-def read_jsonl(path: str | Path, *, required: tuple[str, ...] = (), max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_jsonl(
+    path: str | Path, *, required: tuple[str, ...] = (), max_row_bytes: int = MAX_ROW_BYTES
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield `(line_number, object)` for each non-blank line of a JSONL file. Raises InputError naming
     the file, the line and the field for a missing file, an empty file, invalid JSON, a line that is
     not an object, a line over `max_row_bytes`, or a missing required field."""
@@ -171,7 +204,9 @@ def read_jsonl(path: str | Path, *, required: tuple[str, ...] = (), max_row_byte
                 break
             line_no += 1
             if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
-                raise InputError(f"{path}:{line_no}: the line is over {max_row_bytes // 1024} KiB; rows that large would cost memory, not teach")
+                raise InputError(
+                    f"{path}:{line_no}: the line is over {max_row_bytes // 1024} KiB; rows that large would cost memory, not teach"
+                )
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:

@@ -23,7 +23,9 @@ class Options(TaskOptions):
     @model_validator(mode="after")
     def _fits(self) -> Options:
         if self.train_size + self.heldout_size > (self.max_operand + 1) ** 2:
-            raise ValueError(f"train_size + heldout_size exceeds the {(self.max_operand + 1) ** 2} distinct problems max_operand allows")
+            raise ValueError(
+                f"train_size + heldout_size exceeds the {(self.max_operand + 1) ** 2} distinct problems max_operand allows"
+            )
         return self
 
 
@@ -37,7 +39,9 @@ def rows(n: int, *, seed: int, max_operand: int, exclude: set[str] | None = None
     space = (max_operand + 1) ** 2
     exclude = exclude or set()
     if n > space - len(exclude):
-        raise InputError(f"data: asked for {n} distinct problems but max_operand={max_operand} allows only {space - len(exclude)}")
+        raise InputError(
+            f"data: asked for {n} distinct problems but max_operand={max_operand} allows only {space - len(exclude)}"
+        )
     out, seen = [], set(exclude)
     while len(out) < n:
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
@@ -61,7 +65,9 @@ def solve(row: dict[str, Any]) -> str | None:
 
 def load(opts: Options) -> Task:
     heldout = rows(opts.heldout_size, seed=opts.seed * 1000 + 1, max_operand=opts.max_operand)
-    train = rows(opts.train_size, seed=opts.seed * 1000 + 2, max_operand=opts.max_operand, exclude={r["prompt"] for r in heldout})
+    train = rows(
+        opts.train_size, seed=opts.seed * 1000 + 2, max_operand=opts.max_operand, exclude={r["prompt"] for r in heldout}
+    )
     return Task(train, heldout, NAME, reference=solve)
 
 

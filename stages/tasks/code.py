@@ -49,12 +49,17 @@ _EXAMPLE = re.compile(r"^f\((-?\d+)\)=(-?\d+)$")
 
 class Options(TaskOptions):
     task: Literal["code"] = "code"
-    io: Literal["function", "stdio"] = Field("function", description="function: write def f(x), judged by unit tests; "
-                                             "stdio: write a program that reads x and prints f(x), judged on stdin/stdout cases (APPS's input_output)")
+    io: Literal["function", "stdio"] = Field(
+        "function",
+        description="function: write def f(x), judged by unit tests; "
+        "stdio: write a program that reads x and prints f(x), judged on stdin/stdout cases (APPS's input_output)",
+    )
     b_max: int = Field(50, gt=0, le=100, description="intercepts are drawn from 0..b_max-1")
     quad_max: int = Field(0, ge=0, le=9, description="parabolas a*x*x+b for a in 1..quad_max (0: lines only)")
     heldout_fraction: float = Field(0.2, gt=0, lt=1, description="share of functions held out (seeded)")
-    weak_max_slope: int = Field(4, ge=0, le=9, description="the weak teacher is exact for slopes up to this; unsure by one above")
+    weak_max_slope: int = Field(
+        4, ge=0, le=9, description="the weak teacher is exact for slopes up to this; unsure by one above"
+    )
 
 
 def expression(family: str, a: int, b: int) -> str:
@@ -81,7 +86,9 @@ def problem(family: str, a: int, b: int, io: str = "function") -> dict[str, Any]
         "slope": a,
     }
     if io == "stdio":  # APPS's format: stdin/stdout cases, judged as the program's output
-        row["input_output"] = json.dumps({"inputs": [f"{x}\n" for x in TEST_POINTS], "outputs": [f"{value(family, a, b, x)}\n" for x in TEST_POINTS]})
+        row["input_output"] = json.dumps(
+            {"inputs": [f"{x}\n" for x in TEST_POINTS], "outputs": [f"{value(family, a, b, x)}\n" for x in TEST_POINTS]}
+        )
     else:
         row.update(tests=[f"assert f({x}) == {value(family, a, b, x)}" for x in TEST_POINTS], entry_point="f")
     return row
@@ -90,7 +97,9 @@ def problem(family: str, a: int, b: int, io: str = "function") -> dict[str, Any]
 def weak_solution(row: dict[str, Any], max_slope: int = 4, io: str = "function") -> str | None:
     """The weak teacher: intercept f(0), slope f(1)-f(0); exact up to `max_slope`, unsure by one above."""
     try:
-        values = dict(tuple(int(v) for v in _EXAMPLE.match(line).groups()) for line in row["prompt"].strip().splitlines())  # type: ignore[union-attr]
+        values = dict(
+            tuple(int(v) for v in _EXAMPLE.match(line).groups()) for line in row["prompt"].strip().splitlines()
+        )  # type: ignore[union-attr]
         a, b = values[1] - values[0], values[0]
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
@@ -107,8 +116,13 @@ def load(opts: Options) -> Task:
     heldout = [problem(*f, io=opts.io) for f in functions[:n]]
     train = [problem(*f, io=opts.io) for f in functions[n:]]
     train = check_split(train, heldout, "the code task's training functions", "its held-out functions")
-    return Task(train, heldout, NAME, reference=lambda row: row.get("solution"),
-                weak_reference=lambda row: weak_solution(row, opts.weak_max_slope, opts.io))
+    return Task(
+        train,
+        heldout,
+        NAME,
+        reference=lambda row: row.get("solution"),
+        weak_reference=lambda row: weak_solution(row, opts.weak_max_slope, opts.io),
+    )
 
 
 def identity(opts: Options) -> dict[str, Any]:

@@ -30,18 +30,37 @@ from regimen.stages.core.fingerprint import file_digest
 from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, seeded_split
 
 NAME = "hf"
-REGIMEN_COLUMNS = ("prompt", "answer", "tests", "test_list", "test_setup_code", "test_imports", "test", "entry_point", "completion", "solution",
-                   "input_output", "verification_info", "public_tests", "private_tests", "generated_tests")
+REGIMEN_COLUMNS = (
+    "prompt",
+    "answer",
+    "tests",
+    "test_list",
+    "test_setup_code",
+    "test_imports",
+    "test",
+    "entry_point",
+    "completion",
+    "solution",
+    "input_output",
+    "verification_info",
+    "public_tests",
+    "private_tests",
+    "generated_tests",
+)
 
 
 class Options(TaskOptions):
     task: Literal["hf"] = "hf"
     path: str = Field(description="a hub id, or a builder such as json/parquet/csv (with data_files)")
-    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(None, description="as load_dataset takes it: a path, a list, or a mapping split -> path(s)")
+    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
+        None, description="as load_dataset takes it: a path, a list, or a mapping split -> path(s)"
+    )
     name: str | None = Field(None, description="the dataset's config name")
     revision: str | None = Field(None, description="hub datasets: a branch, tag or commit")
     split: str = "train"
-    heldout_split: str | None = Field(None, description="a split held out for evaluation; without it, heldout_fraction of `split`")
+    heldout_split: str | None = Field(
+        None, description="a split held out for evaluation; without it, heldout_fraction of `split`"
+    )
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
     columns: dict[str, str] = Field({}, description="Regimen column -> dataset column, e.g. {prompt: question}")
     system_prompt: str | None = Field(None, description="when set, text prompts become [system, user] conversations")
@@ -66,23 +85,33 @@ def _local_paths(data_files: Any) -> list[str]:
 
 def _describe(opts: Options, split: str) -> str:
     files = _local_paths(opts.data_files)
-    return f"{opts.path}{'/' + opts.name if opts.name else ''}" + (f" ({', '.join(files)})" if files else "") + f" split {split!r}"
+    return (
+        f"{opts.path}{'/' + opts.name if opts.name else ''}"
+        + (f" ({', '.join(files)})" if files else "")
+        + f" split {split!r}"
+    )
 
 
 def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
     import datasets
 
     source = _describe(opts, split)
-    quiet = logging.getLogger("datasets")  # it logs its own traceback for a broken file; ours names the file in one line
+    quiet = logging.getLogger(
+        "datasets"
+    )  # it logs its own traceback for a broken file; ours names the file in one line
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        ds = datasets.load_dataset(opts.path, opts.name, data_files=opts.data_files, split=split, revision=opts.revision)
+        ds = datasets.load_dataset(
+            opts.path, opts.name, data_files=opts.data_files, split=split, revision=opts.revision
+        )
     except (FileNotFoundError, ValueError, KeyError) as exc:
         raise InputError(f"data: cannot load {source}: {str(exc).splitlines()[0][:300]}") from None
     except Exception as exc:  # noqa: BLE001 - datasets' own errors (DatasetGenerationError, arrow errors): name the source
         cause = exc.__cause__ or exc
-        raise InputError(f"data: cannot load {source}: {type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}") from None
+        raise InputError(
+            f"data: cannot load {source}: {type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
+        ) from None
     finally:
         quiet.setLevel(level)
     if len(ds) == 0:
@@ -90,14 +119,19 @@ def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
     missing = {ours: theirs for ours, theirs in opts.columns.items() if theirs not in ds.column_names}
     if missing:
         ours, theirs = next(iter(missing.items()))
-        raise InputError(f"data.columns.{ours}: column {theirs!r} is not in {source} (its columns: {', '.join(ds.column_names)})")
+        raise InputError(
+            f"data.columns.{ours}: column {theirs!r} is not in {source} (its columns: {', '.join(ds.column_names)})"
+        )
     rename = {theirs: ours for ours, theirs in opts.columns.items() if theirs != ours}
     rows = []
     for row in ds.to_list():
         out = {k: v for k, v in row.items() if k not in rename and k not in opts.columns}
         out.update({ours: row[theirs] for ours, theirs in opts.columns.items()})
         if opts.system_prompt is not None and isinstance(out.get("prompt"), str):
-            out["prompt"] = [{"role": "system", "content": opts.system_prompt}, {"role": "user", "content": out["prompt"]}]
+            out["prompt"] = [
+                {"role": "system", "content": opts.system_prompt},
+                {"role": "user", "content": out["prompt"]},
+            ]
         rows.append(out)
     check_rows(rows, source, max_prompt_chars=opts.max_prompt_chars)
     return rows
@@ -122,7 +156,14 @@ def load(opts: Options) -> Task:
 def identity(opts: Options) -> dict[str, Any]:
     """The options plus the data's content: local files by their sha256 (in name order, not by path: a
     moved folder is the same data, a new partition is new data); a hub dataset by its rows as loaded."""
-    files = sorted({p for f in _local_paths(opts.data_files) for p in (glob.glob(f, recursive=True) if glob.has_magic(f) else [f]) if "://" not in p})
+    files = sorted(
+        {
+            p
+            for f in _local_paths(opts.data_files)
+            for p in (glob.glob(f, recursive=True) if glob.has_magic(f) else [f])
+            if "://" not in p
+        }
+    )
     if files or Path(opts.path).exists():
         ident = opts.model_dump(mode="json", exclude={"data_files"} | ({"path"} if Path(opts.path).exists() else set()))
         found = files or [str(p) for p in sorted(Path(opts.path).rglob("*")) if p.is_file()]

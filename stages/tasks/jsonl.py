@@ -26,9 +26,15 @@ NAME = "jsonl"
 
 class Options(TaskOptions):
     task: Literal["jsonl"] = "jsonl"
-    train_file: str = Field(description="rows with `prompt`, `answer` and reward columns: a file, a glob, or a folder of *.jsonl")
-    heldout_file: str | None = Field(None, description="held-out rows; without it, heldout_fraction of train_file is held out")
-    heldout_fraction: float = Field(0.25, gt=0, lt=1, description="without heldout_file: share of rows held out (seeded split)")
+    train_file: str = Field(
+        description="rows with `prompt`, `answer` and reward columns: a file, a glob, or a folder of *.jsonl"
+    )
+    heldout_file: str | None = Field(
+        None, description="held-out rows; without it, heldout_fraction of train_file is held out"
+    )
+    heldout_fraction: float = Field(
+        0.25, gt=0, lt=1, description="without heldout_file: share of rows held out (seeded split)"
+    )
 
     @model_validator(mode="after")
     def _files(self) -> Options:
@@ -59,7 +65,7 @@ def _load_files(opts: Options) -> tuple[list[dict[str, Any]], list[dict[str, Any
     train = _rows(opts.train_file, opts.max_prompt_chars)
     heldout = _rows(opts.heldout_file, opts.max_prompt_chars) if opts.heldout_file else None
     every = same_columns(train + (heldout or []))
-    return every[: len(train)], (every[len(train):] if heldout is not None else None)
+    return every[: len(train)], (every[len(train) :] if heldout is not None else None)
 
 
 def load(opts: Options) -> Task:
@@ -80,7 +86,9 @@ def load(opts: Options) -> Task:
 def identity(opts: Options) -> dict[str, Any]:
     """The options without paths, and the rows' content: each file's sha256, in name order."""
     ident = opts.model_dump(mode="json", exclude={"train_file", "heldout_file"})
-    ident["train_sha256"] = hashlib.sha256("\n".join(file_digest(f) for f in files(opts.train_file)).encode()).hexdigest()
+    ident["train_sha256"] = hashlib.sha256(
+        "\n".join(file_digest(f) for f in files(opts.train_file)).encode()
+    ).hexdigest()
     if opts.heldout_file:
         ident["heldout_sha256"] = file_digest(opts.heldout_file)
     return ident

@@ -34,7 +34,7 @@ class Options(TaskOptions):
 
     @model_validator(mode="after")
     def _fits(self) -> Options:
-        if self.train_size + self.heldout_size > 10 ** 5:
+        if self.train_size + self.heldout_size > 10**5:
             raise ValueError("train_size + heldout_size: at most 100000 distinct questions")
         return self
 
@@ -57,7 +57,11 @@ def oracle(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The tool-using trace: call probe at the asked point, then answer with what it returned."""
     value = str(int(row["a"]) * int(row["x"]) + int(row["b"]))
     return [
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": int(row["x"])}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": int(row["x"])}}}],
+        },
         {"role": "tool", "name": "probe", "content": value},
         {"role": "assistant", "content": value},
     ]
@@ -70,14 +74,16 @@ WEAK_TOOL_SHARE = 0.35
 def weak_solution(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The weak teacher's trace: the oracle's on about WEAK_TOOL_SHARE of the questions (by a digest of the
     question), else a guess without the tool: x itself."""
-    share = int(hashlib.sha256(repr(row["prompt"]).encode()).hexdigest()[:8], 16) / 16 ** 8
+    share = int(hashlib.sha256(repr(row["prompt"]).encode()).hexdigest()[:8], 16) / 16**8
     return oracle(row) if share < WEAK_TOOL_SHARE else [{"role": "assistant", "content": str(int(row["x"]))}]
 
 
 def load(opts: Options) -> Task:
-    cases = random.Random(opts.seed * 1000 + 10).sample(range(10 ** 5), opts.heldout_size + opts.train_size)  # distinct prompts
+    cases = random.Random(opts.seed * 1000 + 10).sample(
+        range(10**5), opts.heldout_size + opts.train_size
+    )  # distinct prompts
     heldout = rows(opts.heldout_size, seed=opts.seed * 1000 + 11, opts=opts, cases=cases[: opts.heldout_size])
-    train = rows(opts.train_size, seed=opts.seed * 1000 + 12, opts=opts, cases=cases[opts.heldout_size:])
+    train = rows(opts.train_size, seed=opts.seed * 1000 + 12, opts=opts, cases=cases[opts.heldout_size :])
     return Task(train, heldout, NAME, reference=oracle, weak_reference=weak_solution)
 
 

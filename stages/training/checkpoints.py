@@ -35,7 +35,9 @@ class MarkComplete(TrainerCallback):
             if ckpt.is_symlink():
                 from regimen.stages.core.errors import StoreError
 
-                raise StoreError(f"{ckpt} is a symbolic link inside the store; the store never writes through links it did not make (remove it)")
+                raise StoreError(
+                    f"{ckpt} is a symbolic link inside the store; the store never writes through links it did not make (remove it)"
+                )
         return control
 
     def on_save(self, args, state, control, **kwargs):
@@ -58,8 +60,9 @@ def _push(work: Path, ckpt: Path, keep: int | None) -> None:
     try:
         mirror.push(work, ckpt, MARKER, keep)
     except Exception as exc:  # noqa: BLE001 - training goes on; the checkpoint is kept locally
-        logging.getLogger("regimen.training").error("could not upload %s to the store (%s); another host could not resume from it",
-                                                    ckpt.name, str(exc)[:200])
+        logging.getLogger("regimen.training").error(
+            "could not upload %s to the store (%s); another host could not resume from it", ckpt.name, str(exc)[:200]
+        )
 
 
 def fetch_remote(output_dir: Path) -> int | None:
@@ -71,8 +74,9 @@ def fetch_remote(output_dir: Path) -> int | None:
     try:
         return mirror.pull(Path(output_dir), MARKER, last[0] if last else None)
     except Exception as exc:  # noqa: BLE001 - resuming from what this host has (or from the start) is still right
-        logging.getLogger("regimen.training").warning("could not fetch checkpoints from the store (%s); resuming from this host's own",
-                                                      str(exc)[:200])
+        logging.getLogger("regimen.training").warning(
+            "could not fetch checkpoints from the store (%s); resuming from this host's own", str(exc)[:200]
+        )
         return None
 
 

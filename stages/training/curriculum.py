@@ -44,8 +44,9 @@ import math
 import os
 import random
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -74,13 +75,22 @@ class Curriculum:
         self.listed: dict[str, set[int]] = {b: set() for b in BANDS}
         for i in order:
             self._enlist(i)
-        self.order, self.shadow = order, 0  # TRL's own sampler, a seeded shuffle: what it would have drawn (groups skipped)
+        self.order, self.shadow = (
+            order,
+            0,
+        )  # TRL's own sampler, a seeded shuffle: what it would have drawn (groups skipped)
         self.cursor = {b: 0 for b in BANDS}
         self.rng = random.Random(seed + 1)
         self.aside: dict[str, int] = {}  # prompt id -> the step from which it is re-admitted
-        self.times_aside: dict[str, int] = {}  # ... and how often it was set aside: each time waits twice as long (at most 8x)
+        self.times_aside: dict[
+            str, int
+        ] = {}  # ... and how often it was set aside: each time waits twice as long (at most 8x)
         self.counts = {"groups_skipped": 0, "set_aside": 0, "readmitted": 0, "draws": 0}
-        self._changes, self._sizes_key, self._sizes = 0, None, {}  # band sizes, kept until the table or the step changes
+        self._changes, self._sizes_key, self._sizes = (
+            0,
+            None,
+            {},
+        )  # band sizes, kept until the table or the step changes
         self.drawn_by_band = {b: 0 for b in BANDS}
         self.rows_of: dict[str, list[int]] = {}
         for i, pid in enumerate(self.ids):
@@ -194,13 +204,25 @@ class Curriculum:
                 self._enlist(i)  # its band may have changed
             if same and self.rates.table[pid].alike_streak >= self.cfg.set_aside_after and pid not in self.aside:
                 times = self.times_aside[pid] = self.times_aside.get(pid, 0) + 1
-                self.aside[pid] = self.step + self.cfg.readmit_after * min(2 ** (times - 1), 8)  # alike again: a longer wait
+                self.aside[pid] = self.step + self.cfg.readmit_after * min(
+                    2 ** (times - 1), 8
+                )  # alike again: a longer wait
                 self.counts["set_aside"] += 1
 
     # -- state (checkpoints) -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"rates": self.rates.rows(), "aside": self.aside, "times_aside": self.times_aside, "counts": self.counts, "drawn_by_band": self.drawn_by_band,
-                "cursor": self.cursor, "shadow": self.shadow, "walks": self.walks, "rng": _rng_state(self.rng), "step": self.step}
+        return {
+            "rates": self.rates.rows(),
+            "aside": self.aside,
+            "times_aside": self.times_aside,
+            "counts": self.counts,
+            "drawn_by_band": self.drawn_by_band,
+            "cursor": self.cursor,
+            "shadow": self.shadow,
+            "walks": self.walks,
+            "rng": _rng_state(self.rng),
+            "step": self.step,
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.rates = PassRates.from_rows(state["rates"])
@@ -254,7 +276,9 @@ def listener(curriculum: Curriculum, weights: list[float], group: int):
         ids = kwargs.get("prompt_id")
         if not ids:
             return
-        totals = [sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) for col in zip(*values)]
+        totals = [
+            sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) for col in zip(*values)
+        ]
         curriculum.observe(list(ids), totals, group)
 
     return heard
@@ -266,14 +290,16 @@ def rates_listener(rates: PassRates, weights: list[float], group: int, recorder)
     def heard(kwargs: dict[str, Any], values: list[list[float | None]]) -> None:
         ids = kwargs.get("prompt_id")
         if ids:
-            totals = [sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) for col in zip(*values)]
+            totals = [
+                sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) for col in zip(*values)
+            ]
             i = 0
             while i < len(ids):  # whole groups only (a run of `group` equal ids); a partial one is left out
                 j = i
                 while j < len(ids) and ids[j] == ids[i]:
                     j += 1
                 for k in range(i, j - group + 1, group):
-                    rates.add_group(ids[k], [float(t) for t in totals[k:k + group]], recorder.step, "grpo")
+                    rates.add_group(ids[k], [float(t) for t in totals[k : k + group]], recorder.step, "grpo")
                 i = j
 
     return heard

@@ -15,44 +15,81 @@ from __future__ import annotations
 from typing import Any
 
 
-def complete(model, tokenizer, recipe, rows: list[dict[str, Any]], *, num_return_sequences: int = 1, do_sample: bool = False,
-             desc: str = "sampling", **sampling: Any) -> tuple[list[list[Any]], list[list[Any]] | None]:
+def complete(
+    model,
+    tokenizer,
+    recipe,
+    rows: list[dict[str, Any]],
+    *,
+    num_return_sequences: int = 1,
+    do_sample: bool = False,
+    desc: str = "sampling",
+    **sampling: Any,
+) -> tuple[list[list[Any]], list[list[Any]] | None]:
     """(completions per row, environments per row or None). Without `environment:` these are `generate`'s
     completions; with it, episodes."""
     from regimen.stages.training.sampling import generate
 
     max_new = sampling.pop("max_new_tokens", recipe.max_new_tokens())
     if recipe.environment is None:
-        return generate(model, tokenizer, [r["prompt"] for r in rows], num_return_sequences=num_return_sequences, do_sample=do_sample,
-                        max_new_tokens=max_new, desc=desc, **sampling), None
+        return generate(
+            model,
+            tokenizer,
+            [r["prompt"] for r in rows],
+            num_return_sequences=num_return_sequences,
+            do_sample=do_sample,
+            max_new_tokens=max_new,
+            desc=desc,
+            **sampling,
+        ), None
     flat = [r for r in rows for _ in range(num_return_sequences)]
-    completions, envs = run_episodes(model, tokenizer, recipe, flat, do_sample=do_sample, max_new_tokens=max_new, desc=desc, **sampling)
+    completions, envs = run_episodes(
+        model, tokenizer, recipe, flat, do_sample=do_sample, max_new_tokens=max_new, desc=desc, **sampling
+    )
     k = num_return_sequences
-    return [completions[i:i + k] for i in range(0, len(flat), k)], [envs[i:i + k] for i in range(0, len(flat), k)]
+    return [completions[i : i + k] for i in range(0, len(flat), k)], [envs[i : i + k] for i in range(0, len(flat), k)]
 
 
 def chat_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows whose text prompt becomes a one-message conversation (TRL's tool loop needs conversations)."""
-    return [r if isinstance(r["prompt"], list) else {**r, "prompt": [{"role": "user", "content": str(r["prompt"])}]} for r in rows]
+    return [
+        r if isinstance(r["prompt"], list) else {**r, "prompt": [{"role": "user", "content": str(r["prompt"])}]}
+        for r in rows
+    ]
 
 
 def prepare_tokenizer(tokenizer) -> None:
     """A response parser for the tokenizer: its own, or the one TRL knows for its chat template."""
     from regimen.stages.core.errors import InputError
 
-    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None) is not None:
+    if (
+        getattr(tokenizer, "response_template", None) is not None
+        or getattr(tokenizer, "response_schema", None) is not None
+    ):
         return
     from trl.chat_template_utils import add_response_schema
 
     try:
         add_response_schema(tokenizer)
     except ValueError as exc:
-        raise InputError(f"environment: the model's chat template has no tool-call parser ({str(exc).splitlines()[0]}); "
-                         "use a model TRL knows (Qwen3, Llama 3.1, ...) or give the tokenizer a response_template") from None
+        raise InputError(
+            f"environment: the model's chat template has no tool-call parser ({str(exc).splitlines()[0]}); "
+            "use a model TRL knows (Qwen3, Llama 3.1, ...) or give the tokenizer a response_template"
+        ) from None
 
 
-def run_episodes(model, tokenizer, recipe, rows: list[dict[str, Any]], *, do_sample: bool, max_new_tokens: int, desc: str,
-                 batch_size: int | None = None, **sampling: Any) -> tuple[list[list[dict[str, Any]]], list[Any]]:
+def run_episodes(
+    model,
+    tokenizer,
+    recipe,
+    rows: list[dict[str, Any]],
+    *,
+    do_sample: bool,
+    max_new_tokens: int,
+    desc: str,
+    batch_size: int | None = None,
+    **sampling: Any,
+) -> tuple[list[list[dict[str, Any]]], list[Any]]:
     """One episode per row: (the messages after the prompt, the environment instance that scored it)."""
     from trl.chat_template_utils import parse_response
 
@@ -65,7 +102,11 @@ def run_episodes(model, tokenizer, recipe, rows: list[dict[str, Any]], *, do_sam
     envs = [make() for _ in rows]
     prompts: list[list[dict[str, Any]]] = []
     for env, row in zip(envs, rows):
-        prompt = [dict(m) for m in row["prompt"]] if isinstance(row["prompt"], list) else [{"role": "user", "content": str(row["prompt"])}]
+        prompt = (
+            [dict(m) for m in row["prompt"]]
+            if isinstance(row["prompt"], list)
+            else [{"role": "user", "content": str(row["prompt"])}]
+        )
         observation = env.reset(**row)
         if isinstance(observation, str):
             prompt[-1] = {**prompt[-1], "content": str(prompt[-1]["content"]) + observation}
@@ -79,22 +120,36 @@ def run_episodes(model, tokenizer, recipe, rows: list[dict[str, Any]], *, do_sam
     for turn in range(recipe.environment.max_turns + 1):
         texts, prefixes, keep = [], [], []
         for i in open_:
-            text = tokenizer.apply_chat_template(prompts[i] + completions[i], tools=tools_of(envs[i]) or None, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                prompts[i] + completions[i], tools=tools_of(envs[i]) or None, tokenize=False, add_generation_prompt=True
+            )
             prefix = tokenizer(text, add_special_tokens=False)["input_ids"]
             budget[i] = min(budget[i], context - len(prefix) - 1)
             if budget[i] > 0:  # out of budget or context: the episode ends where it is
                 texts.append(text), prefixes.append(prefix), keep.append(i)
         if not keep:
             break
-        outs = generate(model, tokenizer, texts, do_sample=do_sample, max_new_tokens=max(budget[i] for i in keep),
-                        batch_size=batch_size or recipe.eval.batch_size, desc=f"{desc} (turn {turn + 1})",
-                        **({"seed": seed} if turn == 0 and seed is not None else {}), **sampling)
+        outs = generate(
+            model,
+            tokenizer,
+            texts,
+            do_sample=do_sample,
+            max_new_tokens=max(budget[i] for i in keep),
+            batch_size=batch_size or recipe.eval.batch_size,
+            desc=f"{desc} (turn {turn + 1})",
+            **({"seed": seed} if turn == 0 and seed is not None else {}),
+            **sampling,
+        )
         still = []
         for i, prefix, (out,) in zip(keep, prefixes, outs):
             ids = tokenizer(out, add_special_tokens=False)["input_ids"][: budget[i]]
             budget[i] -= len(ids)
-            message = parse_response(tokenizer, ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []), prefix=prefix,
-                                     tools=tools_of(envs[i]) or None)
+            message = parse_response(
+                tokenizer,
+                ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []),
+                prefix=prefix,
+                tools=tools_of(envs[i]) or None,
+            )
             message = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
             message.setdefault("content", "")
             completions[i].append(message)
@@ -108,7 +163,11 @@ def run_episodes(model, tokenizer, recipe, rows: list[dict[str, Any]], *, do_sam
                 if name in tools and isinstance(args, dict):
                     result = tools[name](**args)
                 else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
-                    result = {"error": f"Tool {name} not found." if name not in tools else f"arguments {args!r} are not an object"}
+                    result = {
+                        "error": f"Tool {name} not found."
+                        if name not in tools
+                        else f"arguments {args!r} are not an object"
+                    }
                 content = str(result)
                 budget[i] -= len(tokenizer(content, add_special_tokens=False)["input_ids"])
                 completions[i].append({"role": "tool", "name": str(name), "content": content})

@@ -34,7 +34,9 @@ class Clock(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if hasattr(self, "t0") and state.log_history:
-            state.log_history[-1]["wall_s"] = round(time.perf_counter() - self.t0, 3)  # the Trainer stored a copy of `logs`
+            state.log_history[-1]["wall_s"] = round(
+                time.perf_counter() - self.t0, 3
+            )  # the Trainer stored a copy of `logs`
 
 
 class FaultInjection(TrainerCallback):
@@ -57,8 +59,19 @@ class FaultInjection(TrainerCallback):
             raise RuntimeError(f"injected fault (REGIMEN_FAULT) at step {state.global_step}")
 
 
-def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.Recorder, *, stage: str = "grpo",
-                  callbacks: list | None = None, heldout: dict[str, Any] | None = None, curriculum=None, rates=None, **overrides: Any):
+def build_trainer(
+    recipe,
+    policy: str,
+    output_dir: Path,
+    recorder: trajectories.Recorder,
+    *,
+    stage: str = "grpo",
+    callbacks: list | None = None,
+    heldout: dict[str, Any] | None = None,
+    curriculum=None,
+    rates=None,
+    **overrides: Any,
+):
     """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights.
 
     With `curriculum` (a `curriculum.Curriculum`), the training set is the curriculum's stream (an
@@ -69,13 +82,13 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     from trl import GRPOTrainer
 
     from regimen.stages.recipe.trl import for_stage
-    from regimen.stages.training import curriculum as pacing
-    from regimen.stages.training.pass_rates import prompt_id
     from regimen.stages.rewards import from_specs
     from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training import curriculum as pacing
     from regimen.stages.training import limits
     from regimen.stages.training.checkpoints import MarkComplete
     from regimen.stages.training.model import load_tokenizer
+    from regimen.stages.training.pass_rates import prompt_id
     from regimen.stages.training.policy import peft_config
 
     fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
@@ -84,14 +97,18 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
     if recipe.environment is not None:  # TRL's tool loop works on conversations
         from regimen.stages.training.episodes import chat_rows
 
-        task = type(task)(chat_rows(task.train), task.heldout, task.name, task.reference, task.weak_reference, task.dropped_heldout)
+        task = type(task)(
+            chat_rows(task.train), task.heldout, task.name, task.reference, task.weak_reference, task.dropped_heldout
+        )
     weights = [recipe.reward_weights()[name] for name in fns]
     first: list = []
     if curriculum is not None:
         train = pacing.dataset(curriculum)
         args.shuffle_dataset, args.ignore_data_skip = False, True
         recorder.listen(pacing.listener(curriculum, weights, args.num_generations), len(fns))
-        first.append(pacing.CurriculumCallback(curriculum))  # before MarkComplete: its state is in the checkpoint when marked
+        first.append(
+            pacing.CurriculumCallback(curriculum)
+        )  # before MarkComplete: its state is in the checkpoint when marked
     else:
         train = Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in task.train])
         if rates is not None:
@@ -111,7 +128,15 @@ def build_trainer(recipe, policy: str, output_dir: Path, recorder: trajectories.
         train_dataset=train,
         processing_class=load_tokenizer(policy),
         peft_config=peft_config(recipe),
-        callbacks=[*first, MarkComplete(), StepCounter(recorder), Clock(), FaultInjection(stage), *limits.callbacks(recipe, output_dir), *(callbacks or [])],
+        callbacks=[
+            *first,
+            MarkComplete(),
+            StepCounter(recorder),
+            Clock(),
+            FaultInjection(stage),
+            *limits.callbacks(recipe, output_dir),
+            *(callbacks or []),
+        ],
     )
     return progress.quiet(trainer, stage), fns
 

@@ -25,7 +25,9 @@ def exact_match_metric():
     return evaluate.load(str(METRIC_DIR))
 
 
-def heldout_eval(model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: str = "held-out eval") -> tuple[dict[str, float], list[dict[str, Any]]]:
+def heldout_eval(
+    model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: str = "held-out eval"
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy completions for `rows`; `heldout_accuracy` by `eval.metric`; each reward's held-out mean."""
     from regimen.stages.training.episodes import complete, transcript
 
@@ -40,7 +42,9 @@ def heldout_eval(model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: 
     metrics: dict[str, float] = {}
     if recipe.eval.metric == "exact_match":
         refs = [str(r.get("answer", "")) for r in rows]
-        metrics["heldout_accuracy"] = float(exact_match_metric().compute(predictions=completions, references=refs)["exact_match"])
+        metrics["heldout_accuracy"] = float(
+            exact_match_metric().compute(predictions=completions, references=refs)["exact_match"]
+        )
         correct = [v or 0.0 for v in answer(None, completions, answer=refs)]
     else:  # a reward as the metric: rows it has no opinion on (None: no tests, or tests that pay anything) are left out
         correct = [None if v is None else float(v >= 1.0) for v in values[recipe.eval.metric]]
@@ -52,7 +56,11 @@ def heldout_eval(model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: 
         metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
     metrics["heldout_size"] = float(len(rows))
     rendered = [_rendered(tokenizer, p) for p in prompts]
-    context: dict[str, list[Any]] = {"answer": [r.get("answer") for r in rows], "correct": correct, "rendered_prompt": rendered}
+    context: dict[str, list[Any]] = {
+        "answer": [r.get("answer") for r in rows],
+        "correct": correct,
+        "rendered_prompt": rendered,
+    }
     if envs is not None:
         context["episode"] = [transcript(c, e[0]) for c, e in zip(completions, envs)]
     traj = trajectories.rows_from_batch(prompts, completions, values, **context)

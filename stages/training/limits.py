@@ -52,16 +52,22 @@ class RunLimits(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.max_hours is not None and (time.time() - self.started) > self.max_hours * 3600:
-            raise LimitExceeded(self.stage, f"limits.max_hours: the run has used more than {self.max_hours:g} h of wall time (the operator's limit); "
-                                f"stopped at step {state.global_step}, checkpoints kept")
+            raise LimitExceeded(
+                self.stage,
+                f"limits.max_hours: the run has used more than {self.max_hours:g} h of wall time (the operator's limit); "
+                f"stopped at step {state.global_step}, checkpoints kept",
+            )
         return control
 
     def on_save(self, args, state, control, **kwargs):
         if self.max_disk_gb is not None:
             used = folder_bytes(self.root)
             if used > self.max_disk_gb * 1e9:
-                raise LimitExceeded(self.stage, f"limits.max_disk_gb: {self.root} holds {used / 1e9:.4g} GB, more than the operator's limit of "
-                                    f"{self.max_disk_gb:g} GB; stopped at step {state.global_step}")
+                raise LimitExceeded(
+                    self.stage,
+                    f"limits.max_disk_gb: {self.root} holds {used / 1e9:.4g} GB, more than the operator's limit of "
+                    f"{self.max_disk_gb:g} GB; stopped at step {state.global_step}",
+                )
         return control
 
 

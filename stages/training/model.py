@@ -42,8 +42,13 @@ TOOL_RESPONSE = {
     "defaults": {"role": "assistant"},
     "start_anchor": "A:",
     "fields": {
-        "tool_calls": {"open": "<c>", "close_pattern": r"</c>", "repeats": True, "content": "json",
-                       "transform": {"type": "function", "function": "{content}"}},
+        "tool_calls": {
+            "open": "<c>",
+            "close_pattern": r"</c>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
         "content": {"close_pattern": r"</s>\s*", "content": "text"},
     },
 }
@@ -116,8 +121,14 @@ def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
             free = shutil.disk_usage(out_dir.parent).free
             from regimen.stages.core.errors import StoreError
 
-            raise StoreError(f"could not write the base model to {staging}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                             + (f" (no space left on the device holding {out_dir.parent}: {free / 2**20:.1f} MiB free)" if free < 64 * 2**20 else "")) from None
+            raise StoreError(
+                f"could not write the base model to {staging}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                + (
+                    f" (no space left on the device holding {out_dir.parent}: {free / 2**20:.1f} MiB free)"
+                    if free < 64 * 2**20
+                    else ""
+                )
+            ) from None
         try:
             os.rename(staging, out_dir)
         except OSError:  # another process built it first
@@ -135,7 +146,11 @@ DIGEST = "regimen_digest.json"
 def _file_digests(folder: Path) -> dict[str, str]:
     from regimen.stages.core.fingerprint import file_digest
 
-    return {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != DIGEST}
+    return {
+        p.relative_to(folder).as_posix(): file_digest(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != DIGEST
+    }
 
 
 def check_built(out_dir: Path) -> Path:
@@ -145,15 +160,19 @@ def check_built(out_dir: Path) -> Path:
     from regimen.stages.store.files import check_tree_no_links
 
     if out_dir.is_symlink():
-        raise StoreError(f"{out_dir} is a symbolic link inside the store; the base model is never read through a link the store did not make (remove it: it is rebuilt)")
+        raise StoreError(
+            f"{out_dir} is a symbolic link inside the store; the base model is never read through a link the store did not make (remove it: it is rebuilt)"
+        )
     check_tree_no_links(out_dir)
     try:
         recorded = json.loads((out_dir / DIGEST).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         recorded = None
     if recorded != _file_digests(out_dir):
-        raise StoreError(f"{out_dir}: the base model's files do not match the digest recorded when it was built "
-                         f"({'no readable ' + DIGEST if recorded is None else 'changed since'}); remove the folder: it is rebuilt")
+        raise StoreError(
+            f"{out_dir}: the base model's files do not match the digest recorded when it was built "
+            f"({'no readable ' + DIGEST if recorded is None else 'changed since'}); remove the folder: it is rebuilt"
+        )
     return out_dir
 
 
@@ -209,8 +228,10 @@ def _corpus() -> list[str]:
     import random
 
     rng = random.Random(0)
-    words = ("what is the sum of and answer with number only question write a python function that returns def return "
-             "if else for in range print true false none assert you are helpful assistant system user").split()
+    words = (
+        "what is the sum of and answer with number only question write a python function that returns def return "
+        "if else for in range print true false none assert you are helpful assistant system user"
+    ).split()
     lines = []
     for _ in range(1500):
         a, b = rng.randint(0, 999), rng.randint(0, 999)
@@ -221,8 +242,15 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_real_shaped_model(out: str | Path, *, arch: str = "qwen3", hidden_size: int = 64, num_layers: int = 2, seed: int = 0,
-                            chat_template: str | None = None) -> Path:
+def build_real_shaped_model(
+    out: str | Path,
+    *,
+    arch: str = "qwen3",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 0,
+    chat_template: str | None = None,
+) -> Path:
     """A small standard-architecture causal LM with a BPE tokenizer trained here (byte-level, so any text
     encodes) that carries a chat template, saved with `save_pretrained` like a hub snapshot. `arch`:
     `qwen3` (Qwen3ForCausalLM) or `llama` (LlamaForCausalLM)."""
@@ -237,18 +265,37 @@ def build_real_shaped_model(out: str | Path, *, arch: str = "qwen3", hidden_size
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=REAL_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=1024, special_tokens=REAL_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token=None,
-                                   unk_token=None, padding_side="left", clean_up_tokenization_spaces=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        bos_token=None,
+        unk_token=None,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
     fast.chat_template = chat_template or CHAT_TEMPLATE  # e.g. TRL's qwen3_chat_template, for tool calls
     kind = {"qwen3": "qwen3", "llama": "llama"}.get(arch)
     if kind is None:
         raise ValueError(f"arch {arch!r}: use qwen3 or llama")
     config = AutoConfig.for_model(
-        kind, vocab_size=len(fast), hidden_size=hidden_size, intermediate_size=3 * hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
+        kind,
+        vocab_size=len(fast),
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)

@@ -69,19 +69,40 @@ class PassRates:
         """Consecutive runs of `group` samples are one prompt's group (TRL's and the dry run's layout)."""
         out = []
         for i in range(0, len(totals) - group + 1, group):
-            if len(set(ids[i:i + group])) != 1:
+            if len(set(ids[i : i + group])) != 1:
                 raise ValueError(f"samples {i}..{i + group - 1} are not one prompt's group")
-            out.append(self.add_group(ids[i], [float(t) for t in totals[i:i + group]], step, source))
+            out.append(self.add_group(ids[i], [float(t) for t in totals[i : i + group]], step, source))
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        return [{"prompt_id": k, "attempts": e.attempts, "mean_reward": round(e.mean_reward, 6), "groups": e.groups,
-                 "alike_streak": e.alike_streak, "last_seen": e.last_seen, "source": e.source} for k, e in sorted(self.table.items())]
+        return [
+            {
+                "prompt_id": k,
+                "attempts": e.attempts,
+                "mean_reward": round(e.mean_reward, 6),
+                "groups": e.groups,
+                "alike_streak": e.alike_streak,
+                "last_seen": e.last_seen,
+                "source": e.source,
+            }
+            for k, e in sorted(self.table.items())
+        ]
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]]) -> PassRates:
-        return cls({r["prompt_id"]: Entry(int(r["attempts"]), float(r["mean_reward"]), int(r.get("groups", 0)), int(r.get("alike_streak", 0)),
-                                          int(r.get("last_seen", -1)), str(r.get("source", ""))) for r in rows})
+        return cls(
+            {
+                r["prompt_id"]: Entry(
+                    int(r["attempts"]),
+                    float(r["mean_reward"]),
+                    int(r.get("groups", 0)),
+                    int(r.get("alike_streak", 0)),
+                    int(r.get("last_seen", -1)),
+                    str(r.get("source", "")),
+                )
+                for r in rows
+            }
+        )
 
     def write(self, folder: Path) -> Path:
         path = Path(folder) / FILE
@@ -96,7 +117,9 @@ class PassRates:
         if folder is None or not (Path(folder) / FILE).is_file():
             return cls()
         try:
-            return cls.from_rows([json.loads(line) for line in (Path(folder) / FILE).read_text().splitlines() if line.strip()])
+            return cls.from_rows(
+                [json.loads(line) for line in (Path(folder) / FILE).read_text().splitlines() if line.strip()]
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("pass rates in %s unreadable (%s): starting without them", folder, exc)
             return cls()

@@ -57,7 +57,11 @@ def base_policy(recipe, store) -> dict:
 
         return {"stage": "base", "model": str(local.resolve()), "fingerprint": f"local-{tree_digest(local)[:16]}"}
     # a hub id is identified by its name (pin a revision by pointing model.name_or_path at a local snapshot)
-    return {"stage": "base", "model": name, "fingerprint": "hub-" + hashlib.sha256(json.dumps(name).encode()).hexdigest()[:16]}
+    return {
+        "stage": "base",
+        "model": name,
+        "fingerprint": "hub-" + hashlib.sha256(json.dumps(name).encode()).hexdigest()[:16],
+    }
 
 
 def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...]) -> dict | None:
@@ -68,8 +72,14 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     from regimen.stages.decide.verdicts import OVERFITTING_VERDICT, REWARD_HACKING
 
     verdicts = store.ledger.verdicts_by_eval(experiment)
-    ev = next((m for m in reversed(store.versions(experiment, judge))
-               if verdicts.get(m["version"], {}).get("verdict") not in (REWARD_HACKING, OVERFITTING_VERDICT, None)), None)
+    ev = next(
+        (
+            m
+            for m in reversed(store.versions(experiment, judge))
+            if verdicts.get(m["version"], {}).get("verdict") not in (REWARD_HACKING, OVERFITTING_VERDICT, None)
+        ),
+        None,
+    )
     if not ev:
         return None
     ref = ev["inputs"]["policy"]
@@ -86,11 +96,21 @@ def policy_from_ref(store, experiment: str, ref: dict) -> dict | None:
 
     if ref.get("stage") == "base":
         return ref
-    same = [m for m in reversed(store.versions(experiment, ref["stage"])) if m["fingerprint"] == ref.get("fingerprint")
-            and (not ref.get("content") or content_digest(m) == ref["content"])]
+    same = [
+        m
+        for m in reversed(store.versions(experiment, ref["stage"]))
+        if m["fingerprint"] == ref.get("fingerprint")
+        and (not ref.get("content") or content_digest(m) == ref["content"])
+    ]
     manifest = next((m for m in same if not store.check(m)), None)
     if manifest is None:
         return None
     path = store.local_path(manifest)
-    return {"stage": ref["stage"], "version": manifest["version"], "fingerprint": manifest["fingerprint"], "path": str(path), "model": str(path / "model"),
-            "content": content_digest(manifest)}
+    return {
+        "stage": ref["stage"],
+        "version": manifest["version"],
+        "fingerprint": manifest["fingerprint"],
+        "path": str(path),
+        "model": str(path / "model"),
+        "content": content_digest(manifest),
+    }

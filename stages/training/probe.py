@@ -40,7 +40,9 @@ def probe_rows(heldout: list[dict[str, Any]], n: int, seed: int) -> list[dict[st
     return rows[:n]
 
 
-def reward_values(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None) -> dict[str, list[Any]]:
+def reward_values(
+    recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None
+) -> dict[str, list[Any]]:
     """Each reward's value per completion (None where a reward has no opinion)."""
     from regimen.stages.rewards import from_specs, score
 
@@ -48,12 +50,19 @@ def reward_values(recipe, completions: list[Any], rows: list[dict[str, Any]], ex
     return score(from_specs(recipe.rewards), [r["prompt"] for r in rows], completions, columns)
 
 
-def weighted_rewards(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None,
-                     values: dict[str, list[Any]] | None = None) -> list[float]:
+def weighted_rewards(
+    recipe,
+    completions: list[Any],
+    rows: list[dict[str, Any]],
+    extra: dict[str, list[Any]] | None = None,
+    values: dict[str, list[Any]] | None = None,
+) -> list[float]:
     """Each completion's weighted total reward, as GRPO computes it (a reward's None counts as nothing)."""
     values = reward_values(recipe, completions, rows, extra) if values is None else values
     weights = recipe.reward_weights()
-    return [sum(weights[name] * v[i] for name, v in values.items() if v[i] is not None) for i in range(len(completions))]
+    return [
+        sum(weights[name] * v[i] for name, v in values.items() if v[i] is not None) for i in range(len(completions))
+    ]
 
 
 def precision(flags: list[float | None], rewards: list[float]) -> float | None:
@@ -65,8 +74,13 @@ def precision(flags: list[float | None], rewards: list[float]) -> float | None:
     return sum(paid) / len(paid) if paid else None
 
 
-def correct_flags(recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None,
-                  values: dict[str, list[Any]] | None = None) -> list[float]:
+def correct_flags(
+    recipe,
+    completions: list[Any],
+    rows: list[dict[str, Any]],
+    extra: dict[str, list[Any]] | None = None,
+    values: dict[str, list[Any]] | None = None,
+) -> list[float]:
     """1.0 per completion that the eval metric counts as correct, 0.0 otherwise, None where the metric (a
     reward) has no opinion (left out of the probe's accuracy, as of evaluation's). `values`: the rewards
     already scored (`reward_values`), so a metric that is a reward is not judged twice."""
@@ -77,7 +91,10 @@ def correct_flags(recipe, completions: list[Any], rows: list[dict[str, Any]], ex
     if values is not None and recipe.eval.metric in values:
         metric = values[recipe.eval.metric]
     else:
-        columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}, **(extra or {})}
+        columns = {
+            **{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")},
+            **(extra or {}),
+        }
         fn = {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}
         metric = score(fn, [r["prompt"] for r in rows], completions, columns)[recipe.eval.metric]
     return [None if v is None else float(v >= 1.0) for v in metric]
@@ -88,14 +105,24 @@ class HeldoutProbe(TrainerCallback):
     accuracy and weighted reward (`train_probe`, `train_probe_reward` in the log) let the guard name what
     it sees (`regimen.stages.decide.verdicts.finding`)."""
 
-    def __init__(self, recipe, rows: list[dict[str, Any]], tokenizer, work_dir: Path, progress=None, train_rows: list[dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        recipe,
+        rows: list[dict[str, Any]],
+        tokenizer,
+        work_dir: Path,
+        progress=None,
+        train_rows: list[dict[str, Any]] | None = None,
+    ):
         self.recipe, self.rows, self.tokenizer = recipe, rows, tokenizer
         self.train_rows = list(train_rows or [])
         self.every = recipe.probe.steps
         self.best_dir = Path(work_dir) / BEST
         self.trainer = None  # set by the stage once the trainer exists
         self.fired: dict[str, Any] | None = None  # the guard's finding that stops the stage (hacking, by default)
-        self.warned: dict[str, Any] | None = None  # ... one it only warns about (overfitting by default; hacking with action: warn)
+        self.warned: dict[str, Any] | None = (
+            None  # ... one it only warns about (overfitting by default; hacking with action: warn)
+        )
         self.noted: dict[str, Any] | None = None  # ... when it is sharpening (never stops a run)
         self.stopped_at_target: int | None = None
         self.warning: str | None = None
@@ -107,7 +134,9 @@ class HeldoutProbe(TrainerCallback):
     # -- curves (from the Trainer's log history, which checkpoints carry) ---------------------
     @staticmethod
     def curve(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
-        return [{"step": h["step"], "heldout_accuracy": h["heldout_probe"]} for h in log_history if "heldout_probe" in h]
+        return [
+            {"step": h["step"], "heldout_accuracy": h["heldout_probe"]} for h in log_history if "heldout_probe" in h
+        ]
 
     @staticmethod
     def train_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -116,7 +145,11 @@ class HeldoutProbe(TrainerCallback):
     @staticmethod
     def train_probe_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float, float, float | None]]:
         """(step, greedy accuracy, greedy weighted reward, precision of the reward) on the sample of training prompts."""
-        return [(h["step"], h["train_probe"], h["train_probe_reward"], h.get("train_probe_precision")) for h in log_history if "train_probe" in h]
+        return [
+            (h["step"], h["train_probe"], h["train_probe_reward"], h.get("train_probe_precision"))
+            for h in log_history
+            if "train_probe" in h
+        ]
 
     def best(self) -> dict[str, Any] | None:
         try:
@@ -125,7 +158,9 @@ class HeldoutProbe(TrainerCallback):
             return None
 
     # -- measuring ----------------------------------------------------------------------------
-    def measure(self, model, rows: list[dict[str, Any]] | None = None, *, with_reward: bool = False) -> float | tuple[float, float]:
+    def measure(
+        self, model, rows: list[dict[str, Any]] | None = None, *, with_reward: bool = False
+    ) -> float | tuple[float, float]:
         """Greedy accuracy on `rows` (default: the held-out sample); with `with_reward`, also the mean
         weighted reward."""
         from regimen.stages.training.episodes import complete
@@ -137,13 +172,25 @@ class HeldoutProbe(TrainerCallback):
         mine = rows[rank::world]
         per_rank = -(-len(rows) // world)
         padded = mine + rows[: per_rank - len(mine)]  # equal shares: sharded models need every rank in step
-        outs, envs = complete(model, self.tokenizer, self.recipe, padded, max_new_tokens=self.recipe.max_new_tokens(),
-                              batch_size=self.recipe.eval.batch_size, desc="held-out probe", synced_gpus=self.sharded)
+        outs, envs = complete(
+            model,
+            self.tokenizer,
+            self.recipe,
+            padded,
+            max_new_tokens=self.recipe.max_new_tokens(),
+            batch_size=self.recipe.eval.batch_size,
+            desc="held-out probe",
+            synced_gpus=self.sharded,
+        )
         completions = [c[0] for c in outs]
         extra = {"environments": [e[0] for e in envs][: len(mine)]} if envs is not None else None
-        values = reward_values(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else None  # judged once
+        values = (
+            reward_values(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else None
+        )  # judged once
         flags = correct_flags(self.recipe, completions[: len(mine)], mine, extra, values) if mine else []
-        rewards = weighted_rewards(self.recipe, completions[: len(mine)], mine, extra, values) if mine and with_reward else []
+        rewards = (
+            weighted_rewards(self.recipe, completions[: len(mine)], mine, extra, values) if mine and with_reward else []
+        )
         if world > 1:
             from accelerate.utils import gather_object
 
@@ -162,17 +209,30 @@ class HeldoutProbe(TrainerCallback):
             acc = self.measure(model)
             entry = {"step": step, "heldout_probe": acc}
             if self.train_rows:
-                entry["train_probe"], entry["train_probe_reward"], entry["train_probe_precision"] = self.measure(model, self.train_rows, with_reward=True)
-            state.log_history.append({**entry, "probe_s": round(self.probe_s, 3), "wall_s": round(time.perf_counter() - self.t0, 3)})
+                entry["train_probe"], entry["train_probe_reward"], entry["train_probe_precision"] = self.measure(
+                    model, self.train_rows, with_reward=True
+                )
+            state.log_history.append(
+                {**entry, "probe_s": round(self.probe_s, 3), "wall_s": round(time.perf_counter() - self.t0, 3)}
+            )
             train = self.train_curve(state.log_history)
-            log.info("held-out probe at step %d: %.3f%s", step, acc, f" (training reward {train[-1][1]:.3f})" if train else "")
+            log.info(
+                "held-out probe at step %d: %.3f%s",
+                step,
+                acc,
+                f" (training reward {train[-1][1]:.3f})" if train else "",
+            )
             if self.progress is not None and int(os.environ.get("RANK", "0")) == 0:
                 try:
                     self.progress("probe", {"step": step, "log_history": list(state.log_history)})
                 except Exception as exc:  # noqa: BLE001 - showing progress never stops training
                     log.warning("could not show the probe's progress: %s", exc)
             best = self.best()
-            if self.recipe.probe.keep == "best" and not self.sharded and (best is None or acc >= best["heldout_accuracy"]):
+            if (
+                self.recipe.probe.keep == "best"
+                and not self.sharded
+                and (best is None or acc >= best["heldout_accuracy"])
+            ):
                 self._save_best(model, step, acc)
         self.recheck(state)
 
@@ -188,20 +248,34 @@ class HeldoutProbe(TrainerCallback):
         before = guard_in_training([t for t in train if len(probes) < 2 or t[0] <= probes[-2][0]], probes[:-1], guard)
         if now and before:
             kind = finding(now, self.train_probe_curve(state.log_history), guard)
-            seen = {"step": probes[-1][0], **now, "finding": kind, "train_probe_curve": [list(p) for p in self.train_probe_curve(state.log_history)]}
+            seen = {
+                "step": probes[-1][0],
+                **now,
+                "finding": kind,
+                "train_probe_curve": [list(p) for p in self.train_probe_curve(state.log_history)],
+            }
             if kind == SHARPENING:  # harmless: noted once, and the guard keeps watching
                 if not self.noted:
                     self.noted = seen
-                    log.info("guard: %s at step %d (training reward %+.3f, held-out probe %+.3f)", describe(kind), seen["step"],
-                             now["train_reward_rise"], now["heldout_gain"])
+                    log.info(
+                        "guard: %s at step %d (training reward %+.3f, held-out probe %+.3f)",
+                        describe(kind),
+                        seen["step"],
+                        now["train_reward_rise"],
+                        now["heldout_gain"],
+                    )
                 return
             if stops(kind, guard):
                 self.fired = seen
                 return
-            if self.warned is None or self.warned["finding"] != kind:  # warned once per finding; the guard keeps watching
+            if (
+                self.warned is None or self.warned["finding"] != kind
+            ):  # warned once per finding; the guard keeps watching
                 self.warned = seen
-                self.warning = (f"guard (warn): {kind} at step {probes[-1][0]}: the training reward had risen {now['train_reward_rise']:+.3f} "
-                                f"while held-out probe accuracy changed {now['heldout_gain']:+.3f}; {describe(kind)}")
+                self.warning = (
+                    f"guard (warn): {kind} at step {probes[-1][0]}: the training reward had risen {now['train_reward_rise']:+.3f} "
+                    f"while held-out probe accuracy changed {now['heldout_gain']:+.3f}; {describe(kind)}"
+                )
                 log.warning(self.warning)
 
     def final_look(self, log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -231,8 +305,15 @@ class HeldoutProbe(TrainerCallback):
 
     # -- Trainer hooks -------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.t0 = time.perf_counter()  # the probe's entries carry wall_s (seconds of this process's training), as the Trainer's logs do
-        self.sharded = bool(self.trainer is not None and (getattr(self.trainer, "is_fsdp_enabled", False) or getattr(self.trainer, "is_deepspeed_enabled", False)))
+        self.t0 = (
+            time.perf_counter()
+        )  # the probe's entries carry wall_s (seconds of this process's training), as the Trainer's logs do
+        self.sharded = bool(
+            self.trainer is not None
+            and (
+                getattr(self.trainer, "is_fsdp_enabled", False) or getattr(self.trainer, "is_deepspeed_enabled", False)
+            )
+        )
         best = self.best()
         stale = best is not None and (state.global_step == 0 or best["step"] > state.global_step)
         if stale and int(os.environ.get("RANK", "0")) == 0:
@@ -250,7 +331,11 @@ class HeldoutProbe(TrainerCallback):
                 control.should_training_stop = True
             elif self.reached_target(state.log_history):
                 self.stopped_at_target = state.global_step
-                log.info("held-out probe at or above the target %.3f twice in a row: the round ends at step %d", self.recipe.cycle.target, state.global_step)
+                log.info(
+                    "held-out probe at or above the target %.3f twice in a row: the round ends at step %d",
+                    self.recipe.cycle.target,
+                    state.global_step,
+                )
                 control.should_training_stop = True
         return control
 

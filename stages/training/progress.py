@@ -31,7 +31,15 @@ class StageProgress(TrainerCallback):
         from tqdm.auto import tqdm
 
         if state.is_world_process_zero:
-            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.desc, unit="step", leave=False, disable=None, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=state.max_steps,
+                initial=state.global_step,
+                desc=self.desc,
+                unit="step",
+                leave=False,
+                disable=None,
+                dynamic_ncols=True,
+            )
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None:

@@ -49,8 +49,13 @@ def generate(
     model.eval()
     out: list[list[str]] = []
     per_call = max(1, batch_size // num_return_sequences)
-    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "num_return_sequences": num_return_sequences,
-                              "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": do_sample,
+        "num_return_sequences": num_return_sequences,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     if synced_gpus:
         kwargs["synced_gpus"] = True
     if do_sample and extra:

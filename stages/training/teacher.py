@@ -26,7 +26,9 @@ def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[di
     if recipe.environment is not None:
         from regimen.stages.core.errors import InputError
 
-        raise InputError(f"teacher.kind {t.kind!r}: with an environment only the task's oracle (or weak) teacher writes traces for now")
+        raise InputError(
+            f"teacher.kind {t.kind!r}: with an environment only the task's oracle (or weak) teacher writes traces for now"
+        )
     source = t.name_or_path if t.kind == "model" else policy_path
     return _rejection_sample(recipe, rows, source)
 
@@ -59,8 +61,15 @@ def teacher_accuracy(recipe, task: Task) -> float | None:
         if recipe.eval.metric == "exact_match":
             return sum(v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])) / len(rows)
         columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
-        values = score({recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}, [r["prompt"] for r in rows], completions, columns)
-        scored = [v for v in values[recipe.eval.metric] if v is not None]  # as evaluation counts: rows with no opinion left out
+        values = score(
+            {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]},
+            [r["prompt"] for r in rows],
+            completions,
+            columns,
+        )
+        scored = [
+            v for v in values[recipe.eval.metric] if v is not None
+        ]  # as evaluation counts: rows with no opinion left out
         return sum(1.0 for v in scored if v >= 1.0) / len(scored) if scored else 0.0
     if t.kind == "model":
         from regimen.stages.training.heldout import heldout_eval
@@ -79,12 +88,25 @@ def _rejection_sample(recipe, rows: list[dict[str, Any]], source: str) -> tuple[
     t = recipe.teacher
     model, tokenizer = load_policy(source, recipe)
     prompts = [r["prompt"] for r in rows]
-    samples = generate(model, tokenizer, prompts, num_return_sequences=t.samples_per_prompt, do_sample=True,
-                       temperature=t.temperature, max_new_tokens=recipe.max_new_tokens(), batch_size=recipe.eval.batch_size,
-                       desc=f"teacher ({t.kind})", seed=recipe.data.seed)
+    samples = generate(
+        model,
+        tokenizer,
+        prompts,
+        num_return_sequences=t.samples_per_prompt,
+        do_sample=True,
+        temperature=t.temperature,
+        max_new_tokens=recipe.max_new_tokens(),
+        batch_size=recipe.eval.batch_size,
+        desc=f"teacher ({t.kind})",
+        seed=recipe.data.seed,
+    )
     flat_prompts = [p for p, group in zip(prompts, samples) for _ in group]
     flat = [c for group in samples for c in group]
-    columns = {k: [r.get(k) for r in rows for _ in range(t.samples_per_prompt)] for k in rows[0] if k not in ("prompt", "completion")}
+    columns = {
+        k: [r.get(k) for r in rows for _ in range(t.samples_per_prompt)]
+        for k in rows[0]
+        if k not in ("prompt", "completion")
+    }
     fns = from_specs(recipe.rewards)
     totals = weighted_total(score(fns, flat_prompts, flat, columns), recipe.reward_weights())
     kept, seen = [], set()

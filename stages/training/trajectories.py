@@ -22,10 +22,16 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def rows_from_batch(prompts: list[Any], completions: list[Any], rewards: dict[str, list[float | None]], **context: list[Any]) -> list[dict[str, Any]]:
+def rows_from_batch(
+    prompts: list[Any], completions: list[Any], rewards: dict[str, list[float | None]], **context: list[Any]
+) -> list[dict[str, Any]]:
     rows = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        row = {"prompt": prompt, "completion": completion_text(completion), "rewards": {k: _clean(v[i]) for k, v in rewards.items()}}
+        row = {
+            "prompt": prompt,
+            "completion": completion_text(completion),
+            "rewards": {k: _clean(v[i]) for k, v in rewards.items()},
+        }
         for key, values in context.items():
             row[key] = _clean(values[i])
         rows.append(row)
@@ -100,8 +106,13 @@ class Recorder:
     def _add(self, name, prompts, completions, values, kwargs) -> None:
         n = self.rows_per_batch
         if not self.batches or name == self.order[0]:  # (not by id(): CPython reuses a freed list's id)
-            batch = {"step": self.step, "prompts": list(prompts[:n]),
-                     "completions": list(completions[:n]), "answer": list(kwargs.get("answer", [None] * len(prompts))[:n]), "rewards": {}}
+            batch = {
+                "step": self.step,
+                "prompts": list(prompts[:n]),
+                "completions": list(completions[:n]),
+                "answer": list(kwargs.get("answer", [None] * len(prompts))[:n]),
+                "rewards": {},
+            }
             if kwargs.get("environments"):  # episodes: every turn, each tool call and what it returned
                 from regimen.stages.training.episodes import transcript
 
@@ -128,5 +139,7 @@ class Recorder:
         for b in self.batches:
             k = len(b["completions"])
             extra = {"episode": b["episode"]} if "episode" in b else {}
-            out += rows_from_batch(b["prompts"], b["completions"], b["rewards"], step=[b["step"]] * k, answer=b["answer"], **extra)
+            out += rows_from_batch(
+                b["prompts"], b["completions"], b["rewards"], step=[b["step"]] * k, answer=b["answer"], **extra
+            )
         return out
