@@ -121,10 +121,12 @@ def main() -> None:
     ratio = med("time_ratio", never=math.inf)  # a seed that never reached the target counts as the slowest
     gain = statistics.median(r["pass1_cur"] - r["pass1_base"] for r in rows)
     print(
-        f"medians over {len(rows)} seeds: time ratio {'never' if ratio == math.inf else ratio} (aim <= 0.7; seeds never reaching the "
-        f"target, counted as slowest: {sum(r['time_ratio'] is None for r in rows)}), frac_reward_zero_std {med('zero_std_base')} -> "
-        f"{med('zero_std_cur')} (ratio {med('zero_std_ratio')}, aim <= 0.5), held-out pass@1 {med('pass1_base')} -> {med('pass1_cur')}, "
-        f"paired gain {gain:+.3f} (aim: not lower)"
+        f"medians over {len(rows)} seeds: time ratio {'never' if ratio == math.inf else ratio} (aim <= 0.7; seeds "
+        f"never reaching the "
+        f"target, counted as slowest: {sum(r['time_ratio'] is None for r in rows)}), frac_reward_zero_std "
+        f"{med('zero_std_base')} -> "
+        f"{med('zero_std_cur')} (ratio {med('zero_std_ratio')}, aim <= 0.5), held-out pass@1 {med('pass1_base')} -> "
+        f"{med('pass1_cur')}, paired gain {gain:+.3f} (aim: not lower)"
     )
 
 

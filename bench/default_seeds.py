@@ -67,7 +67,8 @@ def main() -> None:
     print(table(rows, list(rows[0])))
     reached = sum(r["verdict"] == "target-reached" for r in rows)
     print(
-        f"target-reached {reached}/{len(rows)}; wall median {statistics.median(r['wall_s'] for r in rows):.1f} s, max {max(r['wall_s'] for r in rows):.1f} s"
+        f"target-reached {reached}/{len(rows)}; wall median {statistics.median(r['wall_s'] for r in rows):.1f} s, max "
+        f"{max(r['wall_s'] for r in rows):.1f} s"
     )
 
 

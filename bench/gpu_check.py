@@ -48,16 +48,19 @@ def recipe(out: Path, model: Path, data: Path, quick: bool) -> Path:
     text = f"""
 experiment: gpu-check
 model: {{name_or_path: {model}, dtype: bfloat16}}
-data: {{task: hf, path: parquet, data_files: {data}, heldout_fraction: 0.1, columns: {{prompt: question, answer: answer}},
+data: {{task: hf, path: parquet, data_files: {data}, heldout_fraction: 0.1,
+       columns: {{prompt: question, answer: answer}},
        system_prompt: "Answer with the number only."}}
 teacher: {{kind: none}}
 rewards:
   - {{name: answer, weight: 1.0}}
   - {{name: format, weight: 0.2, pattern: '\\d+'}}
-sft: {{max_steps: {steps}, per_device_train_batch_size: 32, learning_rate: 1.0e-3, bf16: true, gradient_checkpointing: false}}
+sft: {{max_steps: {steps}, per_device_train_batch_size: 32, learning_rate: 1.0e-3, bf16: true,
+      gradient_checkpointing: false}}
 dry_run: {{num_prompts: 64, min_mean_reward: 0.0, max_mean_reward: 1.0, max_frac_zero_std: 1.0}}
 smoke: {{max_steps: 2}}
-grpo: {{max_steps: {steps}, per_device_train_batch_size: 64, num_generations: 8, learning_rate: 1.0e-4, max_completion_length: 16,
+grpo: {{max_steps: {steps}, per_device_train_batch_size: 64, num_generations: 8, learning_rate: 1.0e-4,
+       max_completion_length: 16,
        bf16: true, gradient_checkpointing: false, logging_steps: 10, save_steps: 100}}
 probe: {{steps: {max(2, steps // 4)}, prompts: 64}}
 eval: {{batch_size: 128}}
@@ -205,13 +208,14 @@ def main() -> int:
     if not args.no_env:
         rows += code_env(out, args.quick, cpu_while_gpu, gpu)
     print(
-        f"\n{'setting':<11} {'stage':<15} {'device':<24} {'wall s':>8} {'peak GPU MiB':>13} {'compl/s':>9} {'held-out':>9}"
+        f"\n{'setting':<11} {'stage':<15} {'device':<24} {'wall s':>8} {'peak GPU MiB':>13} {'compl/s':>9} "
+        f"{'held-out':>9}"
     )
     for r in rows:
         f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"  # noqa: E731
         print(
-            f"{r['setting']:<11} {r['stage']:<15} {str(r['device']):<24} {f(r['wall_s'], '8.1f')} {f(r['peak_gpu_mib'], '13.0f')} "
-            f"{f(r['completions_per_s'], '9.1f')} {f(r['heldout_accuracy'], '9.3f')}"
+            f"{r['setting']:<11} {r['stage']:<15} {str(r['device']):<24} {f(r['wall_s'], '8.1f')} "
+            f"{f(r['peak_gpu_mib'], '13.0f')} {f(r['completions_per_s'], '9.1f')} {f(r['heldout_accuracy'], '9.3f')}"
         )
     (out / "gpu_check.json").write_text(json.dumps(rows, indent=1))
     if cpu_while_gpu:

@@ -63,7 +63,8 @@ def main() -> None:
         [
             PY,
             "-c",
-            "import regimen.stages.run.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate, trl, datasets",
+            "import regimen.stages.run.runner, regimen.stages.sft, regimen.stages.grpo, regimen.stages.evaluate, trl, "
+            "datasets",
         ]
     )
     rows = [{"stage": "(imports only)", "peak_rss_mib": base_rss, "wall_s": base_wall, "x imports": 1.0}]

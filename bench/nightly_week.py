@@ -48,10 +48,12 @@ model:
 data: {task: jsonl, train_file: DATA, heldout_fraction: 0.2}
 rewards:
   - {name: answer, weight: 1.0}
-sft: {max_steps: 120, per_device_train_batch_size: 32, learning_rate: 2.0e-3, lr_scheduler_type: constant_with_warmup, warmup_steps: 5, save_steps: 40, logging_steps: 20}
+sft: {max_steps: 120, per_device_train_batch_size: 32, learning_rate: 2.0e-3, lr_scheduler_type: constant_with_warmup,
+      warmup_steps: 5, save_steps: 40, logging_steps: 20}
 dry_run: {num_prompts: 16, min_mean_reward: 0.0, max_mean_reward: 1.0, max_frac_zero_std: 1.0}
 smoke: {max_steps: 2}
-grpo: {max_steps: 40, per_device_train_batch_size: 32, num_generations: 8, learning_rate: 1.0e-4, beta: 0.04, max_completion_length: 4, save_steps: 10, logging_steps: 10}
+grpo: {max_steps: 40, per_device_train_batch_size: 32, num_generations: 8, learning_rate: 1.0e-4, beta: 0.04,
+       max_completion_length: 4, save_steps: 10, logging_steps: 10}
 probe: {steps: 20, prompts: 32}
 eval: {batch_size: 128}
 cycle: {max_cycles: 1, max_rounds: 1, target: 0.99}

@@ -197,7 +197,8 @@ def main() -> None:
     t_down = sigterm_run(base, "sigterm-down", args.steps, args.at, kill_server=True)
     print(table([t_up, t_down], ["case", "rc", "sigterm_to_exit_s", "says_interrupted", "terminal_lines"]))
     print(
-        f"SIGTERM to exit: {t_up['sigterm_to_exit_s']:.1f} s with the server up, {t_down['sigterm_to_exit_s']:.1f} s with it killed (aim <= 10 s)"
+        f"SIGTERM to exit: {t_up['sigterm_to_exit_s']:.1f} s with the server up, {t_down['sigterm_to_exit_s']:.1f} s "
+        f"with it killed (aim <= 10 s)"
     )
     if os.environ.get("KEEP"):
         print("logs:", up["log"], down["log"], t_up["log"], t_down["log"])

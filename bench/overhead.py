@@ -92,7 +92,8 @@ def main() -> None:
     print(table(rows, ["run", "path", "wall_s", "stages_s", "fixed_s", "terminal_lines"]))
     med = {p: statistics.median(r["fixed_s"] for r in rows if r["path"] == p) for p in ("flow", "direct")}
     print(
-        f"\nfixed cost, median of {args.runs}: flow {med['flow']:.1f}s, direct {med['direct']:.1f}s; Prefect adds {med['flow'] - med['direct']:+.1f}s "
+        f"\nfixed cost, median of {args.runs}: flow {med['flow']:.1f}s, direct {med['direct']:.1f}s; Prefect adds "
+        f"{med['flow'] - med['direct']:+.1f}s "
         f"(the very first run, which creates Prefect's database: {first_fixed:.1f}s)"
     )
 
@@ -104,9 +105,10 @@ def main() -> None:
     prefect = snippet_s("import regimen.flows.cycle, regimen.flows.server, regimen.flows.present.terminal")
     boot = snippet_s("from regimen.flows.server import TemporaryServer\ns = TemporaryServer(); s.ready(); s.stop()")
     print(
-        f"where it goes: importing torch/transformers/TRL/datasets and the stage code {imports:.1f}s (both paths); importing Prefect and "
-        f"flows {prefect:.1f}s; the temporary server's boot {boot:.1f}s (in its own process, while the recipe validates); the rest is "
-        "Prefect's task and flow runs, the stage lines and the exit"
+        f"where it goes: importing torch/transformers/TRL/datasets and the stage code {imports:.1f}s (both paths); "
+        f"importing Prefect and "
+        f"flows {prefect:.1f}s; the temporary server's boot {boot:.1f}s (in its own process, while the recipe "
+        f"validates); the rest is Prefect's task and flow runs, the stage lines and the exit"
     )
 
     if not args.no_default:
@@ -114,7 +116,8 @@ def main() -> None:
         res = regimen("run", "configs/default.yaml", "--store", str(store))
         st = stages_s(store, "default")
         print(
-            f"\ndefault recipe: wall {res['wall_s']:.1f}s, stages {st:.1f}s, wall / stages {res['wall_s'] / st:.3f}, fixed {res['wall_s'] - st:.1f}s"
+            f"\ndefault recipe: wall {res['wall_s']:.1f}s, stages {st:.1f}s, wall / stages {res['wall_s'] / st:.3f}, "
+            f"fixed {res['wall_s'] - st:.1f}s"
         )
     print(
         json.dumps(

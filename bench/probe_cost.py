@@ -63,7 +63,8 @@ def main() -> None:
     for name, runs in rows.items():
         for run in runs:
             print(
-                f"{name:<9} exit {run['rc']} wall {run['wall_s']:.1f}s  grpo {run['grpo_s']:.1f}s  probe {run['probe_s']:.1f}s  "
+                f"{name:<9} exit {run['rc']} wall {run['wall_s']:.1f}s  grpo {run['grpo_s']:.1f}s  probe "
+                f"{run['probe_s']:.1f}s  "
                 f"held-out {run['heldout']}  verdict {run['verdict']}  best_step {run['best_steps']}"
             )
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "grpo_s", "probe_s")} for k, v in rows.items()}

@@ -11,7 +11,8 @@ run is appended to a table (`--table`, JSON lines; default `bench/results/recipe
 code: the artifacts store is not, and a table kept only there was lost with its checkout), so a second
 invocation resumes a partly done table and only reports what is already there with `--report`. A row
 counts only while its recipe is what it was at the row's commit (its settings; comments aside): retuning a
-recipe (and committing it) makes its earlier rows history, kept in the table and reported apart, and its runs start over.
+recipe (and committing it) makes its earlier rows history, kept in the table and reported apart, and its runs start
+over.
 
 Printed per recipe: exit codes, verdicts or the stop's kind, held-out per stage (median and range),
 the dry run's mean reward, wall (median and max), and whether the recipe's purpose held on every run.
@@ -241,7 +242,8 @@ def main() -> None:
         for r in recipes
     ):
         raise SystemExit(
-            "a recipe differs from the commit (git diff configs/): commit it first, so that its rows name the recipe they ran"
+            "a recipe differs from the commit (git diff configs/): commit it first, so that its rows name the recipe "
+            "they ran"
         )
     header(f"recipes {recipes} on seeds {args.seeds} x kernels {args.kernels} (table {path}, commit {commit})")
     for recipe in recipes if not args.report else []:
@@ -261,6 +263,14 @@ def main() -> None:
                     fh.flush()
                     os.fsync(fh.fileno())
                 print(table([row], [k for k in row if k != "last_line"]), flush=True)
+    report(recipes, everything, done, args.seeds, args.kernels)
+
+
+COLUMNS = ["seed", "kernel", "capability", "rc", "verdict", "stop", "sft", "teacher", "distill", "dry_run_mean", "eval"]
+
+
+def report(recipes: list[str], everything: list[dict], done: list[dict], seeds: list[int], kernels: list[str]) -> None:
+    """Each recipe's runs (and its earlier versions' apart), then one summary row per recipe."""
     summaries = []
     for recipe in recipes:
         old = [d for d in everything if d["recipe"] == recipe and not current(d)]
@@ -270,31 +280,11 @@ def main() -> None:
                 f"{', '.join(sorted({str(d.get('commit')) for d in old}))}), not counted\n"
                 + table(old, ["seed", "kernel", "rc", "verdict", "sft", "teacher", "eval", "wall_s", "commit"])
             )
-        rows = [d for d in done if d["recipe"] == recipe and d["seed"] in args.seeds and d["kernel"] in args.kernels]
+        rows = [d for d in done if d["recipe"] == recipe and d["seed"] in seeds and d["kernel"] in kernels]
         if rows:
-            print(
-                f"\n## {recipe}\n"
-                + table(
-                    rows,
-                    [
-                        "seed",
-                        "kernel",
-                        "capability",
-                        "rc",
-                        "verdict",
-                        "stop",
-                        "sft",
-                        "teacher",
-                        "distill",
-                        "dry_run_mean",
-                        "eval",
-                        "wall_s",
-                        "commit",
-                    ],
-                )
-            )
+            print(f"\n## {recipe}\n" + table(rows, [*COLUMNS, "wall_s", "commit"]))
             caps = sorted({str(r["capability"]) for r in rows})
-            if len(caps) < 2 and len(args.kernels) > 1:
+            if len(caps) < 2 and len(kernels) > 1:
                 print(f"note: every run computed with {caps}: the kernels asked for were one family on this CPU")
             summaries.append(summary(recipe, rows))
     if summaries:

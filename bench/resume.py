@@ -74,12 +74,14 @@ def main() -> None:
     ]
     print(table(rows, ["what", "steps", "seconds"]))
     print(
-        f"\nresumed_from_step {start}; steps redone {redone} (save_steps {g_full['config']['grpo'].get('save_steps')}); "
+        f"\nresumed_from_step {start}; steps redone {redone} (save_steps "
+        f"{g_full['config']['grpo'].get('save_steps')}); "
         f"no half-written GRPO version after the kill: {not half_written}; earlier stages untouched: {before == after}"
     )
     print(
         f"ratio resume training / uninterrupted remaining: {resume_train / remaining_uninterrupted:.3f}; "
-        f"GRPO stage: {float(g_res['wall_s']) / remaining_uninterrupted:.3f}; whole rerun: {resumed['wall_s'] / remaining_uninterrupted:.3f}"
+        f"GRPO stage: {float(g_res['wall_s']) / remaining_uninterrupted:.3f}; whole rerun: "
+        f"{resumed['wall_s'] / remaining_uninterrupted:.3f}"
     )
 
 

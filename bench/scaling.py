@@ -72,7 +72,8 @@ def main() -> None:
         print(f"\n## {group}")
         print(table(rows, ["run", "wall_s", "sft_s", "smoke_s", "grpo_s", "x wall", "x grpo"]))
     print(
-        "\n2 processes keep the global batch (2 x 32 = 64 completions per step), so the work per step is the same as 1 x 64."
+        "\n2 processes keep the global batch (2 x 32 = 64 completions per step), so the work per step is the same as 1 "
+        "x 64."
     )
 
 

@@ -285,7 +285,8 @@ class TwoHostWeek(Week):
                 pass
         self.killed.update(host=lost, at=time.monotonic(), at_kill=self.steps(new), processes=len(procs))
         print(
-            f"  killed host {lost} ({len(procs)} processes) with GRPO checkpoints {self.killed['at_kill']} of this night in the bucket",
+            f"  killed host {lost} ({len(procs)} processes) with GRPO checkpoints {self.killed['at_kill']} of this "
+            f"night in the bucket",
             flush=True,
         )
 
@@ -395,7 +396,8 @@ def main() -> None:
         print(table(rows, ["round", "store", "wall_s", "last verdict line"]))
         walls = {w: statistics.median(r["wall_s"] for r in rows if r["store"] == w) for w in ("local", "s3")}
         print(
-            f"median wall: local {walls['local']:.1f} s, s3 {walls['s3']:.1f} s, ratio {walls['s3'] / walls['local']:.2f}"
+            f"median wall: local {walls['local']:.1f} s, s3 {walls['s3']:.1f} s, ratio "
+            f"{walls['s3'] / walls['local']:.2f}"
         )
 
 

@@ -84,7 +84,16 @@ def one_seed(seed: int, teacher: str, tmp: Path, grpo_steps: int, calibration: d
     }
     out["teacher"] = sft.manifest["metrics"].get("teacher_heldout_accuracy")
 
-    # (a) SFT only, filling the budget
+    out["a"] = _sft_only(recipe, r_c, tmp, seed, budget, calibration)
+    out["b"] = _sft_then_distill(recipe, r_c, tmp, seed, budget, calibration, out["c"]["heldout"])
+    return out
+
+
+def _sft_only(recipe, r_c, tmp: Path, seed: int, budget: float, calibration: dict) -> dict:
+    """(a) SFT only, filling the budget."""
+    from regimen.stages.store import Store
+    from regimen.stages.training.policy import base_policy
+
     a_store = Store(tmp / f"a-{seed}")
     base = base_policy(r_c, a_store)
     if "sft" not in calibration:
@@ -96,9 +105,14 @@ def one_seed(seed: int, teacher: str, tmp: Path, grpo_steps: int, calibration: d
     per, fixed = calibration["sft"]["per_step_s"], calibration["sft"]["fixed_s"]
     steps = max(50, int((budget - fixed) / per))
     a, w_a = stage_run(recipe("sft-only", **{"sft.max_steps": steps}), "sft", {"policy": base, "cycle": 1}, a_store)
-    out["a"] = {"wall_s": w_a, "steps": steps, "heldout": a.manifest["metrics"]["heldout_accuracy"]}
+    return {"wall_s": w_a, "steps": steps, "heldout": a.manifest["metrics"]["heldout_accuracy"]}
 
-    # (b) a short SFT, then on-policy distillation filling the rest of the budget
+
+def _sft_then_distill(recipe, r_c, tmp: Path, seed: int, budget: float, calibration: dict, target: float) -> dict:
+    """(b) a short SFT, then on-policy distillation filling the rest of the budget; when it reached `target`."""
+    from regimen.stages.store import Store
+    from regimen.stages.training.policy import base_policy
+
     b_store = Store(tmp / f"b-{seed}")
     base = base_policy(r_c, b_store)
     short_steps = min(100, r_c.sft["max_steps"])
@@ -129,8 +143,8 @@ def one_seed(seed: int, teacher: str, tmp: Path, grpo_steps: int, calibration: d
         else []
     )
     walls = {h["step"]: h["wall_s"] for h in log if "heldout_probe" in h}
-    reach = next((p for p in curve if p["heldout_accuracy"] >= out["c"]["heldout"]), None)
-    out["b"] = {
+    reach = next((p for p in curve if p["heldout_accuracy"] >= target), None)
+    return {
         "wall_s": w_short + w_b,
         "short_sft_steps": short_steps,
         "steps": steps,
@@ -139,7 +153,6 @@ def one_seed(seed: int, teacher: str, tmp: Path, grpo_steps: int, calibration: d
         "curve": curve,
         "to_c_s": (w_short + walls[reach["step"]]) if reach and reach["step"] in walls else None,
     }
-    return out
 
 
 def main() -> None:
@@ -178,21 +191,23 @@ def main() -> None:
         + "; ".join(f"{k} {v['per_step_s']:.3f} s a step, {v['fixed_s']:.1f} s fixed" for k, v in calibration.items())
     )
     print(
-        f"{'seed':>4} {'teacher':>8} {'(a) SFT':>8} {'(b) distill':>12} {'(c) SFT+GRPO':>13} {'wall a/b/c s':>16} {'(b) to (c)':>11} {'/ (c) wall':>10}"
+        f"{'seed':>4} {'teacher':>8} {'(a) SFT':>8} {'(b) distill':>12} {'(c) SFT+GRPO':>13} {'wall a/b/c s':>16} "
+        f"{'(b) to (c)':>11} {'/ (c) wall':>10}"
     )
     for r in rows:
         to_c = r["b"]["to_c_s"]
         reach = "-" if to_c is None else f"{to_c:.0f} s"
         share = "-" if to_c is None else f"{to_c / r['c']['wall_s']:.2f}"
         print(
-            f"{r['seed']:>4} {r['teacher']:>8.3f} {r['a']['heldout']:>8.3f} {r['b']['heldout']:>12.3f} {r['c']['heldout']:>13.3f} "
+            f"{r['seed']:>4} {r['teacher']:>8.3f} {r['a']['heldout']:>8.3f} {r['b']['heldout']:>12.3f} "
+            f"{r['c']['heldout']:>13.3f} "
             f"{r['a']['wall_s']:>5.0f}/{r['b']['wall_s']:>4.0f}/{r['c']['wall_s']:>4.0f} {reach:>11} {share:>10}"
         )
     gaps = [r["teacher"] - r["b"]["heldout"] for r in rows]
     ratios = [r["b"]["to_c_s"] / r["c"]["wall_s"] if r["b"]["to_c_s"] is not None else float("inf") for r in rows]
     print(
-        f"median teacher - (b): {statistics.median(gaps):+.3f} (aim <= 0.03); median (b)'s time to (c)'s accuracy / (c)'s wall: "
-        f"{statistics.median(ratios):.2f} (aim <= 0.5; inf: never reached)"
+        f"median teacher - (b): {statistics.median(gaps):+.3f} (aim <= 0.03); median (b)'s time to (c)'s accuracy / "
+        f"(c)'s wall: {statistics.median(ratios):.2f} (aim <= 0.5; inf: never reached)"
     )
 
 

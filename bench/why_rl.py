@@ -83,8 +83,8 @@ def main() -> None:
         print(json.dumps(out, indent=1))
         return
     print(
-        f"budget: Regimen's cycle took {out['cycle']['wall_s']:.0f}s (exit {out['cycle']['exit']}); teacher's own held-out pass@1 "
-        f"{out['cycle']['teacher_pass@1']}"
+        f"budget: Regimen's cycle took {out['cycle']['wall_s']:.0f}s (exit {out['cycle']['exit']}); teacher's own "
+        f"held-out pass@1 {out['cycle']['teacher_pass@1']}"
     )
     for name, c in out["calibration"].items():
         print(f"calibration {name}: {c['per_step_s']:.3f} s a step, {c['fixed_s']:.1f} s fixed")

@@ -67,34 +67,9 @@ def single_turn_recipe(work: Path, env: dict, seed: int) -> Path:
     return path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    header("why tools: tiny-env (probe tool) vs the same task single-turn, equal wall time")
-    work = Path(scratch("regimen-bench-why-tools-"))
-    store = str(work / "store")
-    env = yaml.safe_load((ROOT / "configs" / "tiny-env.yaml").read_text())
-    r_env = regimen(
-        "run",
-        "configs/tiny-env.yaml",
-        "--store",
-        store,
-        "--set",
-        f"data.seed={args.seed}",
-        "--set",
-        "cycle.start_from=base",
-        check=False,
-    )
-    w_env = stages_wall(store, "tiny-env")
-    acc_env = (
-        manifests(store, "tiny-env", "eval")[-1]["metrics"]["heldout_accuracy"]
-        if manifests(store, "tiny-env", "eval")
-        else None
-    )
-    sft_env = manifests(store, "tiny-env", "sft")[-1]["metrics"]["heldout_accuracy"]
-
-    single = single_turn_recipe(work, env, args.seed)
+def _single_turn(work: Path, env: dict, store: str, seed: int, w_env: float) -> tuple[dict, str]:
+    """The same task single-turn, given the tool run's wall time: its row, and how the time was spent."""
+    single = single_turn_recipe(work, env, seed)
     r1 = regimen("run", str(single), "--store", store, check=False)
     exp = "why-tools-single"
     stop = next((line for line in r1["out"].splitlines() if line.startswith("stopped:")), "")
@@ -147,6 +122,37 @@ def main() -> None:
             "grpo_steps": 0,
         }
         how = f"GRPO never ran ({stop or 'stopped at a gate'}); the time went to SFT instead: {steps} steps"
+    return single_row, how
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    header("why tools: tiny-env (probe tool) vs the same task single-turn, equal wall time")
+    work = Path(scratch("regimen-bench-why-tools-"))
+    store = str(work / "store")
+    env = yaml.safe_load((ROOT / "configs" / "tiny-env.yaml").read_text())
+    r_env = regimen(
+        "run",
+        "configs/tiny-env.yaml",
+        "--store",
+        store,
+        "--set",
+        f"data.seed={args.seed}",
+        "--set",
+        "cycle.start_from=base",
+        check=False,
+    )
+    w_env = stages_wall(store, "tiny-env")
+    acc_env = (
+        manifests(store, "tiny-env", "eval")[-1]["metrics"]["heldout_accuracy"]
+        if manifests(store, "tiny-env", "eval")
+        else None
+    )
+    sft_env = manifests(store, "tiny-env", "sft")[-1]["metrics"]["heldout_accuracy"]
+
+    single_row, how = _single_turn(work, env, store, args.seed, w_env)
     rows = [
         {
             "policy": "tool-using (tiny-env)",
@@ -161,7 +167,8 @@ def main() -> None:
     print(table(rows, list(rows[0])))
     print(f"single-turn: {how}")
     print(
-        f"wall ratio single/tool {single_row['stages_wall_s'] / w_env:.2f} (aim 1.0); held-out success with the tool {acc_env} vs without {single_row['final_heldout']}"
+        f"wall ratio single/tool {single_row['stages_wall_s'] / w_env:.2f} (aim 1.0); held-out success with the tool "
+        f"{acc_env} vs without {single_row['final_heldout']}"
     )
 
 

@@ -7,9 +7,9 @@ TRL's configs whose values are numbers, booleans or fixed choices (never a path,
 remote code or a logger), and the Regimen sections `dry_run.*`, `smoke.*`, `eval.*`, `cycle.*`,
 `probe.*`, `curriculum.*`. Everything that chooses code or places (`launcher`, `accelerate.*`, `rewards`,
 `environment.*`, `model.*`, `data.*`, `teacher.*`, `peft`, `store`), and the operator's own policy
-(`promote.*`, `limits.*`, the reward-hacking guard's `cycle.guard.*`) is refused with a message naming the key, unless the operator
-widened the list when starting `serve` (`regimen serve --allow model.name_or_path`), or, for
-`prefect deploy` deployments, in the `REGIMEN_UI_ALLOW` variable of `prefect.yaml`'s job variables.
+(`promote.*`, `limits.*`, the reward-hacking guard's `cycle.guard.*`) is refused with a message naming the key, unless
+the operator widened the list when starting `serve` (`regimen serve --allow model.name_or_path`), or, for `prefect
+deploy` deployments, in the `REGIMEN_UI_ALLOW` variable of `prefect.yaml`'s job variables.
 
 The operator's choices reach the flow run through the environment of the process that serves it:
 `REGIMEN_CONFIGS` (the folder recipes are chosen from), `REGIMEN_STORE` (the store) and `REGIMEN_UI_ALLOW`
@@ -91,7 +91,8 @@ def check_overrides(overrides: Any, extra: list[str] | None = None) -> dict[str,
         section, _, field = key.partition(".")
         if key == "cycle.guard" or key.startswith(OPERATOR_POLICY_IN_SAFE_SECTIONS):
             raise InputError(
-                f"overrides: {key!r} is not a UI parameter: the reward-hacking guard's action and thresholds are the operator's "
+                f"overrides: {key!r} is not a UI parameter: the reward-hacking guard's action and thresholds are the "
+                f"operator's "
                 f"policy (like promote.* and limits.*); the operator can allow it with `regimen serve --allow {key}`"
             )
         if section in SAFE_SECTIONS and field:

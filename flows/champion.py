@@ -35,8 +35,8 @@ def _parsed(store: Store, experiment: str, found: Any) -> dict[str, Any]:
         return rule.empty()
     if not (isinstance(found, dict) and isinstance(found.get("history"), list)):
         raise StoreError(
-            f"{store.join(experiment, rule.RECORD)}: unreadable (not the record the store wrote); restore it from a backup "
-            "or move it aside (the experiment's history is in it)"
+            f"{store.join(experiment, rule.RECORD)}: unreadable (not the record the store wrote); restore it from a "
+            f"backup or move it aside (the experiment's history is in it)"
         )
     return found
 
@@ -135,8 +135,8 @@ def conclude(
         )
         return line
     raise StoreError(
-        f"{experiment}/{rule.RECORD} changed {DECIDE_ATTEMPTS} times while this run decided; nothing recorded by the run "
-        "(the people's moves stand); the next run decides again"
+        f"{experiment}/{rule.RECORD} changed {DECIDE_ATTEMPTS} times while this run decided; nothing recorded by the "
+        f"run (the people's moves stand); the next run decides again"
     )
 
 
@@ -209,7 +209,8 @@ def evaluation_of(
 
 
 def person_promotes(store: Store, experiment: str, spec: str, reason: str) -> dict[str, Any]:
-    """`regimen promote EXP VERSION`: a person makes a policy the champion (it must have been evaluated on the frozen set)."""
+    """`regimen promote EXP VERSION`: a person makes a policy the champion (it must have been evaluated on the frozen
+    set)."""
     heldout = data_records.current(store, experiment)
     if heldout is None:
         raise InputError(f"experiment {experiment!r} has no frozen held-out set yet: run it first")
@@ -252,7 +253,8 @@ def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, A
         ]
         if not earlier:
             raise InputError(
-                f"experiment {experiment!r}: the champion ({champ['policy']}) is the first one; there is nothing to roll back to"
+                f"experiment {experiment!r}: the champion ({champ['policy']}) is the first one; there is nothing to "
+                f"roll back to"
             )
         target = earlier[-1]
         heldout = data_records.current(store, experiment)
@@ -262,7 +264,8 @@ def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, A
         ev = evaluation_of(store, experiment, policy, heldout) if heldout else None
         if ev is None:
             raise InputError(
-                f"{target['policy']}: no evaluation on the current held-out set; promote another version with `regimen promote`"
+                f"{target['policy']}: no evaluation on the current held-out set; promote another version with `regimen "
+                f"promote`"
             )
         m = measured(policy, ev, heldout)
         rec["champion"] = rule.champion_entry(rec, m, trained_from=None, data=None)
@@ -311,7 +314,8 @@ def export(store: Store, experiment: str, out: str) -> Path:
         shutil.copytree(policy["model"], tmp, symlinks=True, dirs_exist_ok=True)
         if any(p.is_symlink() for p in tmp.rglob("*")):
             raise StoreError(
-                f"{policy['model']}: the champion's model folder holds a symbolic link; a store version holds plain files only"
+                f"{policy['model']}: the champion's model folder holds a symbolic link; a store version holds plain "
+                f"files only"
             )
         (tmp / "regimen_champion.json").write_text(
             json.dumps(

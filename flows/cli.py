@@ -76,7 +76,8 @@ def _print_run(outcome, started: float) -> None:
         )
     elif reused < len(results):
         console.print(
-            f"wall time {total:.1f}s; stages {stages:.1f}s; fixed cost {total - stages:.1f}s (wall minus the stages' own time)"
+            f"wall time {total:.1f}s; stages {stages:.1f}s; fixed cost {total - stages:.1f}s (wall minus the stages' "
+            f"own time)"
         )
     else:
         console.print(f"wall time {total:.1f}s; every stage reused (nothing changed)")
@@ -317,9 +318,7 @@ def report(
 @app.command()
 def serve(
     config: Annotated[str, typer.Argument(help="recipe in the configs folder the deployments run by default")],
-    store: Annotated[
-        str | None, typer.Option("--store", help="artifact store for runs of these deployments")
-    ] = None,
+    store: Annotated[str | None, typer.Option("--store", help="artifact store for runs of these deployments")] = None,
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly deployment")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option("--timezone", help="time zone of the cron schedule")] = "UTC",
     allow: Annotated[
@@ -425,12 +424,14 @@ def pool_setup(
         int | None,
         typer.Option(
             "--host-lost-after-s",
-            help="no heartbeat this long: the run's host is lost and the run is scheduled again (default: the store lease's 120 s + a heartbeat)",
+            help="no heartbeat this long: the run's host is lost and the run is scheduled again (default: the store "
+            "lease's 120 s + a heartbeat)",
         ),
     ] = None,
 ) -> None:
-    """Create (or update) a process work pool, deploy regimen-cycle/on-demand and /nightly to it, and the automations that redo a run whose host was lost."""
-    from regimen.flows.pool import WORKER_COMMAND
+    """Create (or update) a process work pool, deploy regimen-cycle/on-demand and /nightly to it, and the automations
+    that redo a run whose host was lost."""
+    from regimen.flows.deploy import WORKER_COMMAND
     from regimen.flows.pool import pool_setup as setup
 
     made = setup(
@@ -452,13 +453,15 @@ def pool_setup(
         },
     )
     console.print(
-        f"work pool {made['pool']!r}: regimen-cycle/on-demand and /nightly deployed (recipe {made['config']}, store {store}); "
+        f"work pool {made['pool']!r}: regimen-cycle/on-demand and /nightly deployed (recipe {made['config']}, store "
+        f"{store}); "
         f"a run without a heartbeat for {made['host_lost_after_s']} s is marked Crashed (HostLost) and scheduled again",
         markup=False,
         highlight=False,
     )
     console.print(
-        f"on each host, in this project's folder, with the bucket's AWS_* environment: {WORKER_COMMAND.format(pool=made['pool'])}",
+        f"on each host, in this project's folder, with the bucket's AWS_* environment: "
+        f"{WORKER_COMMAND.format(pool=made['pool'])}",
         markup=False,
         highlight=False,
     )
@@ -509,7 +512,8 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         err.print(
-            "interrupted (Ctrl-C): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint"
+            "interrupted (Ctrl-C): finished stages are kept; a rerun reuses them and resumes the interrupted one from "
+            "its last checkpoint"
         )
         sys.exit(130)
     except OSError as exc:  # the machine, not the user: a full disk, a read-only folder
@@ -522,7 +526,8 @@ def main() -> None:
     except BaseException as exc:
         if type(exc).__name__ == "TerminationSignal":  # prefect.exceptions.TerminationSignal: SIGTERM between stages
             err.print(
-                "interrupted (SIGTERM): finished stages are kept; a rerun reuses them and resumes the interrupted one from its last checkpoint"
+                "interrupted (SIGTERM): finished stages are kept; a rerun reuses them and resumes the interrupted one "
+                "from its last checkpoint"
             )
             sys.exit(143)
         if isinstance(exc, (SystemExit, GeneratorExit)):

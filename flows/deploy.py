@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from datetime import UTC
 from typing import Any
 from uuid import UUID
 
@@ -62,19 +63,22 @@ def deployment_options(
         parameters={"config": config},
         concurrency_limit=ONE_AT_A_TIME,
         enforce_parameter_schema=True,
-        entrypoint_type=EntrypointType.MODULE_PATH,  # recorded for people; serve runs its own flow object, never the entrypoint
+        # recorded for people; serve runs its own flow object, never the entrypoint
+        entrypoint_type=EntrypointType.MODULE_PATH,
         tags=["regimen"],
     )
     return {
         ON_DEMAND: dict(
-            description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, experiment or overrides).",
+            description=f"Run the recipe {config} now (the UI's Run button; Custom run to change the recipe, "
+            f"experiment or overrides).",
             **common,
         ),
         NIGHTLY: dict(
             schedules=[
                 DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone=timezone), active=not nightly_paused)
             ],
-            description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs are unchanged are reused.",
+            description=f"Retrain on {config} every night ({cron}, {timezone}): stages whose recipe, data and inputs "
+            f"are unchanged are reused.",
             **common,
         ),
     }
@@ -141,7 +145,8 @@ def operator_environment(
         raise InputError(f"--configs {configs}: not a folder (UI runs choose their recipe from it)")
     if not path.is_relative_to(configs):
         raise InputError(
-            f"recipe {config}: must be inside the configs folder {configs} that UI runs choose from (or pass --configs DIR)"
+            f"recipe {config}: must be inside the configs folder {configs} that UI runs choose from (or pass --configs "
+            f"DIR)"
         )
     for folder in [configs, *[p for p in configs.rglob("*") if p.is_dir()]]:
         if folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -174,9 +179,11 @@ def check_api_protected(allow_unauthenticated: bool = False) -> None:
     if local or allow_unauthenticated or PREFECT_API_AUTH_STRING.value() or PREFECT_API_KEY.value():
         return
     raise InputError(
-        f"PREFECT_API_URL {url}: a Prefect API other machines can reach, without authentication: anyone who can reach it could "
+        f"PREFECT_API_URL {url}: a Prefect API other machines can reach, without authentication: anyone who can reach "
+        f"it could "
         "run flows and change deployments. Start the server with PREFECT_SERVER_API_AUTH_STRING='user:secret' and set "
-        "PREFECT_API_AUTH_STRING to the same here (or pass --allow-unauthenticated-api, e.g. behind your own authenticating proxy)"
+        "PREFECT_API_AUTH_STRING to the same here (or pass --allow-unauthenticated-api, e.g. behind your own "
+        "authenticating proxy)"
     )
 
 
@@ -202,9 +209,8 @@ def serve_deployments(
 
     from prefect.exceptions import TerminationSignal
 
-    def _terminate(
-        signum, frame
-    ):  # until serve's loop runs (`_serve`): a SIGTERM while starting still releases the claim
+    # until serve's loop runs (`_serve`): a SIGTERM while starting still releases the claim
+    def _terminate(signum, frame):
         raise TerminationSignal(signal=signum)
 
     signal.signal(signal.SIGTERM, _terminate)
@@ -257,11 +263,43 @@ def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, le
             if paused
             else ": runs due while nothing serves them show as Late and start when `regimen serve` runs again"
         )
-        + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause {FLOW}/{NIGHTLY} SCHEDULE_ID`"
-        " (`prefect deployment schedule ls` shows the id).",
+        + f". To stop nightly runs, pause the schedule in the UI or with `prefect deployment schedule pause "
+        f"{FLOW}/{NIGHTLY} SCHEDULE_ID` (`prefect deployment schedule ls` shows the id).",
         markup=False,
         highlight=False,
     )
+
+
+async def _guard_records(deployment_ids) -> None:
+    """Set each registered deployment's guarded fields to what serve means (no path, pull steps or storage,
+    the closed parameter schema) and put their digests in this process's environment, which runs inherit."""
+    import json
+    import os
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    from regimen.flows.boundary import record_digest
+
+    schema = closed_parameter_schema()
+    digests = {}
+    async with get_client() as client:
+        for deployment_id in deployment_ids:
+            await client.update_deployment(
+                deployment_id,
+                DeploymentUpdate(
+                    parameter_openapi_schema=schema,
+                    path=None,
+                    pull_steps=[],
+                    job_variables={},
+                    storage_document_id=None,
+                    infrastructure_document_id=None,
+                    entrypoint="regimen.flows.cycle.regimen_cycle",
+                ),
+            )
+            digests[str(deployment_id)] = record_digest(await client.read_deployment(deployment_id))
+    os.environ["REGIMEN_DEPLOYMENTS"] = json.dumps({k: v[0] for k, v in digests.items()})
+    os.environ["REGIMEN_DEPLOYMENT_FIELDS"] = json.dumps({k: v[1] for k, v in digests.items()})
 
 
 async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
@@ -278,20 +316,16 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     (`check_deployment`). When the Prefect API goes away, the runner stops; serve waits for the API to
     answer again, registers anew and goes on serving (runs that were due show as Late meanwhile)."""
     import asyncio
-    import json
     import logging
-    import os
     import signal
     import sys
 
-    import prefect.runner.server  # noqa: F401 - imported now: a SIGTERM in the middle of an import (FastAPI's
-    from prefect import get_client
-    from prefect.client.schemas.actions import DeploymentUpdate
+    # imported now: a SIGTERM in the middle of an import (FastAPI's models, which the runner imports as it
+    # starts) comes out as a pydantic SchemaError, not as a stop
+    import prefect.runner.server  # noqa: F401
     from prefect.runner import Runner
 
-    from regimen.flows.boundary import record_digest
     from regimen.flows.cycle import regimen_cycle
-    # models, which the runner imports as it starts) comes out as a pydantic SchemaError, not as a stop
 
     log = logging.getLogger("regimen.serve")
     # a SIGTERM cancels this loop at its next await, a clean stop (not an exception raised in whatever code is
@@ -303,25 +337,7 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
         runner = Runner(name="regimen", limit=1, pause_on_shutdown=False)
         try:
             ids = {name: await runner.aadd_flow(regimen_cycle, name=name, **kw) for name, kw in options.items()}
-            schema = closed_parameter_schema()
-            digests = {}
-            async with get_client() as client:
-                for deployment_id in ids.values():
-                    await client.update_deployment(
-                        deployment_id,
-                        DeploymentUpdate(
-                            parameter_openapi_schema=schema,
-                            path=None,
-                            pull_steps=[],
-                            job_variables={},
-                            storage_document_id=None,
-                            infrastructure_document_id=None,
-                            entrypoint="regimen.flows.cycle.regimen_cycle",
-                        ),
-                    )
-                    digests[str(deployment_id)] = record_digest(await client.read_deployment(deployment_id))
-            os.environ["REGIMEN_DEPLOYMENTS"] = json.dumps({k: v[0] for k, v in digests.items()})
-            os.environ["REGIMEN_DEPLOYMENT_FIELDS"] = json.dumps({k: v[1] for k, v in digests.items()})
+            await _guard_records(ids.values())
             # only now is the record what serve means: a change made through the API before this line is
             # overwritten by the registration, one made after it refuses the runs (`check_deployment`)
             print(
@@ -332,9 +348,8 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
             await runner.start()
             return
         except Exception as exc:  # noqa: BLE001 - the API went away (a refused connection, the runner's "Service exceeded error threshold"); else re-raised
-            if not (
-                _api_unreachable(exc) or not await _api_answers()
-            ):  # also a failure of another kind while the API is gone
+            # also a failure of another kind while the API is gone
+            if not (_api_unreachable(exc) or not await _api_answers()):
                 raise
             log.warning(
                 "Prefect's API is unreachable (%s): serve waits for it to come back, then registers again",
@@ -404,9 +419,12 @@ def refuse_serve_beside_a_pool() -> None:
     if found:
         pool = sorted(set(found.values()))[0]
         raise InputError(
-            f"regimen-cycle/{', /'.join(sorted(found))} belong to the work pool {pool!r} (`regimen pool setup`): their runs go to "
-            f"that pool's workers (`{WORKER_COMMAND.format(pool=pool)}` on each host), so `regimen serve` is refused here; to "
-            "serve on one host instead, delete them first (`prefect deployment delete regimen-cycle/on-demand`, and /nightly)"
+            f"regimen-cycle/{', /'.join(sorted(found))} belong to the work pool {pool!r} (`regimen pool setup`): their "
+            f"runs go to "
+            f"that pool's workers (`{WORKER_COMMAND.format(pool=pool)}` on each host), so `regimen serve` is refused "
+            f"here; to "
+            "serve on one host instead, delete them first (`prefect deployment delete regimen-cycle/on-demand`, and "
+            "/nightly)"
         )
 
 
@@ -457,10 +475,12 @@ def claim_serve() -> UUID:
             _reset_stale_slot()
             continue
         raise InputError(
-            "another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds the "
-            f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool setup "
-            f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve that died "
-            f"frees it within {lease_s + 15:.0f} s)"
+            "another `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it "
+            "holds the "
+            f"concurrency limit {SERVE_LIMIT!r}): one host serves; for several hosts use a work pool: `regimen pool "
+            f"setup "
+            f"--store s3://bucket/prefix`, then `{WORKER_COMMAND.format(pool=DEFAULT_POOL)}` on each host (a serve "
+            f"that died frees it within {lease_s + 15:.0f} s)"
         )
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -486,9 +506,9 @@ STALE_S = 120.0  # a serve slot nobody took and whose deployments nobody polled 
 
 def lately(when: Any) -> bool:
     """`when` (a server timestamp) is less than STALE_S ago."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return when is not None and (datetime.now(timezone.utc) - when).total_seconds() < STALE_S
+    return when is not None and (datetime.now(UTC) - when).total_seconds() < STALE_S
 
 
 def served_lately() -> bool:
@@ -569,8 +589,8 @@ def release_serve(lease: UUID, err: Any = None) -> None:
             time.sleep(1.0 if attempt < 2 else 0.0)
     if err is not None:
         err.print(
-            f"warning: serve's slot ({SERVE_LIMIT!r}) was not given back ({type(last).__name__}): the next `regimen serve` "
-            f"is refused until its lease expires, within {serve_lease_s() + 15:.0f} s",
+            f"warning: serve's slot ({SERVE_LIMIT!r}) was not given back ({type(last).__name__}): the next `regimen "
+            f"serve` is refused until its lease expires, within {serve_lease_s() + 15:.0f} s",
             markup=False,
             highlight=False,
         )

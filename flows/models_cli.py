@@ -25,8 +25,8 @@ def _announce(experiment: str, event: str, line: dict) -> None:
         return
     if not _api_answers(url):
         console.print(
-            f"recorded; not announced to Prefect: its API at {url} does not answer (automations on regimen.model.{event} "
-            "will not see this move)",
+            f"recorded; not announced to Prefect: its API at {url} does not answer (automations on "
+            f"regimen.model.{event} will not see this move)",
             markup=False,
             highlight=False,
         )
@@ -80,8 +80,8 @@ def champion(experiment: Annotated[str, typer.Argument(help="experiment name")],
     if current:
         low, high = current.get("interval_95") or (None, None)
         console.print(
-            f"champion of {experiment}: {current['policy']}, held-out {current['heldout_accuracy']:.3f} (95% {low:.3f}–{high:.3f}) "
-            f"on held-out set v{current['heldout_set']}, {current['prompts']} prompts",
+            f"champion of {experiment}: {current['policy']}, held-out {current['heldout_accuracy']:.3f} (95% "
+            f"{low:.3f}–{high:.3f}) on held-out set v{current['heldout_set']}, {current['prompts']} prompts",
             markup=False,
             highlight=False,
         )
@@ -160,7 +160,8 @@ def heldout_refresh(
     store: Annotated[str | None, typer.Option("--store", help="artifact store")] = None,
     experiment: Annotated[str | None, typer.Option("--experiment", help="experiment name")] = None,
 ) -> None:
-    """Start a new frozen held-out set from the recipe's data (a person's decision; accuracies compare within one set)."""
+    """Start a new frozen held-out set from the recipe's data (a person's decision; accuracies compare within one
+    set)."""
     from regimen.stages.recipe import load_recipe
     from regimen.stages.records import datasets as data_records
     from regimen.stages.store import Store, check_name
@@ -177,8 +178,8 @@ def heldout_refresh(
         else ""
     )
     console.print(
-        f"{experiment}: held-out set v{ref['version']} ({ref['rows']} prompts{left_out}) from now on; the champion is compared "
-        "with challengers on it at the next run",
+        f"{experiment}: held-out set v{ref['version']} ({ref['rows']} prompts{left_out}) from now on; the champion is "
+        f"compared with challengers on it at the next run",
         markup=False,
         highlight=False,
     )

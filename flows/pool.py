@@ -74,8 +74,8 @@ def refuse_pool_while_serving() -> None:
         return
     if deploy.served_lately() or deploy.lately(changed):  # a live serve, or one still starting (`claim_serve`)
         raise InputError(
-            f"a `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds {deploy.SERVE_LIMIT!r}): "
-            "stop it first (Ctrl-C); the work pool's deployments take the same names"
+            f"a `regimen serve` is serving regimen-cycle/on-demand and /nightly from this Prefect server (it holds "
+            f"{deploy.SERVE_LIMIT!r}): stop it first (Ctrl-C); the work pool's deployments take the same names"
         )
 
 
@@ -102,7 +102,8 @@ def check_store_url(store: str) -> None:
         check_store(store)
     except (ImportError, ValueError) as exc:
         raise InputError(
-            f"--store {store!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} (for s3://, pip install 'regimen-rl[s3]')"
+            f"--store {store!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} (for s3://, pip "
+            f"install 'regimen-rl[s3]')"
         ) from None
 
 
@@ -147,7 +148,8 @@ def pool_setup(
 
     if not PREFECT_API_URL.value():
         raise InputError(
-            "PREFECT_API_URL is not set: a work pool lives on the Prefect server every host's worker reaches; set it to that server's API"
+            "PREFECT_API_URL is not set: a work pool lives on the Prefect server every host's worker reaches; set it "
+            "to that server's API"
         )
     deploy.check_api_protected(allow_unauthenticated)
     check_store_url(store)
@@ -200,7 +202,8 @@ async def _apply(pool: str, options: dict[str, dict[str, Any]], env: dict[str, s
             existing = await client.read_work_pool(pool)
             if existing.type != "process":
                 raise InputError(
-                    f"--pool {pool!r}: a work pool of type {existing.type!r} exists by that name; choose another name (a process pool is made)"
+                    f"--pool {pool!r}: a work pool of type {existing.type!r} exists by that name; choose another name "
+                    f"(a process pool is made)"
                 )
         except ObjectNotFound:
             await client.create_work_pool(
@@ -254,7 +257,8 @@ async def _automations(deployment_ids: list[UUID], lost_after_s: int) -> None:
     }
     crash = AutomationCore(
         name=AUTOMATION_CRASH,
-        description=f"A run of the Regimen pool whose flow-run heartbeats stopped for {lost_after_s} s: its host is presumed lost (made by `regimen pool setup`).",
+        description=f"A run of the Regimen pool whose flow-run heartbeats stopped for {lost_after_s} s: its host is "
+        f"presumed lost (made by `regimen pool setup`).",
         trigger=EventTrigger(
             match=runs,
             match_related=of_ours,
@@ -275,7 +279,8 @@ async def _automations(deployment_ids: list[UUID], lost_after_s: int) -> None:
     )
     rerun = AutomationCore(
         name=AUTOMATION_RERUN,
-        description="Schedule again a run of the Regimen pool whose host was lost: a live worker takes it and resumes from the store (made by `regimen pool setup`).",
+        description="Schedule again a run of the Regimen pool whose host was lost: a live worker takes it and resumes "
+        "from the store (made by `regimen pool setup`).",
         trigger=EventTrigger(
             match=runs,
             match_related=of_ours,

@@ -121,7 +121,8 @@ def trajectories_markdown(path: Path, title: str, limit: int = 12) -> str:
     names = sorted({k for r in rows for k in (r.get("rewards") or {})})
     head = "| prompt | completion | " + " | ".join(names) + " |\n|" + "---|" * (2 + len(names))
     lines = [
-        f"| {cell(r.get('rendered_prompt') or r.get('prompt'))} | {cell(turns_text(r['episode']) if r.get('episode') else r.get('completion'))} | "
+        f"| {cell(r.get('rendered_prompt') or r.get('prompt'))} | "
+        f"{cell(turns_text(r['episode']) if r.get('episode') else r.get('completion'))} | "
         + " | ".join(cell(rounded((r.get("rewards") or {}).get(n))) for n in names)
         + " |"
         for r in rows
@@ -241,7 +242,8 @@ def publish_champion(experiment: str, record: dict[str, Any], line: dict[str, An
         table=champion_table(record),
         key=artifact_key(experiment, "champion"),
         description=f"{experiment}: champion {current.get('policy', 'none')} "
-        f"(held-out {rounded(current.get('heldout_accuracy'))} on set v{current.get('heldout_set')}); {line['event']}: {line['reason']}",
+        f"(held-out {rounded(current.get('heldout_accuracy'))} on set v{current.get('heldout_set')}); {line['event']}: "
+        f"{line['reason']}",
     )
     emit_event(
         event=f"regimen.model.{line['event']}",

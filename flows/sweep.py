@@ -62,8 +62,10 @@ def regimen_sweep(
             logs[str(value)] = read_log(Path(grpo["path"]) / "train_log.jsonl")
     completions = {row["completions_per_step"] for row in rows}
     note = (
-        f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for every value "
-        f"(prompts per step = completions / num_generations); SFT and its gates (dry run, smoke test with the base recipe) are shared."
+        f"Per-step compute is held fixed: {'/'.join(map(str, sorted(completions)))} completions per GRPO step for "
+        f"every value "
+        f"(prompts per step = completions / num_generations); SFT and its gates (dry run, smoke test with the base "
+        f"recipe) are shared."
     )
     tag = f"{field}={'_'.join(map(str, values))}".replace("/", "-")
     files = comparison(rows, field, st.experiment_dir(experiment, "sweeps", tag), logs, note)

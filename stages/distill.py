@@ -63,14 +63,14 @@ def resolve_teacher(recipe) -> dict[str, Any]:
         current = record.get("champion") if isinstance(record, dict) else None
         if not current:
             raise InputError(
-                f"distill.teacher_model_name_or_path {spec!r}: experiment {experiment!r} has no champion in store {recipe.store} "
-                f"(run it first, e.g. `regimen run configs/{experiment}.yaml`)"
+                f"distill.teacher_model_name_or_path {spec!r}: experiment {experiment!r} has no champion in store "
+                f"{recipe.store} (run it first, e.g. `regimen run configs/{experiment}.yaml`)"
             )
         ref = policy_from_ref(store, experiment, current["policy_ref"])
         if ref is None:
             raise InputError(
-                f"distill.teacher_model_name_or_path {spec!r}: the champion {current.get('policy')} of {experiment!r} is damaged in "
-                f"store {recipe.store} (its files do not match its manifest)"
+                f"distill.teacher_model_name_or_path {spec!r}: the champion {current.get('policy')} of {experiment!r} "
+                f"is damaged in store {recipe.store} (its files do not match its manifest)"
             )
         return {
             "path": ref["model"],
@@ -111,14 +111,17 @@ def door(recipe) -> dict[str, Any]:
         theirs = load_tokenizer(teacher["path"])
     except (OSError, ValueError) as exc:
         raise InputError(
-            f"distill.teacher_model_name_or_path {teacher_spec(recipe)!r}: its tokenizer does not load ({str(exc).splitlines()[0][:160]})"
+            f"distill.teacher_model_name_or_path {teacher_spec(recipe)!r}: its tokenizer does not load "
+            f"({str(exc).splitlines()[0][:160]})"
         ) from None
     if student.get_vocab() != theirs.get_vocab() or student.eos_token != theirs.eos_token:
         raise InputError(
-            f"distill: the teacher's tokenizer ({teacher_spec(recipe)}: {type(theirs).__name__}, {len(theirs)} tokens) differs from the "
-            f"student's ({recipe.model.name_or_path}: {type(student).__name__}, {len(student)} tokens); on-policy distillation here "
-            "compares next-token distributions over one vocabulary: use a teacher with the student's tokenizer (TRL's cross-tokenizer "
-            "GOLD trainer, trl.experimental.gold, is not a Regimen stage)"
+            f"distill: the teacher's tokenizer ({teacher_spec(recipe)}: {type(theirs).__name__}, {len(theirs)} tokens) "
+            f"differs from the "
+            f"student's ({recipe.model.name_or_path}: {type(student).__name__}, {len(student)} tokens); on-policy "
+            f"distillation here "
+            "compares next-token distributions over one vocabulary: use a teacher with the student's tokenizer (TRL's "
+            "cross-tokenizer GOLD trainer, trl.experimental.gold, is not a Regimen stage)"
         )
     return teacher["identity"]
 
@@ -163,11 +166,10 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from datasets import Dataset
     from trl import DistillationTrainer
 
-    from regimen.stages.recipe.trl import device_for, for_stage
+    from regimen.stages.recipe.trl import for_stage
     from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training import limits, progress, trajectories
+    from regimen.stages.training import limits, progress
     from regimen.stages.training.checkpoints import MarkComplete, train_resumable
-    from regimen.stages.training.heldout import heldout_eval
     from regimen.stages.training.model import load_model, load_tokenizer
     from regimen.stages.training.policy import is_main_process, peft_config, save_policy
     from regimen.stages.training.probe import HeldoutProbe, probe_rows, restore_best
@@ -220,11 +222,22 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if not is_main_process(trainer):  # under accelerate launch, rank 0 measures; the others are done
         return StageOutput(metrics, extra=extra)
     shutil.rmtree(probe.best_dir, ignore_errors=True)
-    with open(
-        Path(dirs.out) / "train_log.jsonl", "w"
-    ) as fh:  # the divergence and the probe per step (the UI plots them)
+    # the divergence and the probe per step (the UI plots them)
+    with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
         for h in history:
             fh.write(json.dumps(h) + "\n")
+    _measure(student, teacher_model, tokenizer, recipe, task, history, metrics, dirs.out)
+    return StageOutput(metrics, extra=extra)
+
+
+def _measure(student, teacher_model, tokenizer, recipe, task, history, metrics: dict[str, float], out) -> None:
+    """The distilled student's held-out accuracy beside its teacher's, graded samples (with the reverse KL
+    of each), the training divergence's first and last; writes the trajectories."""
+    from regimen.stages.recipe.trl import device_for
+    from regimen.stages.training import trajectories
+    from regimen.stages.training.heldout import heldout_eval
+    from regimen.stages.training.probe import probe_rows
+
     device = device_for(recipe)
     student.to(device)
     teacher_model.to(device)
@@ -235,27 +248,20 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     metrics["teacher_heldout_accuracy"] = heldout_eval(
         teacher_model, tokenizer, recipe, task.heldout, desc="teacher's held-out accuracy"
     )[0]["heldout_accuracy"]
-    samples = graded_samples(
-        student,
-        teacher_model,
-        tokenizer,
-        recipe,
-        probe_rows(task.train, recipe.eval.trajectories, recipe.data.seed + 3),
-    )
+    rows = probe_rows(task.train, recipe.eval.trajectories, recipe.data.seed + 3)
+    samples = graded_samples(student, teacher_model, tokenizer, recipe, rows)
     if samples:
         kls = [s["reverse_kl_mean"] for s in samples]
         metrics["reverse_kl_mean"] = sum(kls) / len(kls)
     first, last = _kl_curve(history)
-    if (
-        first is not None
-    ):  # the training loss: the divergence distill.beta chose (forward KL at 0), not always the reverse KL
+    # the training loss: the divergence distill.beta chose (forward KL at 0), not always the reverse KL
+    if first is not None:
         metrics.update(divergence_first=first, divergence_last=last)
     trajectories.write(
-        dirs.out,
+        out,
         [{"kind": "distill", **s} for s in samples]
         + [{"kind": "heldout", **r} for r in heldout_rows[: recipe.eval.trajectories]],
     )
-    return StageOutput(metrics, extra=extra)
 
 
 def _kl_curve(history: list[dict[str, Any]]) -> tuple[float | None, float | None]:

@@ -70,18 +70,22 @@ def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperat
         return f"no reward scored any of {shape} (all None): check that the data has the columns the rewards need"
     if mean < cfg.min_mean_reward:
         return (
-            f"mean reward {mean:.3f} over {shape} is below dry_run.min_mean_reward={cfg.min_mean_reward}: the task is too hard "
-            "for this policy; run more SFT (sft.max_steps), use easier prompts, or add an easier reward (e.g. format) beside the hard one"
+            f"mean reward {mean:.3f} over {shape} is below dry_run.min_mean_reward={cfg.min_mean_reward}: the task is "
+            f"too hard "
+            "for this policy; run more SFT (sft.max_steps), use easier prompts, or add an easier reward (e.g. format) "
+            "beside the hard one"
         )
     if mean > cfg.max_mean_reward:
         return (
-            f"mean reward {mean:.3f} over {shape} is above dry_run.max_mean_reward={cfg.max_mean_reward}: the task is trivial "
-            "for this policy; nothing is left to learn — use harder prompts"
+            f"mean reward {mean:.3f} over {shape} is above dry_run.max_mean_reward={cfg.max_mean_reward}: the task is "
+            f"trivial for this policy; nothing is left to learn — use harder prompts"
         )
     if zero > cfg.max_frac_zero_std:
         return (
-            f"{zero:.0%} of groups have no reward variance ({shape}; limit dry_run.max_frac_zero_std={cfg.max_frac_zero_std}): "
-            "GRPO learns only from groups whose attempts differ; use larger groups (grpo.num_generations) or a higher grpo.temperature"
+            f"{zero:.0%} of groups have no reward variance ({shape}; limit "
+            f"dry_run.max_frac_zero_std={cfg.max_frac_zero_std}): "
+            "GRPO learns only from groups whose attempts differ; use larger groups (grpo.num_generations) or a higher "
+            "grpo.temperature"
         )
     return None
 

@@ -238,7 +238,8 @@ def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]
         extra["guard_evidence"] = found
     if probe.noted and not probe.fired and not probe.warned:
         extra["guard_note"] = (
-            f"the guard saw sharpening at step {probe.noted['step']} (harmless; training went on): {describe(SHARPENING)}"
+            f"the guard saw sharpening at step {probe.noted['step']} (harmless; training went on): "
+            f"{describe(SHARPENING)}"
         )
     if probe.warned and not probe.fired:
         extra["guard_warning"] = probe.warning
@@ -253,8 +254,9 @@ def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]
     verdict = REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT
     reason = (
         f"{verdict}: at GRPO step {fired['step']} of {built.trainer.state.max_steps} the training reward had risen "
-        f"{fired['train_reward_rise']:+.3f} (from {fired['train_reward_start']:.3f} to {fired['train_reward_now']:.3f}) "
-        f"while held-out probe accuracy changed {fired['heldout_gain']:+.3f} (from {fired['heldout_accuracy_start']:.3f} "
+        f"{fired['train_reward_rise']:+.3f} (from {fired['train_reward_start']:.3f} to "
+        f"{fired['train_reward_now']:.3f}) while held-out probe accuracy changed {fired['heldout_gain']:+.3f} (from "
+        f"{fired['heldout_accuracy_start']:.3f} "
         f"to {fired['heldout_accuracy_now']:.3f}); training stopped: {describe(kind)}"
         + (" (the high-reward wrong answers are in the failed attempt's trajectories)" if kind == HACKING else "")
     )

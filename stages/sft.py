@@ -87,8 +87,10 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if not rows:
         raise StageStopped(
             "sft",
-            f"the {recipe.teacher.kind} teacher produced no trace that clears teacher.min_reward={recipe.teacher.min_reward} "
-            f"({int(counts['traces_generated'])} generated); lower the threshold, sample more, or use a stronger teacher",
+            f"the {recipe.teacher.kind} teacher produced no trace that clears "
+            f"teacher.min_reward={recipe.teacher.min_reward} "
+            f"({int(counts['traces_generated'])} generated); lower the threshold, sample more, or use a stronger "
+            f"teacher",
         )
     tokenizer = load_tokenizer(policy)
     model = load_model(policy, dtype=recipe.model.dtype)

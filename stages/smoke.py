@@ -41,12 +41,17 @@ def verdict(logs: list[dict[str, Any]]) -> str | None:
         return f"the loss is not finite at step(s) {bad_loss}: lower grpo.learning_rate or check the model's dtype"
     if not any(h.get("reward_std", 0) > 0 for h in steps):
         return (
-            f"no step among {len(steps)} showed any reward variation (reward_std = 0 throughout): every attempt scores alike, "
-            "so GRPO has nothing to learn from; check the reward on sample text (regimen reward-check), use larger groups or a higher temperature"
+            f"no step among {len(steps)} showed any reward variation (reward_std = 0 throughout): every attempt scores "
+            f"alike, "
+            "so GRPO has nothing to learn from; check the reward on sample text (regimen reward-check), use larger "
+            "groups or a higher temperature"
         )
     grads = [h.get("grad_norm") for h in steps if h.get("grad_norm") is not None]
     if grads and not any(g > 0 for g in grads):
-        return "every gradient was zero: the policy is not being updated (check the learning rate and that parameters are trainable)"
+        return (
+            "every gradient was zero: the policy is not being updated (check the learning rate and that parameters "
+            "are trainable)"
+        )
     return None
 
 

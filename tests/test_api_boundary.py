@@ -132,9 +132,8 @@ def test_a_concurrency_limit_or_an_opened_schema_changed_through_the_api_refuses
         assert r.status_code == 204, r.text
         run = refused_run(server, "tamper-schema", [faulty_serve.log], store=str(store.parent / "elsewhere"))
         deadline = time.monotonic() + 30  # Prefect's engine stops the run process before the flow's first line; serve's
-        while (
-            run["state"]["type"] == "CRASHED" and time.monotonic() < deadline
-        ):  # runner then calls the flow's crash hook
+        # runner then calls the flow's crash hook
+        while run["state"]["type"] == "CRASHED" and time.monotonic() < deadline:
             time.sleep(0.5)
             run = server.run(run["id"])
         message = run["state"]["message"] or ""

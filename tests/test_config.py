@@ -140,7 +140,7 @@ def test_check_prints_resolved_recipe_with_where_each_value_came_from(capsys):
     assert resolved["experiment"] == "tiny-test"
     lines = out.splitlines()
     assert "  beta: 0.04  # recipe" in lines  # tiny.yaml sets it
-    assert any(l.startswith("  report_to: []  # TRL default") for l in lines)
+    assert any(line.startswith("  report_to: []  # TRL default") for line in lines)
     from regimen.stages.recipe import load_recipe as load
     from regimen.stages.recipe import trl
 
@@ -148,10 +148,10 @@ def test_check_prints_resolved_recipe_with_where_each_value_came_from(capsys):
     assert resolved["grpo"]["generation_batch_size"] == built.generation_batch_size == 16
     assert resolved["grpo"]["reward_weights"] == built.reward_weights == [1.0, 0.2]
     assert any(
-        l.startswith("  reward_weights: [1.0, 0.2]  # Regimen, when the trainer is built: from rewards[].weight")
-        for l in lines
+        line.startswith("  reward_weights: [1.0, 0.2]  # Regimen, when the trainer is built: from rewards[].weight")
+        for line in lines
     )
-    assert any(l.startswith("  ddp_find_unused_parameters: false  # Regimen:") for l in lines)
+    assert any(line.startswith("  ddp_find_unused_parameters: false  # Regimen:") for line in lines)
     assert "  max_new_tokens: 4  # from grpo.max_completion_length" in lines
 
 
@@ -174,7 +174,7 @@ def test_a_recipe_with_only_model_and_data_trains_with_trl_defaults(tmp_path, ca
         or "  learning_rate: 1e-06  # TRL default" in out.splitlines()
     )
     assert "  max_completion_length: 512  # TRL default" in out.splitlines()
-    assert any(l.startswith("  beta: 0.04  # Regimen:") for l in out.splitlines())
+    assert any(line.startswith("  beta: 0.04  # Regimen:") for line in out.splitlines())
 
 
 def test_default_and_shipped_configs_validate():

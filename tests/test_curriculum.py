@@ -172,7 +172,7 @@ def test_the_probe_names_and_stops_only_on_hacking():
 
     def history(train_probe):
         log = [{"step": s, "reward": r} for s, r in RISING]
-        for (s, acc), (ts, ta, tr) in zip([(0, 0.4), (30, 0.4), (40, 0.4)], train_probe):
+        for (s, acc), (_, ta, tr) in zip([(0, 0.4), (30, 0.4), (40, 0.4)], train_probe):
             log.append({"step": s, "heldout_probe": acc, "train_probe": ta, "train_probe_reward": tr})
         return SimpleNamespace(log_history=log)
 

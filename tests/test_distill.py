@@ -210,7 +210,8 @@ def test_a_killed_distill_resumes_from_its_last_checkpoint(teacher, tmp_path):
     store = tmp_path / "store"
     sets = [
         "--set",
-        f"distill={json.dumps({'teacher_model_name_or_path': str(teacher), **DISTILL, 'max_steps': 25, 'save_steps': 5})}",
+        "distill="
+        + json.dumps({"teacher_model_name_or_path": str(teacher), **DISTILL, "max_steps": 25, "save_steps": 5}),
         "--set",
         "grpo.max_steps=2",
     ]

@@ -153,7 +153,8 @@ def _recipe(tmp_path, max_turns=2, name="probe"):
     path.write_text(
         "experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true, max_position_embeddings: 128}}\n"
         "data: {task: tool_probe, train_size: 20, heldout_size: 10}\n"
-        f"environment: {{name: {name}, max_turns: {max_turns}}}\nrewards: [{{name: episode}}]\neval: {{metric: episode}}\n"
+        f"environment: {{name: {name}, max_turns: {max_turns}}}\nrewards: [{{name: episode}}]\neval: {{metric: "
+        f"episode}}\n"
     )
     path.chmod(0o600)
     return load_recipe(str(path))
@@ -249,7 +250,10 @@ def test_the_door_refuses_environment_recipes_that_cannot_work(tmp_path):
         with pytest.raises(InputError, match=match):
             load_recipe(str(p))
 
-    base = "experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true}}\ndata: {task: tool_probe}\nrewards: [{name: episode}]\n"
+    base = (
+        "experiment: t\nmodel: {name_or_path: tiny, tiny: {chat: true}}\ndata: {task: tool_probe}\n"
+        "rewards: [{name: episode}]\n"
+    )
     bad(
         base + "environment: {name: nowhere}\neval: {metric: episode}\n",
         "environment.name: unknown environment 'nowhere'",

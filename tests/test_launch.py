@@ -244,7 +244,8 @@ def test_two_machines_write_once_and_match_one_machine(tmp_path, monkeypatch):
         left = [
             f for f in _written(roots[1] / stage / "work") if f != "launch.json" and not f.startswith("traces-cycle")
         ]
-        # each rank's RNG state is its own part of a checkpoint (transformers' rng_state_<global rank>.pth): no weights, state or marker
+        # each rank's RNG state is its own part of a checkpoint (transformers' rng_state_<global rank>.pth): no weights,
+        # state or marker
         assert left and all(f.startswith("checkpoint-") and f.endswith("/rng_state_1.pth") for f in left), left
         for key in ("loss",) + (("reward",) if stage == "grpo" else ()):
             got, want = _logged(roots[0] / stage / "work", key), _logged(tmp_path / "one" / stage / "work", key)
@@ -257,7 +258,8 @@ def test_two_machines_write_once_and_match_one_machine(tmp_path, monkeypatch):
             "one machine",
             _logged(tmp_path / "one" / stage / "work", "loss"),
         )
-        # the next stage starts from machine 0's version, which machine 1 reads from its own copy (as from a shared bucket)
+        # the next stage starts from machine 0's version, which machine 1 reads from its own copy (as from a shared
+        # bucket)
         shutil.copytree(roots[0] / stage / "staging" / "model", roots[1] / f"{stage}-model")
         policy = [str(roots[0] / stage / "staging" / "model"), str(roots[1] / f"{stage}-model")]
 

@@ -84,8 +84,6 @@ def test_the_ui_shows_the_champion_and_its_history(week, tmp_path):
         pytest.skip(f"chromium not found at {chromium}")
     from playwright.sync_api import sync_playwright
 
-    r = week.call("POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": [f"{EXP}-champion"]}}})
-    newest = max(r.json(), key=lambda a: a["created"])
     champion = week.champion()["champion"]["policy"]
     flags = [
         "--headless",

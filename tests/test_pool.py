@@ -90,8 +90,8 @@ print("stale: admitted")
 
 def test_a_slot_taken_moments_ago_is_a_serve_still_starting_and_one_left_over_is_reset(server):
     # first in this module: no deployment of its server has been polled yet. A serve that has just taken the
-    # slot has not polled either: the next serve (and `pool setup`) is refused, not let in beside it; a slot nobody took for
-    # STALE_S (3 s here; a server restarted with its leases lost) is reset and taken
+    # slot has not polled either: the next serve (and `pool setup`) is refused, not let in beside it; a slot nobody took
+    # for STALE_S (3 s here; a server restarted with its leases lost) is reset and taken
     r = subprocess.run(
         [sys.executable, "-c", _STALE_SLOT],
         cwd=ROOT,
@@ -161,7 +161,8 @@ def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_pa
     later = start_serve(server, tmp_path / "store", tmp_path / "serve-later.log")
     stop_cleanly(server, later)
     print(
-        f"\na serve SIGKILLed: the next one refused {wall:.0f} s after, one started {time.monotonic() - killed:.0f} s after"
+        f"\na serve SIGKILLed: the next one refused {wall:.0f} s after, one started {time.monotonic() - killed:.0f} s "
+        f"after"
     )
 
 
@@ -397,7 +398,8 @@ def host_lost(server, s3_server, pool):
         other = "b" if lost == "a" else "a"
         while server.run(run_id)["state"]["type"] != "RUNNING" or "HostLost" not in states(server, run_id):
             assert time.monotonic() - killed_at < 600, (
-                f"not running again 600 s after the kill: {server.run(run_id)['state']}\n{tail(tmp / f'worker-{other}.log')}"
+                f"not running again 600 s after the kill: "
+                f"{server.run(run_id)['state']}\n{tail(tmp / f'worker-{other}.log')}"
             )
             time.sleep(0.5)
         info["to_running_again_s"] = time.monotonic() - killed_at
@@ -441,7 +443,8 @@ def test_a_worker_host_killed_mid_grpo_has_its_run_done_on_the_other_host_from_t
     assert champion["champion"] is not None and len(champion["history"]) == 1, champion["history"]
     assert info["to_running_again_s"] < 600
     print(
-        f"\nhost {info['lost']} SIGKILLed ({info['killed']} processes) with GRPO checkpoints {info['at_kill']} in the bucket; the run was "
-        f"Running again on host {info['other']} {info['to_running_again_s']:.0f} s later and resumed from step {grpo['resumed_from_step']}; "
-        f"states: {' > '.join(info['states'])}"
+        f"\nhost {info['lost']} SIGKILLed ({info['killed']} processes) with GRPO checkpoints {info['at_kill']} in the "
+        f"bucket; the run was "
+        f"Running again on host {info['other']} {info['to_running_again_s']:.0f} s later and resumed from step "
+        f"{grpo['resumed_from_step']}; states: {' > '.join(info['states'])}"
     )

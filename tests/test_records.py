@@ -115,9 +115,10 @@ def test_a_rollback_landing_while_the_flow_decides_stands_and_the_flow_decides_a
     conclude(st, 1)
     conclude(st, 2)  # champion v2
 
+    # the flow has read the record (champion v2) and evaluates it; a person rolls back meanwhile
     def champion_eval(
         ref,
-    ):  # the flow has read the record (champion v2) and evaluates it; a person rolls back meanwhile
+    ):
         if not any(e[1] == "person" for e in events(st)):
             champion.person_rolls_back(st, EXP, "v2 misbehaves in production")
         return evaluate(st)(ref)

@@ -73,7 +73,8 @@ def crash(prefect_server, tmp_path_factory):
         # wait for a complete checkpoint, then for GRPO to be half way to the next one, and kill
         while not (markers := list(work.glob(f"*/checkpoint-*/{MARKER}"))):
             assert proc.poll() is None, (
-                f"the run ended (exit {proc.returncode}) before a GRPO checkpoint was complete:\n{tail(tmp / 'killed.log')}"
+                f"the run ended (exit {proc.returncode}) before a GRPO checkpoint was "
+                f"complete:\n{tail(tmp / 'killed.log')}"
             )
             assert time.monotonic() - t0 < 180, "no GRPO checkpoint after 180s"
             time.sleep(0.01)

@@ -181,7 +181,10 @@ def test_the_judge_through_regimen_reward_check(tmp_path, capsys):
     evaluate the solution's strings are refused naming the file and line (exit 2)."""
     from conftest import run_cli
 
-    usage = "```python\ndef area(w, h):\n    return w * h\n```\nUsage:\n```python\nprint(area(2, 3))\n```\n```bash\npython area.py\n```"
+    usage = (
+        "```python\ndef area(w, h):\n    return w * h\n```\nUsage:\n```python\nprint(area(2, 3))\n```\n"
+        "```bash\npython area.py\n```"
+    )
     rows = [
         {
             "prompt": "Area of a rectangle.",

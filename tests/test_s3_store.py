@@ -100,7 +100,7 @@ def test_a_version_is_visible_whole_or_not_at_all_and_writers_never_share_a_numb
         while not done.is_set():
             for m in reader.versions("exp", "sft"):
                 present = {
-                    p.rsplit("/v%d/" % m["version"], 1)[-1] for p in fs.find(f"{bucket}/r/exp/sft/v{m['version']}")
+                    p.rsplit(f"/v{m['version']}/", 1)[-1] for p in fs.find(f"{bucket}/r/exp/sft/v{m['version']}")
                 }
                 missing = set(m["files"]) - present
                 if missing:
@@ -189,7 +189,8 @@ for i in range(int(sys.argv[3])):
     while True:  # as a run decides: read, judge on what was read, write only if nobody moved meanwhile
         seen = store.ledger.read("exp", "champion.json") or {}
         try:
-            store.ledger.update("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), f"{sys.argv[2]}-{i}"]},
+            add = lambda cur: {"history": [*(cur or {}).get("history", []), f"{sys.argv[2]}-{i}"]}
+            store.ledger.update("exp", "champion.json", add,
                                 expect=seen.get("revision", 0))
             break
         except StaleRecord:
@@ -229,7 +230,8 @@ def test_two_processes_deciding_at_once_leave_one_consistent_champion_json(s3_se
 def test_a_missing_bucket_is_named_and_not_created(s3_env, tmp_path):
     with pytest.raises(
         InputError,
-        match=r"store s3://no-such-bucket-x/r \(bucket 'no-such-bucket-x' at http://127\.0\.0\.1:\d+\): the bucket does not exist",
+        match=r"store s3://no-such-bucket-x/r \(bucket 'no-such-bucket-x' at http://127\.0\.0\.1:\d+\): the bucket "
+        r"does not exist",
     ):
         Store("s3://no-such-bucket-x/r", cache_dir=tmp_path)
     assert "no-such-bucket-x" not in s3_env.client().ls("")
@@ -481,9 +483,8 @@ def two_hosts(prefect_server, s3_server, tmp_path_factory):
     env_b = host(tmp, "b", prefect_server, s3_server)
     b = regimen(run_args(url), env_b, tmp / "b.log")
     try:
-        while (
-            max(bucket_checkpoints(fs, bucket), default=0) <= info["in_bucket_at_kill"][-1]
-        ):  # B uploads a checkpoint of its own
+        # B uploads a checkpoint of its own
+        while max(bucket_checkpoints(fs, bucket), default=0) <= info["in_bucket_at_kill"][-1]:
             assert b.poll() is None, (
                 f"host B ended (exit {b.returncode}) before it saved a GRPO checkpoint:\n{tail(tmp / 'b.log')}"
             )
@@ -539,7 +540,8 @@ def test_a_third_run_while_b_trains_is_refused_at_once_naming_the_holder(two_hos
     log = (two_hosts["tmp"] / "c.log").read_text(errors="replace")
     assert two_hosts["c_rc"] == 1, log[-3000:]
     assert re.search(
-        rf"experiment '{EXP}' in store {two_hosts['url']} is already being run by another process \(pid {two_hosts['b_pid']} on ",
+        rf"experiment '{EXP}' in store {two_hosts['url']} is already being run by another process \(pid "
+        rf"{two_hosts['b_pid']} on ",
         log,
     ), log[-3000:]
     assert not re.search(r"\d+/\d+ \[", log)  # no training progress at all: refused before anything ran
@@ -569,7 +571,8 @@ BAD = {
     "missing-bucket": (
         lambda s, b: ({}, "s3://no-such-bucket-e2e/r"),
         2,
-        r"^error: store s3://no-such-bucket-e2e/r \(bucket 'no-such-bucket-e2e' at http://127\.0\.0\.1:\d+\): the bucket does not exist",
+        r"^error: store s3://no-such-bucket-e2e/r \(bucket 'no-such-bucket-e2e' at http://127\.0\.0\.1:\d+\): the "
+        r"bucket does not exist",
     ),
     "wrong-credentials": (
         lambda s, b: ({"AWS_SECRET_ACCESS_KEY": "wrong"}, f"s3://{b}/r"),

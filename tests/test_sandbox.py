@@ -136,7 +136,8 @@ PAGE_CACHE_ATTACK = PAGE_CACHE_CHANNEL + _code("""
         return GUESS[n]
 """)
 PAGE_CACHE_TESTS = [
-    "def check(candidate):\n    assert candidate(0) is True\n    assert candidate(1) is False\n    assert candidate(2) is True\n    assert candidate(3) is True\n\ncheck(odd_bit)\n"
+    "def check(candidate):\n    assert candidate(0) is True\n    assert candidate(1) is False\n    assert candidate(2) "
+    "is True\n    assert candidate(3) is True\n\ncheck(odd_bit)\n"
 ]
 
 

@@ -90,7 +90,7 @@ def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available
     page.get_by_placeholder("admin:pass").fill(AUTH)
     page.get_by_role("button", name="Login").click()
     page.wait_for_url(re.compile(r"/deployments$"))
-    for attempt in range(3):  # on a loaded machine one of the UI's API calls can fail ("Something went wrong"): reload
+    for _attempt in range(3):  # on a loaded machine one of the UI's API calls can fail ("Something went wrong"): reload
         try:
             for name in ("on-demand", "nightly", "regimen-cycle"):
                 page.get_by_text(name, exact=True).first.wait_for(timeout=20_000)

@@ -1,7 +1,8 @@
 """PNG plots people would rather look at than read: GRPO's training curves per step (training reward,
 trained and monitored rewards side by side, the held-out probe, reward std, frac_reward_zero_std, KL),
-held-out accuracy per evaluation across cycles, and a sweep's curves (matplotlib's object API, no pyplot: drawn headless, and safe off the main thread).
-`data_uri` turns a PNG into the `data:image/png;base64,...` form that Prefect's markdown artifacts render."""
+held-out accuracy per evaluation across cycles, and a sweep's curves (matplotlib's object API, no pyplot: drawn
+headless, and safe off the main thread). `data_uri` turns a PNG into the `data:image/png;base64,...` form that Prefect's
+markdown artifacts render."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ def _check_sample(path: Path, line_no: int, row: dict[str, Any]) -> None:
         isinstance(completion, str) or (isinstance(completion, list) and all(isinstance(m, dict) for m in completion))
     ):
         raise InputError(
-            f"{path}:{line_no}: field 'completion' must be a string or a list of chat messages, got {type(completion).__name__}"
+            f"{path}:{line_no}: field 'completion' must be a string or a list of chat messages, got "
+            f"{type(completion).__name__}"
         )
     prompt = row.get("prompt")
     if prompt is not None and not isinstance(prompt, (str, list)):

@@ -169,22 +169,49 @@ OURS = "<regimen module>"
 """What an import of one of our modules, or a module name written as a string, reads as in a code digest."""
 
 
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _sorted_imports(body: list[ast.stmt]) -> list[ast.stmt]:
+    """`body` with each run of consecutive import statements as one import per name, sorted: the order of
+    imports and how names are grouped into statements (what an import sorter changes) leave no trace."""
+    out: list[ast.stmt] = []
+    run: list[ast.stmt] = []
+    for node in [*body, None]:
+        if isinstance(node, ast.Import):
+            run += [ast.Import(names=[a]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            run += [ast.ImportFrom(module=node.module, names=[a], level=node.level) for a in node.names]
+        else:
+            out += sorted(run, key=ast.dump)
+            run = []
+            if node is not None:
+                out.append(node)
+    return out
+
+
 class _Normalise(ast.NodeTransformer):
-    """A module's tree as it enters a code digest: docstrings dropped, our modules' names blanked."""
+    """A module's tree as it enters a code digest: docstrings dropped, our modules' names blanked, imports
+    sorted, annotations written as strings read as the expressions they name."""
 
-    def _drop_docstring(self, node):
-        body = node.body
-        if (
-            body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:]
-        self.generic_visit(node)
+    def generic_visit(self, node):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            if _is_docstring(node.body[0]):
+                node.body = node.body[1:]
+        for field in ("annotation", "returns"):
+            value = getattr(node, field, None)
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                try:
+                    setattr(node, field, ast.parse(value.value, mode="eval").body)
+                except SyntaxError:
+                    pass
+        node = super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                setattr(node, field, _sorted_imports(block))
         return node
-
-    visit_Module = visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = _drop_docstring
 
     def visit_Import(self, node: ast.Import):
         for alias in node.names:

@@ -123,7 +123,8 @@ def decide(
     if challenger.heldout_set != champion.heldout_set:
         return Decision(
             False,
-            f"measured on held-out set v{challenger.heldout_set}, the champion on v{champion.heldout_set}: not comparable",
+            f"measured on held-out set v{challenger.heldout_set}, the champion on v{champion.heldout_set}: not "
+            f"comparable",
             figures,
         )
     gain = challenger.accuracy - champion.accuracy
@@ -139,13 +140,15 @@ def decide(
     if test["p_value"] > 1 - confidence:
         return Decision(
             False,
-            f"a gain of {gain:+.3f} ({test['only_challenger']} prompts only the challenger solves, {test['only_champion']} only "
+            f"a gain of {gain:+.3f} ({test['only_challenger']} prompts only the challenger solves, "
+            f"{test['only_champion']} only "
             f"the champion), McNemar p = {test['p_value']:.3g} > {1 - confidence:.3g}: could be luck",
             figures,
         )
     return Decision(
         True,
-        f"held-out {challenger.accuracy:.3f} vs {champion.accuracy:.3f} ({gain:+.3f}; McNemar p = {test['p_value']:.3g})",
+        f"held-out {challenger.accuracy:.3f} vs {champion.accuracy:.3f} ({gain:+.3f}; McNemar p = "
+        f"{test['p_value']:.3g})",
         figures,
     )
 

@@ -164,7 +164,8 @@ def describe(kind: str | None) -> str:
         SHARPENING: "sampling catches up with what greedy decoding already answered (sharpening: harmless)",
     }.get(
         kind or HACKING,
-        "the policy is learning to please the reward, not to solve the task (hacking); read the trajectories and fix the reward",
+        "the policy is learning to please the reward, not to solve the task (hacking); read the trajectories and fix "
+        "the reward",
     )
 
 
@@ -184,7 +185,8 @@ def decide(history: list[Evaluation], cfg) -> Decision:
         reason = (
             f"training reward rose {evidence['train_reward_rise']:+.3f} (from {evidence['train_reward_start']:.3f} to "
             f"{evidence['train_reward_now']:.3f}) while held-out accuracy changed {evidence['heldout_gain']:+.3f} "
-            f"(from {evidence['heldout_accuracy_start']:.3f} to {evidence['heldout_accuracy_now']:.3f}): {describe(kind)}"
+            f"(from {evidence['heldout_accuracy_start']:.3f} to {evidence['heldout_accuracy_now']:.3f}): "
+            f"{describe(kind)}"
         )
         if stops(kind, cfg.guard):
             return Decision(REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT, reason, evidence)

@@ -19,6 +19,5 @@ What Regimen adds, in `Environment` (subclass it) and the `tool` decorator:
 - **Bookkeeping stays off the tool list.** TRL turns every public method into a tool, so an episode's
   state lives in the `episode` attribute (an `Episode`), and everything else is private.
 
-`base.py` holds the pieces, `registry.py` maps names to classes (`register`), or a recipe names `pkg.module:Class` (the CLI's full
-power only, like rewards; the UI cannot choose code).
-"""
+`base.py` holds the pieces, `registry.py` maps names to classes (`register`), or a recipe names `pkg.module:Class` (the
+CLI's full power only, like rewards; the UI cannot choose code)."""

@@ -30,7 +30,8 @@ def get(name: str) -> type:
             raise InputError(f"environment.name: {name!r} is not an environment class (it needs a reset method)")
         return cls
     raise InputError(
-        f"environment.name: unknown environment {name!r}; known: {', '.join(known())}, or a dotted path 'pkg.module:Class'"
+        f"environment.name: unknown environment {name!r}; known: {', '.join(known())}, or a dotted path "
+        f"'pkg.module:Class'"
     )
 
 

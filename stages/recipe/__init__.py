@@ -125,7 +125,9 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
 
             where, msg = (
                 "data.task",
-                f"unknown task {err.get('input', {}).get('task') if isinstance(err.get('input'), dict) else err.get('input')!r}; tasks: {', '.join(TASKS)}",
+                f"unknown task "
+                f"{err.get('input', {}).get('task') if isinstance(err.get('input'), dict) else err.get('input')!r}; "
+                f"tasks: {', '.join(TASKS)}",
             )
         elif (
             err["type"] not in ("value_error", "assertion_error")
@@ -270,9 +272,8 @@ def _explain_trl(recipe: Recipe, section: str, given: Any, all_fields: bool, emi
         if key in shown or key in defaults.RESERVED - {"reward_weights"} or not hasattr(built, key):
             continue
         shown.append(key)
-        if (
-            key in given and key in trl.BUILT_BY_REGIMEN and key not in extra
-        ):  # kept by Regimen, not handed to TRL's config
+        # kept by Regimen, not handed to TRL's config
+        if key in given and key in trl.BUILT_BY_REGIMEN and key not in extra:
             emit(1, key, getattr(recipe, section)[key], f"recipe; {trl.BUILT_BY_REGIMEN[key]}")
             continue
         if key in given:

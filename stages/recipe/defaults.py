@@ -200,7 +200,8 @@ def check_number(section: str, key: str, value: Any) -> None:
         cpus = os.cpu_count() or 1
         if not 0 <= value <= cpus:
             raise ValueError(
-                f"{section}.{key}: at most {cpus} (this machine's CPUs: a run stays inside its compute slot; got {value})"
+                f"{section}.{key}: at most {cpus} (this machine's CPUs: a run stays inside its compute slot; got "
+                f"{value})"
             )
     bounds = SECTION_BOUNDS.get((section, key)) or BOUNDS.get(key)
     if bounds:
@@ -231,7 +232,8 @@ def coerce(
             raise ValueError(f"{section}.{key} is not a field of {class_name}{hint}")
         if key == "save_total_limit" and value is not None and value < 2:
             raise ValueError(
-                f"{section}.save_total_limit must be at least 2 (or unset): with 1 the Trainer deletes the last good checkpoint before the new one is known to be complete"
+                f"{section}.save_total_limit must be at least 2 (or unset): with 1 the Trainer deletes the last good "
+                f"checkpoint before the new one is known to be complete"
             )
         ftype = fields[key].type
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -66,7 +66,8 @@ class ModelSection(Section):
         return check_model_ref(v)
 
 
-DataSection = Annotated[tasks.options_models(), Field(discriminator="task")]  # type: ignore[valid-type]
+# Union over a tuple of the tasks' models: the one spelling that makes them one type (`|` needs them listed)
+DataSection = Annotated[Union[tasks.options_models()], Field(discriminator="task")]  # type: ignore[valid-type]  # noqa: UP007
 
 
 class TeacherSection(Section):
@@ -145,13 +146,15 @@ class ProbeSection(Section):
     )
     stop_at_target: bool = Field(
         True,
-        description="end the GRPO round once two probes in a row reach cycle.target (evaluation then decides on the whole set)",
+        description="end the GRPO round once two probes in a row reach cycle.target (evaluation then decides on the "
+        "whole set)",
     )
     train_prompts: int = Field(
         32,
         ge=0,
         le=10**6,
-        description="training prompts answered greedily at each probe too: tells hacking, overfitting and sharpening apart (0: none)",
+        description="training prompts answered greedily at each probe too: tells hacking, overfitting and sharpening "
+        "apart (0: none)",
     )
 
 
@@ -199,7 +202,8 @@ class CurriculumSection(Section):
 
     enabled: bool = Field(
         False,
-        description="true: GRPO draws its prompts by pass rate; false (default): TRL's own sampler (a uniform shuffle of the training rows)",
+        description="true: GRPO draws its prompts by pass rate; false (default): TRL's own sampler (a uniform shuffle "
+        "of the training rows)",
     )
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
     readmit_after: int = Field(
@@ -208,7 +212,8 @@ class CurriculumSection(Section):
     bands: BandsSection = BandsSection()
     weights: dict[Literal["easy", "normal", "hard"], float] = Field(
         {"easy": 0.1, "normal": 0.7, "hard": 0.2},
-        description="each active prompt's weight in a draw, by its band (a band is drawn in proportion to weight x its active prompts)",
+        description="each active prompt's weight in a draw, by its band (a band is drawn in proportion to weight x its "
+        "active prompts)",
     )
 
     @field_validator("weights")
@@ -230,7 +235,8 @@ class CycleSection(Section):
     )
     start_from: Literal["champion", "base", "latest"] = Field(
         "champion",
-        description="cycle 1 starts from the experiment's champion (the base model until there is one), the base model, or the latest good policy",
+        description="cycle 1 starts from the experiment's champion (the base model until there is one), the base "
+        "model, or the latest good policy",
     )
     guard: GuardSection = GuardSection()
 
@@ -352,7 +358,8 @@ class AccelerateSection(Section):
         None,
         max_length=253,
         validate_default=True,
-        description="address (IP or host name) of machine_rank 0, which every machine reaches; needed when num_machines > 1",
+        description="address (IP or host name) of machine_rank 0, which every machine reaches; needed when "
+        "num_machines > 1",
     )
     main_process_port: int = Field(
         0, ge=0, le=65535, validate_default=True, description="its port (0: a free one, only on one machine)"
@@ -390,7 +397,8 @@ class AccelerateSection(Section):
         if v is None:
             if machines > 1:
                 raise ValueError(
-                    f"required with accelerate.num_machines {machines}: the address of machine_rank 0 that every machine reaches"
+                    f"required with accelerate.num_machines {machines}: the address of machine_rank 0 that every "
+                    f"machine reaches"
                 )
             return v
         import ipaddress
@@ -440,7 +448,8 @@ class AccelerateSection(Section):
                 raise ValueError(f"{flag} is a field of the section: set accelerate.{ACCELERATE_FIELDS[flag]}")
             if flag not in ACCELERATE_FLAGS:
                 raise ValueError(
-                    f"{arg!r} is not an allowed accelerate launch option (allowed: {', '.join(sorted(ACCELERATE_FLAGS))})"
+                    f"{arg!r} is not an allowed accelerate launch option (allowed: "
+                    f"{', '.join(sorted(ACCELERATE_FLAGS))})"
                 )
             expect_value = "=" not in arg and flag not in (
                 "--debug",
@@ -548,13 +557,15 @@ class Recipe(Section):
             raise ValueError("rewards: every reward has weight 0 (monitors only); at least one must train (weight > 0)")
         if self.eval.metric != "exact_match" and self.eval.metric not in names:
             raise ValueError(
-                f"eval.metric {self.eval.metric!r} must be 'exact_match' or one of the recipe's rewards: {', '.join(names)}"
+                f"eval.metric {self.eval.metric!r} must be 'exact_match' or one of the recipe's rewards: "
+                f"{', '.join(names)}"
             )
         self._within_limits()
         if self.environment is not None:
             if self.eval.metric == "exact_match":
                 raise ValueError(
-                    "eval.metric: with an environment, evaluation judges episodes: name a reward (e.g. episode), not exact_match"
+                    "eval.metric: with an environment, evaluation judges episodes: name a reward (e.g. episode), not "
+                    "exact_match"
                 )
             if self.model.name_or_path == "tiny" and not self.model.tiny.chat:
                 raise ValueError(
@@ -562,17 +573,20 @@ class Recipe(Section):
                 )
             if self.teacher.kind in ("model", "self"):
                 raise ValueError(
-                    f"teacher.kind {self.teacher.kind!r}: with an environment only the task's oracle or weak teacher writes traces "
-                    "(a model teacher's episodes are not run yet); use oracle, weak or none"
+                    f"teacher.kind {self.teacher.kind!r}: with an environment only the task's oracle or weak teacher "
+                    f"writes traces (a model teacher's episodes are not run yet); use oracle, weak or none"
                 )
             if self.distill is not None:
                 raise ValueError(
-                    "distill: not with an environment yet: TRL's DistillationTrainer runs tool calls from a list of functions, "
-                    "not Regimen's environments' episodes (their state, turn limit and episode reward); remove distill: or environment:"
+                    "distill: not with an environment yet: TRL's DistillationTrainer runs tool calls from a list of "
+                    "functions, "
+                    "not Regimen's environments' episodes (their state, turn limit and episode reward); remove "
+                    "distill: or environment:"
                 )
         if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
             raise ValueError(
-                f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task {self.data.task!r} has none"
+                f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task "
+                f"{self.data.task!r} has none"
             )
         return self
 
@@ -597,7 +611,8 @@ class Recipe(Section):
             kept = values.get("save_total_limit")
             if lim.max_checkpoints is not None and kept is not None and kept > lim.max_checkpoints:
                 raise ValueError(
-                    f"{section}.save_total_limit: at most {lim.max_checkpoints} (limits.max_checkpoints, the operator's limit); {kept} asked"
+                    f"{section}.save_total_limit: at most {lim.max_checkpoints} (limits.max_checkpoints, the "
+                    f"operator's limit); {kept} asked"
                 )
 
     # -- resolved values ----------------------------------------------------------------------

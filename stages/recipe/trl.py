@@ -30,7 +30,8 @@ BUILT_BY_REGIMEN = {
     "bf16": "training on the CPU",
     "reward_weights": "from rewards[].weight",
     "model_init_kwargs": "from model.dtype",
-    "teacher_model_name_or_path": "Regimen loads the teacher itself (a folder, a hub id, or champion:<experiment> resolved in the store)",
+    "teacher_model_name_or_path": "Regimen loads the teacher itself (a folder, a hub id, or champion:<experiment> "
+    "resolved in the store)",
 }
 """Fields this module sets beyond the recipe's section, and why (`regimen check` prints the reasons)."""
 
@@ -76,8 +77,8 @@ def settings(recipe, section: str) -> dict[str, Any]:
 
 
 def config(recipe, section: str):
-    """The recipe's `SFTConfig` (section "sft"), `GRPOConfig` ("grpo") or `DistillationConfig` ("distill"): built once, shared, not to be
-    changed (use `for_stage`). Raises TRL's own ValueError/TypeError for settings TRL rejects."""
+    """The recipe's `SFTConfig` (section "sft"), `GRPOConfig` ("grpo") or `DistillationConfig` ("distill"): built once,
+    shared, not to be changed (use `for_stage`). Raises TRL's own ValueError/TypeError for settings TRL rejects."""
     values = settings(recipe, section)
     key = (section, _world(recipe, section), json.dumps(values, sort_keys=True, default=repr))
     if key not in _BUILT:

@@ -11,8 +11,8 @@ back silently either (the newest version is the set). Only a person's `regimen h
 starts a new set (recorded with who and why); it leaves out every prompt the experiment has trained on
 (the data versions' prompts: the champion's lineage trained on no others), counted in its manifest
 (`excluded_trained`). Accuracies are only compared within one set. Every write here happens under the
-experiment's lock (the run's, or refresh's), and a version is only ever added, never rewritten. Stages receive the set as an input reference (`inputs["heldout"]`), so it enters every
-fingerprint by its content.
+experiment's lock (the run's, or refresh's), and a version is only ever added, never rewritten. Stages receive the set
+as an input reference (`inputs["heldout"]`), so it enters every fingerprint by its content.
 
 Training data versions (`data/v<N>`): written when the training rows differ from the last version's,
 with how many rows there are, how many are new since the last version, how many left, and how many were
@@ -60,8 +60,8 @@ def _ref(store: Store, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 WAY_OUT = (
-    "restore it byte for byte, or start a new set (a person's decision; accuracies on the old and new sets are not compared): "
-    "`regimen heldout refresh CONFIG --reason '...'`"
+    "restore it byte for byte, or start a new set (a person's decision; accuracies on the old and new sets are not "
+    "compared): `regimen heldout refresh CONFIG --reason '...'`"
 )
 
 
@@ -147,8 +147,8 @@ def refresh(store: Store, experiment: str, rows: list[dict[str, Any]], *, reason
     kept = [r for r in rows if prompt_key(r.get("prompt")) not in prompts and row_key(r) not in row_keys]
     if not kept:
         raise InputError(
-            f"heldout refresh: all {len(rows)} held-out prompts of the recipe's data were trained on by {experiment!r}; "
-            "add new rows to the data first"
+            f"heldout refresh: all {len(rows)} held-out prompts of the recipe's data were trained on by "
+            f"{experiment!r}; add new rows to the data first"
         )
     ref = freeze(store, experiment, kept, by="person", reason=reason, extra={"excluded_trained": len(rows) - len(kept)})
     return {**ref, "excluded_trained": len(rows) - len(kept)}

@@ -3,8 +3,10 @@ registered by name, each with a weight in the recipe (0: a monitor, logged and n
 
 - `registry.py`: `register`, `get_reward`, `from_specs`, `score` (checks each value), `weighted_total`;
 - `text.py`: `answer`, `format`, and the gameable-on-purpose `digits`;
-- `code.py`: `unit_tests` (judged in the sandbox, `sandbox/`: the tests run in a judge process apart from the solution) and the gameable-on-purpose `code_block`;
-- `regimen reward-check` (a reward's dry run on sample text) lives with the presentation: `regimen.flows.present.reward_check`.
+- `code.py`: `unit_tests` (judged in the sandbox, `sandbox/`: the tests run in a judge process apart from the solution)
+  and the gameable-on-purpose `code_block`;
+- `regimen reward-check` (a reward's dry run on sample text) lives with the presentation:
+  `regimen.flows.present.reward_check`.
 
 Adding a reward: write the function in a module here (or anywhere: `pkg.module:function` in a recipe)
 and decorate it with `@register("name")`; importing this package registers the built-in ones.

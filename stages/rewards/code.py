@@ -261,13 +261,14 @@ class UnitTestsReward:
             return
         if not self.allow_eval and (found := evaluates(job.tests + [job.setup or ""])):
             raise InputError(
-                f"{self.__name__}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text would run as the "
+                f"{self.__name__}: {where}: its tests evaluate strings or load pickles ({found}): the solution's text "
+                f"would run as the "
                 "judge; refused (the reward's `allow_eval: true` runs such strings in the solution's process instead)"
             )
         if fixture := needs_fixtures(job.tests):
             raise InputError(
-                f"{self.__name__}: {where}: its test {fixture}() takes arguments (pytest fixtures other than capsys, or parameters no "
-                "parametrize mark gives), which only pytest can supply; refused"
+                f"{self.__name__}: {where}: its test {fixture}() takes arguments (pytest fixtures other than capsys, "
+                f"or parameters no parametrize mark gives), which only pytest can supply; refused"
             )
         self.checked.add(key)
 

@@ -22,8 +22,9 @@ row does not hide that row's own format):
     program's output compared with APPS's grader's float rule (`harness.same_output`) when the row is
     shaped as those datasets publish it (their `url` and `difficulty` beside it; a bare `input_output`
     column of a user's own is compared as written, or with the reward's `float_tolerance`; CodeContests'
-    rows stay token-equal); with `fn_name` the row is call-based instead (each input a list of arguments, compared as APPS's grader compares: the
-    value, or the first item of an expected list, tuples as lists; a `Solution` class's method counts),
+    rows stay token-equal); with `fn_name` the row is call-based instead (each input a list of arguments, compared as
+    APPS's grader compares: the value, or the first item of an expected list, tuples as lists; a `Solution` class's
+    method counts),
   - `verification_info` (open-r1, DeepCoder): `{language, test_cases: [{input, output, type}]}` with type
     `stdin_stdout` (or `function_call` with `fn_name`, inputs as JSON lists of arguments),
   - CodeContests: `public_tests`, `private_tests`, `generated_tests`, each `{input: [...], output: [...]}`,
@@ -441,9 +442,8 @@ def evaluates(tests: list[str]) -> str | None:
             continue
         for node in ast.walk(tree):
             name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-            if name in EVALUATING and not (
-                name == "compile" and isinstance(node, ast.Attribute)
-            ):  # re.compile is not Python's compile
+            # re.compile is not Python's compile
+            if name in EVALUATING and not (name == "compile" and isinstance(node, ast.Attribute)):
                 return f"`{name}` in test {i + 1}, line {node.lineno}"
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]

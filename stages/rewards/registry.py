@@ -67,7 +67,8 @@ def get_reward(name: str, **options: Any) -> RewardFn:
     if ":" in name:
         if options:
             raise InputError(
-                f"rewards: {name!r}: options (args/pattern) are for built-in rewards; configure your own function in code"
+                f"rewards: {name!r}: options (args/pattern) are for built-in rewards; configure your own function in "
+                f"code"
             )
         module_name, _, attr = name.partition(":")
         try:
@@ -79,7 +80,8 @@ def get_reward(name: str, **options: Any) -> RewardFn:
         return fn
     if name not in _REGISTRY:
         raise InputError(
-            f"rewards: unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}, or a dotted path 'pkg.module:function'"
+            f"rewards: unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}, or a dotted path "
+            f"'pkg.module:function'"
         )
     if not options:
         return _REGISTRY[name]

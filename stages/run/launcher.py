@@ -79,8 +79,8 @@ class LentToMachineZero(RegimenError):
 
     def __init__(self, stage: str, machine_rank: int, num_machines: int, processes: int, main: str):
         super().__init__(
-            f"{stage}: machine_rank {machine_rank} of {num_machines} ran its {processes} process(es) of the job to the end; "
-            f"global rank 0 on machine_rank 0 ({main}) writes the stage's version: nothing is committed here"
+            f"{stage}: machine_rank {machine_rank} of {num_machines} ran its {processes} process(es) of the job to the "
+            f"end; global rank 0 on machine_rank 0 ({main}) writes the stage's version: nothing is committed here"
         )
         self.stage, self.machine_rank = stage, machine_rank
 

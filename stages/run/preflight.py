@@ -40,20 +40,23 @@ def check(recipe) -> dict[str, Any]:
     task = load_task(recipe.data)
     if not task.train or not task.heldout:
         raise InputError(
-            f"data: the task has {len(task.train)} training and {len(task.heldout)} held-out rows; both must be non-empty"
+            f"data: the task has {len(task.train)} training and {len(task.heldout)} held-out rows; both must be "
+            f"non-empty"
         )
     if recipe.eval.metric == "exact_match":
         missing = next((i for i, r in enumerate(task.heldout, 1) if r.get("answer") in (None, "")), None)
         if missing is not None:
             raise InputError(
-                f"data: held-out row {missing} (prompt {_shown(task.heldout[missing - 1])}) has no 'answer', which eval.metric exact_match compares against "
+                f"data: held-out row {missing} (prompt {_shown(task.heldout[missing - 1])}) has no 'answer', which "
+                f"eval.metric exact_match compares against "
                 "(map your column with data.columns, or set eval.metric to one of the rewards)"
             )
     if recipe.teacher.kind == "oracle":
         missing = next((i for i, r in enumerate(task.train, 1) if task.reference(r) is None), None)
         if missing is not None:
             raise InputError(
-                f"data: training row {missing} (prompt {_shown(task.train[missing - 1])}) has no reference ('completion', 'solution' or 'answer') for the oracle teacher "
+                f"data: training row {missing} (prompt {_shown(task.train[missing - 1])}) has no reference "
+                f"('completion', 'solution' or 'answer') for the oracle teacher "
                 "(map your column with data.columns, or use teacher.kind: model, self or none)"
             )
     rows = task.train[:ROWS]
@@ -74,7 +77,8 @@ def check(recipe) -> dict[str, Any]:
             summary[f"door/{name}"] = report
             if report.get("pays_anything"):
                 log.warning(
-                    "%s: %d row(s) pass their tests with no solution at all, so they pay anything: left out of scoring (%s)",
+                    "%s: %d row(s) pass their tests with no solution at all, so they pay anything: left out of scoring "
+                    "(%s)",
                     name,
                     len(report["pays_anything"]),
                     _few(report["pays_anything"]),
@@ -90,8 +94,8 @@ def check(recipe) -> dict[str, Any]:
 
 
 def check_store(url: str) -> None:
-    """A remote store (`s3://...`) is reachable and honours conditional writes (`Store.probe`, `Backend.probe`); StoreError
-    or InputError naming the bucket otherwise. A local folder is not touched here."""
+    """A remote store (`s3://...`) is reachable and honours conditional writes (`Store.probe`, `Backend.probe`);
+    StoreError or InputError naming the bucket otherwise. A local folder is not touched here."""
     from fsspec.core import split_protocol
 
     if split_protocol(str(url))[0] in (None, "file", "local"):

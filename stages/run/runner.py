@@ -225,9 +225,8 @@ def _launch_recorded(
     except RegimenError as exc:
         from regimen.stages.run.launcher import LentToMachineZero
 
-        if isinstance(
-            exc, LentToMachineZero
-        ):  # machine_rank >= 1 ran its ranks to the end: no failed attempt, nothing to commit
+        # machine_rank >= 1 ran its ranks to the end: no failed attempt, nothing to commit
+        if isinstance(exc, LentToMachineZero):
             raise
         _record_failure(handle, dirs.out, {**manifest, "finished_at": now_iso()}, str(exc))
         raise
@@ -282,7 +281,10 @@ def _out_of_space(dirs: StageDirs, cache: Path) -> str | None:
     for path in (dirs.checkpoints, dirs.out, cache):
         try:
             if shutil.disk_usage(path).free < 256 * 1024:
-                return f"no space left on the device holding {path} (free some space; a rerun resumes from the last complete checkpoint)"
+                return (
+                    f"no space left on the device holding {path} (free some space; a rerun resumes from the last "
+                    "complete checkpoint)"
+                )
         except OSError:
             continue
     return None
@@ -318,8 +320,8 @@ def _record_elsewhere(manifest: dict[str, Any], error: str) -> str | None:
         base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "unrecorded"
         base.mkdir(parents=True, exist_ok=True)
         path = (
-            base
-            / f"{manifest.get('experiment')}-{manifest['stage']}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}.json"
+            base / f"{manifest.get('experiment')}-{manifest['stage']}-{time.strftime('%Y%m%dT%H%M%S')}-"
+            f"{uuid.uuid4().hex[:6]}.json"
         )
         path.write_text(
             json.dumps({**manifest, "status": "failed", "error": error, "failed_at": now_iso()}, indent=1, default=str)

@@ -130,9 +130,8 @@ class Channel:
             message = (*message, io_spec)
         self.send(message, what)
         reply = self.recv()
-        while (
-            type(reply) is tuple and len(reply) == 4 and reply[0] == "callback"
-        ):  # the solution calls a callable of the test's
+        # the solution calls a callable of the test's
+        while type(reply) is tuple and len(reply) == 4 and reply[0] == "callback":
             self.serve_callback(reply)
             reply = self.recv()
         if (

@@ -184,7 +184,8 @@ def as_job(item: Any, index: int = 0) -> Job:
         unknown = set(item) - fields
         if unknown or "code" not in item or not ({"tests", "cases"} & set(item)):
             raise TypeError(
-                f"run_batch: item {index}: a dict needs `code` and `tests` (or `cases`) and only Job's fields, got {sorted(item)}"
+                f"run_batch: item {index}: a dict needs `code` and `tests` (or `cases`) and only Job's fields, got "
+                f"{sorted(item)}"
             )
         job = Job(**{"tests": [], **item})
     elif isinstance(item, (tuple, list)) and len(item) == 2:

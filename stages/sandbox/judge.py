@@ -19,13 +19,13 @@ that are compared by identity only. The namespace the tests run in is J's:
   anywhere in the tests: `under_test`), so a wrong `def max` fails and a solution without it fails too.
   A function becomes a proxy that calls it in S; an exception class becomes a class J makes of its own
   from the names S reports (`raised.solution_exceptions`: tests catch it, and what S raises of it
-  arrives as it); data, a class or an object of the solution's becomes J's decoded copy or proxy; a module becomes J's own import of the standard-library module of that name,
-  and only under that name (`import math` binds `math`; `import math as m` binds nothing), and only for
-  the pure computation modules in `TEST_MODULES`. J never calls a function, nor imports a module, that
-  S chose. When the row declares an entry point, that is the only function of the solution's the tests
-  get (besides the standard-library modules J imports itself). If the function under test is not the
-  solution's, calling it raises NameError. The same names, by the same rules, are also the module
-  `solution` that a test file may import (`from solution import f`, as KodCode's do).
+  arrives as it); data, a class or an object of the solution's becomes J's decoded copy or proxy; a module becomes J's
+  own import of the standard-library module of that name, and only under that name (`import math` binds `math`; `import
+  math as m` binds nothing), and only for the pure computation modules in `TEST_MODULES`. J never calls a function, nor
+  imports a module, that S chose. When the row declares an entry point, that is the only function of the solution's the
+  tests get (besides the standard-library modules J imports itself). If the function under test is not the solution's,
+  calling it raises NameError. The same names, by the same rules, are also the module `solution` that a test file may
+  import (`from solution import f`, as KodCode's do).
 
 Each test snippet then runs in that namespace, in order (`harness.py`: also the unittest TestCases and
 pytest-style functions it defines); it passes when it runs to its end without raising. A program
@@ -384,18 +384,7 @@ def run(job: dict, sock: int, results: int) -> None:
             sys.modules["solution"] = solution_module(hello[1], channel, entry_point)
         emit("loaded")
     else:
-        if (
-            type(hello) is tuple
-            and len(hello) == 3
-            and hello[0] == "loadfail"
-            and type(hello[1]) is list
-            and type(hello[2]) is str
-        ):
-            first = hello[1][0] if hello[1] and type(hello[1][0]) is str else "Exception"
-            why = f"{first}: {hello[2]}" if hello[2] else first
-        else:
-            why = "the solution's process sent a malformed greeting"
-        emit(f"loadfail {why}")
+        emit(f"loadfail {_load_failure(hello)}")
         emit(f"done {len(tests)}")
         os._exit(0)
     harness.route_evaluation(channel, ns)
@@ -413,6 +402,20 @@ def run(job: dict, sock: int, results: int) -> None:
         emit(f"gone {channel.gone}")
     emit(f"done {len(tests)}")
     os._exit(0)
+
+
+def _load_failure(hello: object) -> str:
+    """Why the solution did not load, from S's greeting ("loadfail", [exception names], text)."""
+    if (
+        type(hello) is tuple
+        and len(hello) == 3
+        and hello[0] == "loadfail"
+        and type(hello[1]) is list
+        and type(hello[2]) is str
+    ):
+        first = hello[1][0] if hello[1] and type(hello[1][0]) is str else "Exception"
+        return f"{first}: {hello[2]}" if hello[2] else first
+    return "the solution's process sent a malformed greeting"
 
 
 def _run_case(channel: Channel, case: object, job: dict) -> None:

@@ -4,16 +4,16 @@ The server starts the slot's zygote, probes isolation, then runs one job at a ti
 (`sample.py`: hand it to the zygote, watch its CPU and wall clock, kill it when it runs over, read its
 verdict) in a process tree forked from the zygote (`tree.py`: Z, B, S the solution, J the judge).
 
-The sample's filesystem (`slot.py`, like the cgroups and the confinement): a fresh tmpfs root holding only, read-only, the interpreter's standard
-library (its site-packages masked by an empty tmpfs) and the multiarch shared-library folders its
-extension modules load from (with the /lib, /lib64 symlinks recreated) plus /etc/ld.so.cache; the
-installed packages the operator allows the solution (`SandboxConfig.packages`) and pytest for the tests,
-one folder each under `slot.PACKAGES_DIR` (nothing else of their site-packages); a minimal
-/dev (null, zero, full, random, urandom, a fresh /dev/shm); a new /proc (`hidepid=invisible,subset=pid`
-where the kernel has it); a fresh size-limited tmpfs as the sandbox's own temp folder, holding S's
-work folder and J's (`slot.WORKDIR_S`, `slot.WORKDIR_J`; paths inside the new root, never the host's). The old root is detached after pivot_root, so the host's files, its pathname unix
-sockets, the project and its data are simply not there. Abstract unix sockets and the network are
-per sample (a new network namespace has only a loopback interface, which is down); so is SysV IPC.
+The sample's filesystem (`slot.py`, like the cgroups and the confinement): a fresh tmpfs root holding only, read-only,
+the interpreter's standard library (its site-packages masked by an empty tmpfs) and the multiarch shared-library folders
+its extension modules load from (with the /lib, /lib64 symlinks recreated) plus /etc/ld.so.cache; the installed packages
+the operator allows the solution (`SandboxConfig.packages`) and pytest for the tests, one folder each under
+`slot.PACKAGES_DIR` (nothing else of their site-packages); a minimal /dev (null, zero, full, random, urandom, a fresh
+/dev/shm); a new /proc (`hidepid=invisible,subset=pid` where the kernel has it); a fresh size-limited tmpfs as the
+sandbox's own temp folder, holding S's work folder and J's (`slot.WORKDIR_S`, `slot.WORKDIR_J`; paths inside the new
+root, never the host's). The old root is detached after pivot_root, so the host's files, its pathname unix sockets, the
+project and its data are simply not there. Abstract unix sockets and the network are per sample (a new network namespace
+has only a loopback interface, which is down); so is SysV IPC.
 
 Limits. Per slot: cgroups (v1, or v2 where delegated) with one CPU's worth of CPU time per period
 (`cpus_per_slot`), a memory limit (the solution's `memory_mb` plus 256 MiB for the judge; within it
@@ -172,7 +172,10 @@ def _probe(server: Server) -> tuple[bool, str]:
     if not server.slot.seccomp:
         return False, f"no syscall filter: {s.get('seccomp_error') or 'libseccomp unavailable'}"
     here = os.path.dirname(os.path.abspath(__file__))
-    code = f"import os\nuid = os.getuid()\nsees_host = os.path.exists({here!r})\ndef f(x):\n    return [x, {{'k': (1.5, None, b'b', frozenset({{1}}))}}]\n"
+    code = (
+        f"import os\nuid = os.getuid()\nsees_host = os.path.exists({here!r})\n"
+        "def f(x):\n    return [x, {'k': (1.5, None, b'b', frozenset({1}))}]\n"
+    )
     tests = [
         "import os\nassert uid != 0 and os.getuid() != 0 and uid != os.getuid()",
         f"import os\nassert not sees_host and not os.path.exists({here!r})",

@@ -38,19 +38,10 @@ PR_SET_SECCOMP = 22
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
-_PIVOT_ROOT = {
-    "x86_64": 155,
-    "amd64": 155,
-    "aarch64": 41,
-    "arm64": 41,
-    "riscv64": 41,
-    "ppc64le": 203,
-    "ppc64": 203,
-    "s390x": 217,
-    "i686": 217,
-    "i386": 217,
-    "armv7l": 218,
-}
+# fmt: off
+_PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203,
+               "s390x": 217, "i686": 217, "i386": 217, "armv7l": 218}  # pivot_root's syscall number by machine
+# fmt: on
 
 # A path inside the sandbox's fresh root (its private tmpfs after pivot_root), never the host's /tmp: the
 # working folder S and J share, as a plain harness's one working folder (a test writes a file the solution
@@ -422,14 +413,9 @@ class Slot:
         for name, rdev in self.devices:
             os.mknod(f"{r}/dev/{name}", 0o666 | stat.S_IFCHR, rdev)
             os.chmod(f"{r}/dev/{name}", 0o666)
+        sealed = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
         for mask in plan["masks"]:
-            _mount(
-                "tmpfs",
-                r + mask,
-                "tmpfs",
-                MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                "size=4k,nr_inodes=16,mode=755",
-            )
+            _mount("tmpfs", r + mask, "tmpfs", sealed, "size=4k,nr_inodes=16,mode=755")
         for link, dest in plan["links"]:
             os.makedirs(os.path.dirname(r + link), mode=0o755, exist_ok=True)
             if not os.path.lexists(r + link):

@@ -14,9 +14,10 @@ A remote store (a bucket through s3fs; endpoint and credentials from the standar
 - Commit cannot rename a folder (S3 has no rename: `mv` is copy+delete per object, so a reader could see
   half a version). Instead a writer claims `v<N>` by an exclusive create of `v<N>/.claim` (a conditional
   PUT: two writers never get one N; the claim is never removed, so a writer with an old listing cannot
-  take the number later), uploads the files, and writes `manifest.json` last, with an exclusive create too. Readers count a version only when its manifest is there and well-formed (`scan`),
-  so a version is visible whole or not at all. A claimed folder that never got its manifest (a killed
-  writer) is removed when the next run takes the experiment's lease.
+  take the number later), uploads the files, and writes `manifest.json` last, with an exclusive create too. Readers
+  count a version only when its manifest is there and well-formed (`scan`), so a version is visible whole or not at all.
+  A claimed folder that never got its manifest (a killed writer) is removed when the next run takes the experiment's
+  lease.
 - Reads of a version come through the local cache (`$REGIMEN_CACHE/store-<hash>/...`): each file is
   checked against the manifest's sha256 as it arrives, and a cached copy whose size or mtime moved since
   it was checked is hashed again; a mismatch in the bucket makes the version damaged (not reused). The

@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def check_name(name: str, what: str = "experiment") -> str:
@@ -117,8 +117,8 @@ class Backend:
             or "NoCredentialsError" in names
         ):
             return InputError(
-                f"{where}: the credentials were refused while {doing} ({text}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
-                "nothing was written"
+                f"{where}: the credentials were refused while {doing} ({text}); check AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY; nothing was written"
             )
         if names & {
             "EndpointConnectionError",
@@ -128,8 +128,8 @@ class Backend:
             "ClientConnectorError",
         } or isinstance(exc, (ConnectionError, TimeoutError)):
             return StoreError(
-                f"{where}: the endpoint cannot be reached while {doing} ({type(exc).__name__}); check AWS_ENDPOINT_URL and the "
-                "network; nothing was written"
+                f"{where}: the endpoint cannot be reached while {doing} ({type(exc).__name__}); check AWS_ENDPOINT_URL "
+                f"and the network; nothing was written"
             )
         return StoreError(f"{where}: {doing} failed: {type(exc).__name__}: {text}")
 
@@ -165,8 +165,8 @@ class Backend:
         if not honoured:
             raise StoreError(
                 f"{self._where()} does not honour conditional writes "
-                "(a second create with If-None-Match: * was not refused): two runs could take one experiment's lease or one "
-                "version number there; use a server that supports them (AWS S3, SeaweedFS, MinIO)"
+                "(a second create with If-None-Match: * was not refused): two runs could take one experiment's lease "
+                "or one version number there; use a server that supports them (AWS S3, SeaweedFS, MinIO)"
             )
         _PROBED.add(self._asked())
 
@@ -224,5 +224,6 @@ class Backend:
                 self.fs.put([str(staging / rel) for rel in body], [f"{target}/{rel}" for rel in body])
             if not exclusive_create(self.fs, f"{target}/{last}", (staging / last).read_bytes()):
                 raise StoreError(
-                    f"{target}/{last} appeared while this run uploaded it: two writers in one claimed folder; nothing more written"
+                    f"{target}/{last} appeared while this run uploaded it: two writers in one claimed folder; nothing "
+                    f"more written"
                 )

@@ -171,7 +171,8 @@ class Catalog:
         experiment, stage = manifest["experiment"], manifest["stage"]
         if lost_lease(self.b.url, experiment).is_set():
             raise StoreError(
-                f"{experiment}/{stage}: this run lost the experiment's lease in {self.b.url} (another run may hold it); nothing committed"
+                f"{experiment}/{stage}: this run lost the experiment's lease in {self.b.url} (another run may hold "
+                f"it); nothing committed"
             )
         digests, stats = _stats(staging)
         manifest = {**manifest, "status": "completed", "files": digests, "file_stats": stats}

@@ -51,7 +51,8 @@ def check_no_links(root: Path, path: Path) -> None:
         current = current / part
         if current.is_symlink():
             raise StoreError(
-                f"{current} is a symbolic link inside the store; the store never follows links it did not make (remove it)"
+                f"{current} is a symbolic link inside the store; the store never follows links it did not make (remove "
+                f"it)"
             )
 
 
@@ -63,7 +64,8 @@ def check_tree_no_links(path: Path) -> None:
             found = Path(dirpath) / name
             if found.is_symlink():
                 raise StoreError(
-                    f"{found} is a symbolic link inside the store; the store never writes or reads through links it did not make (remove it)"
+                    f"{found} is a symbolic link inside the store; the store never writes or reads through links it "
+                    f"did not make (remove it)"
                 )
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,8 @@ class Ledger:
             current = self.read(experiment, name)
             if current is None and self.has(experiment, name):
                 raise StoreError(
-                    f"{self.b.join(experiment, name)}: unreadable (not the JSON the store wrote); restore it from a backup "
-                    "or move it aside (the experiment's history is in it)"
+                    f"{self.b.join(experiment, name)}: unreadable (not the JSON the store wrote); restore it from a "
+                    f"backup or move it aside (the experiment's history is in it)"
                 )
             revision = current.get("revision", 0) if isinstance(current, dict) else 0
             if expect is not None and revision != expect:
@@ -73,7 +73,7 @@ class Ledger:
     # -- the cycle's verdicts --------------------------------------------------------------------
     def record_decision(self, experiment: str, record: dict[str, Any]) -> str:
         """Keep one verdict of the cycle (it names the evaluation it judged); never overwritten."""
-        name = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:6]}.json"
+        name = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:6]}.json"
         path = self.b.join(check_name(experiment), "decisions", name)
         return self.b.write_text(path, json.dumps({**record, "recorded_at": now_iso()}, indent=1, default=str))
 
@@ -98,7 +98,7 @@ class Ledger:
     def record_failure(self, staging: Path | None, manifest: dict[str, Any], error: str) -> str:
         """Keep a failed attempt beside the versions (with whatever it wrote, e.g. trajectories)."""
         experiment, stage = manifest["experiment"], manifest["stage"]
-        name = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        name = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         record = {**manifest, "status": "failed", "error": error, "failed_at": now_iso()}
         text = json.dumps(record, indent=1, default=str)
         if staging is not None and staging.exists():

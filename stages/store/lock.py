@@ -10,8 +10,8 @@ Experiment lock.
   the next run removes it and creates its own. A lease also names the machine (hostname, boot id and PID
   namespace) and the process (pid and its start time): a run on that same machine takes over at once a
   lease whose process is gone (a rerun after a crash does not wait for the expiry); any other machine
-  waits for the expiry, since it cannot see the holder's processes. The local cache also takes the file lock, so two runs on
-  one machine are refused the same way.
+  waits for the expiry, since it cannot see the holder's processes. The local cache also takes the file lock, so two
+  runs on one machine are refused the same way.
 
 Record lock (`record_lock`): the experiment's records (champion.json) are changed by a run's decision and
 by a person's `promote`/`rollback`, which must not wait for a night's training to end. Each change is a
@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -84,9 +84,7 @@ def _now() -> float:
 
 
 def _owner() -> str:
-    return (
-        f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
-    )
+    return f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat(timespec='seconds')}"
 
 
 def _machine() -> str:
@@ -128,7 +126,8 @@ def _holder_gone(record: dict) -> bool:
 
 def _busy(experiment: str, url: str, holder: str) -> ExperimentBusy:
     return ExperimentBusy(
-        f"experiment {experiment!r} in store {url} is already being run by another process{f' ({holder})' if holder else ''}; "
+        f"experiment {experiment!r} in store {url} is already being run by another "
+        f"process{f' ({holder})' if holder else ''}; "
         "wait for it to finish, or use --experiment NAME to run a separate experiment"
     )
 
@@ -165,7 +164,8 @@ def lost_lease(url: str, experiment: str) -> threading.Event:
 
 
 def _refused_by_condition(exc: BaseException) -> bool:
-    """Whether `exc` is a server's answer that the key exists (412 PreconditionFailed, 409 ConditionalRequestConflict)."""
+    """Whether `exc` is a server's answer that the key exists (412 PreconditionFailed, 409
+    ConditionalRequestConflict)."""
     if isinstance(exc, FileExistsError):
         return True
     cause = exc.__cause__ or exc.__context__
@@ -208,6 +208,32 @@ ATOMIC_CREATE = {"file", "local", "memory", "s3", "s3a", "gcs", "gs"}
 """fsspec protocols whose `"xb"` is a real conditional create (O_EXCL; S3's and GCS's if-none-match)."""
 
 
+def _acquire(fs, path: str, create, *, experiment: str, url: str) -> None:
+    """Create the lease, or take it over when its holder's lease expired or its process is gone from this
+    machine; else ExperimentBusy naming the holder."""
+    if create():
+        return
+    try:
+        current = json.loads(fs.cat_file(path))
+    except Exception:  # noqa: BLE001 - unreadable or vanished: treat as expired
+        current = {"expires": 0, "owner": "unreadable lease"}
+    gone = _holder_gone(current)
+    if float(current.get("expires", 0)) > _now() and not gone:
+        raise _busy(experiment, url, str(current.get("owner", "")))
+    log.warning(
+        "taking over the lease of %s (%s): %s",
+        experiment,
+        current.get("owner"),
+        "its process is gone from this machine" if gone else "it expired",
+    )
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
+    if not create():
+        raise _busy(experiment, url, "another run took the expired lease first")
+
+
 @contextmanager
 def lease(
     fs, path: str, *, experiment: str, url: str, ttl_s: float = LEASE_TTL_S, lost: threading.Event | None = None
@@ -219,8 +245,8 @@ def lease(
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     if not protocols & ATOMIC_CREATE:
         log.warning(
-            "store %s (%s): fsspec's exclusive create may not be atomic on this backend; two machines starting the same "
-            "experiment in the same instant could both proceed",
+            "store %s (%s): fsspec's exclusive create may not be atomic on this backend; two machines starting the "
+            "same experiment in the same instant could both proceed",
             url,
             "/".join(sorted(protocols)),
         )
@@ -236,26 +262,7 @@ def lease(
         }
         return exclusive_create(fs, path, json.dumps(record).encode())
 
-    if not create():
-        try:
-            current = json.loads(fs.cat_file(path))
-        except Exception:  # noqa: BLE001 - unreadable or vanished: treat as expired
-            current = {"expires": 0, "owner": "unreadable lease"}
-        gone = _holder_gone(current)
-        if float(current.get("expires", 0)) > _now() and not gone:
-            raise _busy(experiment, url, str(current.get("owner", "")))
-        log.warning(
-            "taking over the lease of %s (%s): %s",
-            experiment,
-            current.get("owner"),
-            "its process is gone from this machine" if gone else "it expired",
-        )
-        try:
-            fs.rm_file(path)
-        except FileNotFoundError:
-            pass
-        if not create():
-            raise _busy(experiment, url, "another run took the expired lease first")
+    _acquire(fs, path, create, experiment=experiment, url=url)
     stop = threading.Event()
 
     renewed = [_now()]
@@ -351,7 +358,8 @@ def record_lock(
             continue
         if _now() > deadline:
             raise StoreError(
-                f"{path}: the experiment's records stayed locked for {wait_s:.0f} s by {current.get('owner')}; try again"
+                f"{path}: the experiment's records stayed locked for {wait_s:.0f} s by {current.get('owner')}; try "
+                f"again"
             )
         time.sleep(0.2)
     try:

@@ -104,7 +104,8 @@ def check_rows(rows: list[dict[str, Any]], source: str, *, max_prompt_chars: int
         where = f"{source}: row {i}"
         if "prompt" not in row:
             raise InputError(
-                f"{where}: missing column 'prompt' (columns: {', '.join(sorted(row)) or 'none'}; map yours with data.columns)"
+                f"{where}: missing column 'prompt' (columns: {', '.join(sorted(row)) or 'none'}; map yours with "
+                f"data.columns)"
             )
         check_prompt(row["prompt"], where, max_prompt_chars)
         if "answer" in row and row["answer"] is not None and not isinstance(row["answer"], (str, int, float)):
@@ -136,7 +137,8 @@ def check_split(
     kept = [r for r, k in zip(train, train_keys) if k not in held]
     if len(kept) < len(train):
         log.warning(
-            "data: %d training row(s) of %s are held-out prompts of %s (after whitespace and case normalisation): left out of training",
+            "data: %d training row(s) of %s are held-out prompts of %s (after whitespace and case normalisation): left "
+            "out of training",
             len(train) - len(kept),
             train_source,
             heldout_source,
@@ -205,7 +207,8 @@ def read_jsonl(
             line_no += 1
             if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
                 raise InputError(
-                    f"{path}:{line_no}: the line is over {max_row_bytes // 1024} KiB; rows that large would cost memory, not teach"
+                    f"{path}:{line_no}: the line is over {max_row_bytes // 1024} KiB; rows that large would cost "
+                    f"memory, not teach"
                 )
             try:
                 line = raw.decode("utf-8")

@@ -24,7 +24,8 @@ class Options(TaskOptions):
     def _fits(self) -> Options:
         if self.train_size + self.heldout_size > (self.max_operand + 1) ** 2:
             raise ValueError(
-                f"train_size + heldout_size exceeds the {(self.max_operand + 1) ** 2} distinct problems max_operand allows"
+                f"train_size + heldout_size exceeds the {(self.max_operand + 1) ** 2} distinct problems max_operand "
+                f"allows"
             )
         return self
 

@@ -110,7 +110,8 @@ def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
     except Exception as exc:  # noqa: BLE001 - datasets' own errors (DatasetGenerationError, arrow errors): name the source
         cause = exc.__cause__ or exc
         raise InputError(
-            f"data: cannot load {source}: {type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
+            f"data: cannot load {source}: {type(cause).__name__}: "
+            f"{str(cause).splitlines()[0][:300] if str(cause) else ''}"
         ) from None
     finally:
         quiet.setLevel(level)

@@ -40,7 +40,8 @@ class Options(TaskOptions):
 
 
 def question(case: int, x: int) -> list[dict[str, str]]:
-    """`#<case> f(<x>)=?`: the case number (5 digits) tells rows apart (each hides its own line) and says nothing of it."""
+    """`#<case> f(<x>)=?`: the case number (5 digits) tells rows apart (each hides its own line) and says nothing of
+    it."""
     return [{"role": "user", "content": f"#{case:05d} f({x})=?"}]
 
 

@@ -36,7 +36,8 @@ class MarkComplete(TrainerCallback):
                 from regimen.stages.core.errors import StoreError
 
                 raise StoreError(
-                    f"{ckpt} is a symbolic link inside the store; the store never writes through links it did not make (remove it)"
+                    f"{ckpt} is a symbolic link inside the store; the store never writes through links it did not make "
+                    f"(remove it)"
                 )
         return control
 

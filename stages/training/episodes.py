@@ -100,17 +100,7 @@ def run_episodes(
     prepare_tokenizer(tokenizer)
     make = factory(recipe.environment)
     envs = [make() for _ in rows]
-    prompts: list[list[dict[str, Any]]] = []
-    for env, row in zip(envs, rows):
-        prompt = (
-            [dict(m) for m in row["prompt"]]
-            if isinstance(row["prompt"], list)
-            else [{"role": "user", "content": str(row["prompt"])}]
-        )
-        observation = env.reset(**row)
-        if isinstance(observation, str):
-            prompt[-1] = {**prompt[-1], "content": str(prompt[-1]["content"]) + observation}
-        prompts.append(prompt)
+    prompts = [_reset(env, row) for env, row in zip(envs, rows)]
     completions: list[list[dict[str, Any]]] = [[] for _ in rows]
     # `max_new_tokens` is the whole episode's budget, tool results included, as TRL's max_completion_length
     budget = [max_new_tokens] * len(rows)
@@ -156,24 +146,44 @@ def run_episodes(
             calls = message.get("tool_calls") or []
             if not calls or turn >= recipe.environment.max_turns:
                 continue  # an answer, or the turn limit: the episode is over
-            tools = {t.__name__: t for t in tools_of(envs[i])}
-            for call in calls:
-                fn = call.get("function") or {}
-                name, args = fn.get("name"), fn.get("arguments")
-                if name in tools and isinstance(args, dict):
-                    result = tools[name](**args)
-                else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
-                    result = {
-                        "error": f"Tool {name} not found."
-                        if name not in tools
-                        else f"arguments {args!r} are not an object"
-                    }
-                content = str(result)
-                budget[i] -= len(tokenizer(content, add_special_tokens=False)["input_ids"])
-                completions[i].append({"role": "tool", "name": str(name), "content": content})
+            for reply in _tool_replies(envs[i], calls):
+                budget[i] -= len(tokenizer(reply["content"], add_special_tokens=False)["input_ids"])
+                completions[i].append(reply)
             still.append(i)
         open_ = still
     return completions, envs
+
+
+def _reset(env, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The episode's prompt as messages: the row's, with what `env.reset(**row)` returned (a string) appended."""
+    prompt = (
+        [dict(m) for m in row["prompt"]]
+        if isinstance(row["prompt"], list)
+        else [{"role": "user", "content": str(row["prompt"])}]
+    )
+    observation = env.reset(**row)
+    if isinstance(observation, str):
+        prompt[-1] = {**prompt[-1], "content": str(prompt[-1]["content"]) + observation}
+    return prompt
+
+
+def _tool_replies(env, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool messages answering one turn's calls, in order."""
+    from regimen.stages.environments.base import tools_of
+
+    tools = {t.__name__: t for t in tools_of(env)}
+    replies = []
+    for call in calls:
+        fn = call.get("function") or {}
+        name, args = fn.get("name"), fn.get("arguments")
+        if name in tools and isinstance(args, dict):
+            result = tools[name](**args)
+        else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
+            result = {
+                "error": f"Tool {name} not found." if name not in tools else f"arguments {args!r} are not an object"
+            }
+        replies.append({"role": "tool", "name": str(name), "content": str(result)})
+    return replies
 
 
 def transcript(completion: Any, env: Any | None = None) -> dict[str, Any]:

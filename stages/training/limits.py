@@ -54,8 +54,8 @@ class RunLimits(TrainerCallback):
         if self.max_hours is not None and (time.time() - self.started) > self.max_hours * 3600:
             raise LimitExceeded(
                 self.stage,
-                f"limits.max_hours: the run has used more than {self.max_hours:g} h of wall time (the operator's limit); "
-                f"stopped at step {state.global_step}, checkpoints kept",
+                f"limits.max_hours: the run has used more than {self.max_hours:g} h of wall time (the operator's "
+                f"limit); stopped at step {state.global_step}, checkpoints kept",
             )
         return control
 

@@ -28,14 +28,11 @@ CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
 # tools from the teacher's traces. `TOOL_RESPONSE` is the matching parser (transformers' response
 # templates, as TRL's `add_response_schema` sets for known models).
 TOOL_CHAT_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'system' -%}S:{{ m['content'] }}"
+    "{%- for m in messages -%}{%- if m['role'] == 'system' -%}S:{{ m['content'] }}"
     "{%- elif m['role'] == 'user' -%}U:{{ m['content'] }}"
     "{%- elif m['role'] == 'assistant' -%}A:{% generation %}{{ m['content'] or '' }}"
-    "{%- for tc in m.get('tool_calls') or [] -%}<c>{{ tc['function'] | tojson }}</c>{%- endfor -%}</s>{% endgeneration %}"
-    "{%- elif m['role'] == 'tool' -%}T:{{ m['content'] }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
+    "{%- for tc in m.get('tool_calls') or [] -%}<c>{{ tc['function'] | tojson }}</c>{%- endfor -%}</s>{% endgeneration "
+    "%}{%- elif m['role'] == 'tool' -%}T:{{ m['content'] }}{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}A:{%- endif -%}"
 )
 TOOL_RESPONSE = {
@@ -122,7 +119,8 @@ def build_tiny_model(spec: dict[str, Any], out_dir: Path) -> Path:
             from regimen.stages.core.errors import StoreError
 
             raise StoreError(
-                f"could not write the base model to {staging}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                f"could not write the base model to {staging}: "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                 + (
                     f" (no space left on the device holding {out_dir.parent}: {free / 2**20:.1f} MiB free)"
                     if free < 64 * 2**20
@@ -161,7 +159,8 @@ def check_built(out_dir: Path) -> Path:
 
     if out_dir.is_symlink():
         raise StoreError(
-            f"{out_dir} is a symbolic link inside the store; the base model is never read through a link the store did not make (remove it: it is rebuilt)"
+            f"{out_dir} is a symbolic link inside the store; the base model is never read through a link the store did "
+            f"not make (remove it: it is rebuilt)"
         )
     check_tree_no_links(out_dir)
     try:
@@ -217,8 +216,8 @@ def load_policy(path: str, recipe):
 # A real-shaped model, built locally: the path a user with a hub model takes, exercised without a hub.
 
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' "
+    "}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 REAL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 

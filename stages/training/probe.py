@@ -144,7 +144,8 @@ class HeldoutProbe(TrainerCallback):
 
     @staticmethod
     def train_probe_curve(log_history: list[dict[str, Any]]) -> list[tuple[int, float, float, float | None]]:
-        """(step, greedy accuracy, greedy weighted reward, precision of the reward) on the sample of training prompts."""
+        """(step, greedy accuracy, greedy weighted reward, precision of the reward) on the sample of training
+        prompts."""
         return [
             (h["step"], h["train_probe"], h["train_probe_reward"], h.get("train_probe_precision"))
             for h in log_history
@@ -268,12 +269,12 @@ class HeldoutProbe(TrainerCallback):
             if stops(kind, guard):
                 self.fired = seen
                 return
-            if (
-                self.warned is None or self.warned["finding"] != kind
-            ):  # warned once per finding; the guard keeps watching
+            # warned once per finding; the guard keeps watching
+            if self.warned is None or self.warned["finding"] != kind:
                 self.warned = seen
                 self.warning = (
-                    f"guard (warn): {kind} at step {probes[-1][0]}: the training reward had risen {now['train_reward_rise']:+.3f} "
+                    f"guard (warn): {kind} at step {probes[-1][0]}: the training reward had risen "
+                    f"{now['train_reward_rise']:+.3f} "
                     f"while held-out probe accuracy changed {now['heldout_gain']:+.3f}; {describe(kind)}"
                 )
                 log.warning(self.warning)

@@ -27,7 +27,8 @@ def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[di
         from regimen.stages.core.errors import InputError
 
         raise InputError(
-            f"teacher.kind {t.kind!r}: with an environment only the task's oracle (or weak) teacher writes traces for now"
+            f"teacher.kind {t.kind!r}: with an environment only the task's oracle (or weak) teacher writes traces for "
+            f"now"
         )
     source = t.name_or_path if t.kind == "model" else policy_path
     return _rejection_sample(recipe, rows, source)
