@@ -45,9 +45,8 @@ def main() -> None:
             exp = next(p.name for p in Path(store).iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
             evals = manifests(store, exp, "eval")
             sfts = manifests(store, exp, "sft")
-            decisions = sorted(
-                (Path(store) / exp / "decisions").glob("*.json")
-            )  # named by time: the last is the run's verdict
+            # named by time: the last is the run's verdict
+            decisions = sorted((Path(store) / exp / "decisions").glob("*.json"))
             verdict = json.loads(decisions[-1].read_text())["verdict"] if decisions else "-"
             cap = sfts[0].get("torch_cpu_capability") if sfts else None
             curve = " ".join(f"{m['metrics']['heldout_accuracy']:.3f}" for m in sfts + evals if m.get("cycle"))

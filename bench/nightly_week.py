@@ -183,7 +183,7 @@ class Week:
             return all(
                 n in found
                 and found[n]["updated"] != before.get(n)
-                and found[n]["entrypoint"] == "regimen.flows.cycle.regimen_cycle"
+                and found[n]["entrypoint"] == "regimen.flows.pipeline.cycle.regimen_cycle"
                 for n in ("on-demand", "nightly")
             )
 

@@ -102,8 +102,12 @@ def main() -> None:
         "from trl import GRPOConfig, SFTConfig, GRPOTrainer, SFTTrainer\nimport datasets"
     )
     imports = snippet_s(stack)
-    prefect = snippet_s("import regimen.flows.cycle, regimen.flows.server, regimen.flows.present.terminal")
-    boot = snippet_s("from regimen.flows.server import TemporaryServer\ns = TemporaryServer(); s.ready(); s.stop()")
+    prefect = snippet_s(
+        "import regimen.flows.pipeline.cycle, regimen.flows.serving.server, regimen.flows.present.terminal"
+    )
+    boot = snippet_s(
+        "from regimen.flows.serving.server import TemporaryServer\ns = TemporaryServer(); s.ready(); s.stop()"
+    )
     print(
         f"where it goes: importing torch/transformers/TRL/datasets and the stage code {imports:.1f}s (both paths); "
         f"importing Prefect and "

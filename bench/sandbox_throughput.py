@@ -254,9 +254,8 @@ def reward_check(n: int, workers: int, rounds: int) -> dict:
     reward = unit_tests_reward(workers=workers, timeout_s=TIMEOUT_S, baseline_cache=str(folder / "in-process"))
     columns = {"test": [p["test"] for p, _ in items], "entry_point": [p["entry_point"] for p, _ in items]}
     prompts, completions = [p["prompt"] for p, _ in items], [body for _, body in items]
-    reward(
-        prompts, completions, **columns
-    )  # the first call of a training (baselines judged, servers started): not timed
+    # the first call of a training (baselines judged, servers started): not timed
+    reward(prompts, completions, **columns)
 
     def cli(cache: Path) -> list[bool]:
         env = {**os.environ, "REGIMEN_CACHE": str(cache)}

@@ -49,9 +49,8 @@ def wall_ratio(s3, rounds: int, recipe: str) -> list[dict]:
     bucket = s3.make_bucket()
     rows = []
     arms = [("local", str(local / "store")), ("s3", f"s3://{bucket}/r")]
-    regimen(
-        "run", "tests/tiny.yaml", "--store", str(local / "warm"), extra_env={"OMP_NUM_THREADS": "1"}
-    )  # not counted: the first run warms the disk cache
+    # not counted: the first run warms the disk cache
+    regimen("run", "tests/tiny.yaml", "--store", str(local / "warm"), extra_env={"OMP_NUM_THREADS": "1"})
     for i in range(rounds):
         for where, store in arms if i % 2 == 0 else arms[::-1]:  # alternated: neither always goes first
             cache = scratch("regimen-bench-cache-")

@@ -175,6 +175,7 @@ def main() -> None:
         rows = []
         for s in args.seeds:
             rows.append(one_seed(s, teacher, tmp, args.grpo_steps, calibration, args.traces))
+            # each seed as it finishes
             print(
                 json.dumps(
                     {k: v for k, v in rows[-1].items() if k != "b"}
@@ -182,7 +183,7 @@ def main() -> None:
                 ),
                 file=sys.stderr,
                 flush=True,
-            )  # each seed as it finishes
+            )
     if args.json:
         print(json.dumps({"rows": rows, "calibration": calibration}, indent=1))
         return

@@ -124,9 +124,8 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
         if curriculum_on(recipe)
         else None
     )
-    one_process = (
-        recipe.num_processes() == 1
-    )  # pass rates from the trainer's rewards need whole groups: one process sees them
+    # pass rates from the trainer's rewards need whole groups: one process sees them
+    one_process = recipe.num_processes() == 1
     trainer, fns = build_trainer(
         recipe,
         policy,
@@ -228,13 +227,11 @@ def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]
     from regimen.stages.decide.verdicts import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
 
     probe = built.probe
-    found = (
-        probe.fired or probe.final_look(built.trainer.state.log_history) or probe.warned or probe.noted
-    )  # what stopped it, else the whole curves' reading
+    # what stopped it, else the whole curves' reading
+    found = probe.fired or probe.final_look(built.trainer.state.log_history) or probe.warned or probe.noted
     if found:
-        extra["guard_finding"] = found[
-            "finding"
-        ]  # hacking, overfitting or sharpening: what the evaluation's verdict is told
+        # hacking, overfitting or sharpening: what the evaluation's verdict is told
+        extra["guard_finding"] = found["finding"]
         extra["guard_evidence"] = found
     if probe.noted and not probe.fired and not probe.warned:
         extra["guard_note"] = (

@@ -54,7 +54,7 @@ TINY = ROOT / "tests" / "tiny.yaml"
 # One Prefect API per test process (each xdist worker, or the one process of `-n 0`), shared by the tests
 # that do not start servers of their own: without it every `regimen run` a test starts would boot a
 # temporary server of its own (about 5 s each, over a hundred runs in the suite). It is the same server
-# the CLI starts (`regimen.flows.server`, a child that dies with its parent), started as this process
+# the CLI starts (`regimen.flows.serving.server`, a child that dies with its parent), started as this process
 # configures, before Prefect is imported (so every thread's settings carry its URL), and booting while the
 # tests are collected. The tests of the temporary server itself take `no_shared_api`. Set
 # REGIMEN_TESTS_SHARED_API=0 to run every test on temporary servers, as a user's `regimen run` does.
@@ -70,7 +70,7 @@ def pytest_configure(config) -> None:
         return  # the controller of workers runs no test; a configured API is used as it is
     if "prefect" in sys.modules:  # too late to reach every thread's settings: temporary servers, as without
         return
-    from regimen.flows.server import TemporaryServer
+    from regimen.flows.serving.server import TemporaryServer
 
     server = TemporaryServer()
     _SHARED_API["server"] = server
@@ -128,15 +128,14 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = None, overrides: dict | None = None):
     """The flow as the CLI starts it: the recipe resolved once, then handed to `regimen_cycle_recipe`.
     Returns the stages' summaries; a run that stopped raises the error the CLI would exit with."""
-    from regimen.flows.cycle import RunResult, regimen_cycle_recipe
+    from regimen.flows.pipeline.cycle import RunResult, regimen_cycle_recipe
     from regimen.stages.core.errors import InputError, RegimenError
     from regimen.stages.recipe import load_recipe
 
     extra = dict(overrides or {})
     extra["store"] = str(store)
-    state = regimen_cycle_recipe(
-        load_recipe(config, extra), experiment, return_state=True
-    )  # the experiment: data of the run
+    # the experiment: data of the run
+    state = regimen_cycle_recipe(load_recipe(config, extra), experiment, return_state=True)
     outcome = state.result(raise_on_failure=False)
     if not isinstance(outcome, RunResult):
         raise outcome
@@ -219,6 +218,5 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items) -> None:
     """The slowest units first (xdist's scope scheduling without reordering keeps this order)."""
     rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
-    items.sort(
-        key=lambda item: rank.get(unit_of(item.nodeid).rpartition("/")[2], len(rank))
-    )  # stable: a file keeps its order
+    # stable: a file keeps its order
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid).rpartition("/")[2], len(rank)))

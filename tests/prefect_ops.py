@@ -216,9 +216,8 @@ class Serve:
     proc: subprocess.Popen
     log: Path
     visible_s: float = 0.0  # from starting `regimen serve` to both deployments listed by the API
-    registered: dict = field(
-        default_factory=dict
-    )  # the deployments as the API showed them then (later tests change them)
+    # the deployments as the API showed them then (later tests change them)
+    registered: dict = field(default_factory=dict)
 
 
 def start_serve(server: Server, store: Path, log: Path, **env: str) -> Serve:
@@ -302,10 +301,8 @@ def scenario(prefect_server, ops_dirs, faulty_serve):
     the run via the API; serve again without the fault; while the retry trains, let a nightly run arrive."""
     store, logs = ops_dirs
     sc = Scenario(prefect_server, store, logs, serve_visible_s=faulty_serve.visible_s)
-    params = {
-        "config": "tiny.yaml",
-        "experiment": EXPERIMENT,
-    }  # served from tests/: the recipe's folder; the store is serve's
+    # served from tests/: the recipe's folder; the store is serve's
+    params = {"config": "tiny.yaml", "experiment": EXPERIMENT}
     t = time.monotonic()
 
     def lap(name: str) -> None:

@@ -200,8 +200,8 @@ def test_every_bound_and_limit_is_refused_at_the_flows_door(name, monkeypatch):
     environment: the recipes folder and the operator's default limits."""
     import json
 
-    from regimen.flows import boundary
-    from regimen.flows.cycle import resolve_ui_recipe
+    from regimen.flows.pipeline.cycle import resolve_ui_recipe
+    from regimen.flows.serving import boundary
     from regimen.stages.core.errors import RegimenError
 
     monkeypatch.setenv("REGIMEN_CONFIGS", str(ROOT / "tests"))
@@ -252,7 +252,9 @@ def test_serve_outlives_its_server_and_serves_again_when_it_is_back(tmp_path):
     serve = start_serve(server, tmp_path / "store", tmp_path / "serve.log")
     try:
         deadline = time.monotonic() + 60  # registered and guarded (serve sets the entrypoint it runs)
-        while any(d["entrypoint"] != "regimen.flows.cycle.regimen_cycle" for d in server.deployments().values()):
+        while any(
+            d["entrypoint"] != "regimen.flows.pipeline.cycle.regimen_cycle" for d in server.deployments().values()
+        ):
             assert time.monotonic() < deadline, server.deployments()
             time.sleep(0.2)
         stop(proc, __import__("signal").SIGKILL)
@@ -338,9 +340,8 @@ def test_a_run_outlives_its_orchestrator(signal_after, tmp_path):
         if signal_after:
             time.sleep(1)
             os.kill(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(
-            timeout=300
-        )  # a hang guard, not a speed claim (bench/orchestrator_outage.py measures)
+        # a hang guard, not a speed claim (bench/orchestrator_outage.py measures)
+        out, _ = proc.communicate(timeout=300)
     finally:
         stop(server, signal.SIGKILL)
         if proc.poll() is None:

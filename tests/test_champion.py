@@ -82,9 +82,8 @@ def test_the_frozen_set_is_written_once_and_data_versions_count_what_is_new(tmp_
     held = [{"prompt": f"H{i}", "answer": str(i)} for i in range(5)]
     ref, now = data_records.resolve(st, "exp", held)
     assert now and ref["version"] == 1 and ref["rows"] == 5
-    ref2, now2 = data_records.resolve(
-        st, "exp", [{"prompt": "different", "answer": "0"}]
-    )  # another night's data: the set stays
+    # another night's data: the set stays
+    ref2, now2 = data_records.resolve(st, "exp", [{"prompt": "different", "answer": "0"}])
     assert not now2 and ref2["fingerprint"] == ref["fingerprint"]
     from regimen.stages.tasks.registry import frozen_rows
 

@@ -134,9 +134,8 @@ def test_check_prints_resolved_recipe_with_where_each_value_came_from(capsys):
     code, out, _ = run_cli(["check", str(TINY)], capsys)
     assert code == 0
     resolved = yaml.safe_load(out.rsplit("\n# ", 1)[0])
-    assert (
-        resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == []
-    )  # the object's value: TRL turns "none" into []
+    # the object's value: TRL turns "none" into []
+    assert resolved["grpo"]["beta"] == 0.04 and resolved["grpo"]["report_to"] == []
     assert resolved["experiment"] == "tiny-test"
     lines = out.splitlines()
     assert "  beta: 0.04  # recipe" in lines  # tiny.yaml sets it
@@ -193,6 +192,5 @@ def test_save_total_limit_of_one_is_refused():
 def test_no_means_the_string_no_for_trl_strategies(tmp_path):
     assert parse_set(["grpo.save_strategy=no", "x=true"]) == {"grpo.save_strategy": "no", "x": True}
     assert load_recipe(TINY, ["grpo.save_strategy=no"]).grpo["save_strategy"] == "no"
-    assert (
-        load_recipe(tiny_with(tmp_path, sft={"save_strategy": False})).sft["save_strategy"] == "no"
-    )  # YAML's bare `no`
+    # YAML's bare `no`
+    assert load_recipe(tiny_with(tmp_path, sft={"save_strategy": False})).sft["save_strategy"] == "no"

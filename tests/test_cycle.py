@@ -124,12 +124,10 @@ def test_guard_does_not_fire_when_the_probe_rises_with_the_reward():
 
 
 def test_guard_does_not_fire_on_a_small_rise_or_before_two_probes():
-    assert (
-        guard_in_training([(10, 0.30), (30, 0.45)], [(0, 0.10), (25, 0.10)], GuardSection()) is None
-    )  # rise 0.15 < 0.2
-    assert (
-        guard_in_training([(10, 0.30), (30, 0.90)], [(0, 0.10)], GuardSection()) is None
-    )  # no probe after training began
+    # rise 0.15 < 0.2
+    assert guard_in_training([(10, 0.30), (30, 0.45)], [(0, 0.10), (25, 0.10)], GuardSection()) is None
+    # no probe after training began
+    assert guard_in_training([(10, 0.30), (30, 0.90)], [(0, 0.10)], GuardSection()) is None
     assert guard_in_training([], [(0, 0.1), (10, 0.1)], GuardSection()) is None
 
 

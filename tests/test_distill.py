@@ -134,7 +134,7 @@ def test_a_flow_run_with_a_refused_teacher_exits_2_before_anything_is_written(tm
 
 
 def test_distill_hyperparameters_are_ui_parameters_and_the_teacher_is_not():
-    from regimen.flows.boundary import check_overrides
+    from regimen.flows.serving.boundary import check_overrides
 
     assert check_overrides({"distill.beta": 0.5, "distill.max_steps": 20, "distill.learning_rate": 1e-4}, [])
     for key in (
@@ -177,9 +177,8 @@ def test_distill_runs_between_sft_and_the_gates_records_its_teacher_and_is_reuse
     again = run_flow(TINY, store, overrides={**distill(teacher), **FAST})
     assert all(r["reused"] for r in again), [(r["stage"], r["reused"]) for r in again]
 
-    (teacher / "generation_config.json").write_text(
-        (teacher / "generation_config.json").read_text() + " "
-    )  # the teacher's files changed
+    # the teacher's files changed
+    (teacher / "generation_config.json").write_text((teacher / "generation_config.json").read_text() + " ")
     third = run_flow(TINY, store, overrides={**distill(teacher), **FAST})
     ran = {r["stage"]: not r["reused"] for r in third}
     assert ran["sft"] is False and ran["distill"] is True

@@ -95,9 +95,8 @@ def test_the_episode_reward_reads_the_final_assistant_message():
     }
     done = [call, {"role": "tool", "name": "probe", "content": "11"}, {"role": "assistant", "content": "11"}]
     assert final_answer(done) == "11"
-    assert (
-        final_answer([call, {"role": "tool", "content": "11"}]) is None
-    )  # ended on a call (the turn limit): no answer
+    # ended on a call (the turn limit): no answer
+    assert final_answer([call, {"role": "tool", "content": "11"}]) is None
     envs = [ProbeEnvironment(), ProbeEnvironment()]
     for e in envs:
         e.reset(**ROW)
@@ -118,9 +117,8 @@ def test_the_embedded_chat_template_renders_and_parses_tool_calls():
     messages = ROW["prompt"] + oracle(ROW)
     out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     trained = "".join(tok.decode([i]) for i, m in zip(out["input_ids"], out["assistant_masks"]) if m)
-    assert (
-        trained == '<c>{"name": "probe", "arguments": {"x": 3}}</c></s>11</s>'
-    )  # assistant turns only: not the tool's result
+    # assistant turns only: not the tool's result
+    assert trained == '<c>{"name": "probe", "arguments": {"x": 3}}</c></s>11</s>'
     prefix = tok.apply_chat_template(ROW["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
     ids = tok('<c>{"name": "probe", "arguments": {"x": 3}}</c></s>', add_special_tokens=False)["input_ids"]
     assert parse_response(tok, ids, prefix=prefix)["tool_calls"][0]["function"] == {
@@ -128,9 +126,8 @@ def test_the_embedded_chat_template_renders_and_parses_tool_calls():
         "arguments": {"x": 3},
     }
     junk = tok('<c>{"name": "pro', add_special_tokens=False)["input_ids"]
-    assert "tool_calls" not in parse_response(
-        tok, junk, prefix=prefix
-    )  # a malformed call is text: the episode ends on it
+    # a malformed call is text: the episode ends on it
+    assert "tool_calls" not in parse_response(tok, junk, prefix=prefix)
 
 
 class Scripted:
@@ -193,9 +190,8 @@ def test_episodes_end_at_the_turn_limit(tmp_path, monkeypatch, tokenizer):
         None, tokenizer, _recipe(tmp_path, max_turns=2), [ROW, ROW], do_sample=False, max_new_tokens=400, desc="t"
     )
     for c, e in zip(completions, envs):
-        assert (
-            sum(m["role"] == "assistant" for m in c) == 3
-        )  # two answered calls, then the limit: the third is never run
+        # two answered calls, then the limit: the third is never run
+        assert sum(m["role"] == "assistant" for m in c) == 3
         assert len(e.episode.calls) == 2 and final_answer(c) is None
     assert episode(None, completions, environments=envs) == [0.0, 0.0]
     assert all("turn limit" in e.episode.record()["failure"] for e in envs)  # the trajectory says why
@@ -316,9 +312,8 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
         rows = [json.loads(line) for line in (exp / stage / "v1" / "trajectories.jsonl").read_text().splitlines()]
         assert rows and all("episode" in r and "turns" in r["episode"] for r in rows), stage
     grpo_rows = [json.loads(line) for line in (exp / "grpo" / "v1" / "trajectories.jsonl").read_text().splitlines()]
-    assert any(
-        t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"]
-    )  # GRPO's own episodes called the tool
+    # GRPO's own episodes called the tool
+    assert any(t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"])
     assert any("result" in t for r in grpo_rows for t in r["episode"]["turns"])
     assert 0.0 <= by["eval"]["metrics"]["heldout_accuracy"] <= 1.0
 
@@ -357,7 +352,7 @@ def test_a_call_the_trainer_could_not_make_fails_the_episode():
 
 
 def test_the_ui_shows_an_episode_turn_by_turn():
-    from regimen.flows.publish import turns_text
+    from regimen.flows.pipeline.publish import turns_text
 
     ep = {
         "turns": [{"call": "probe", "arguments": {"x": 3}}, {"result": "11"}, {"say": "11"}],
@@ -374,7 +369,7 @@ def test_the_ui_shows_an_episode_turn_by_turn():
 
 def test_a_ui_run_cannot_choose_an_environment():
     """`environment.*` chooses code: not a UI parameter unless the operator allows it; the curriculum is."""
-    from regimen.flows.boundary import check_overrides
+    from regimen.flows.serving.boundary import check_overrides
     from regimen.stages.core.errors import InputError
 
     for key in ("environment.name", "environment.args", "environment"):

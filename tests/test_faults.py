@@ -283,13 +283,15 @@ def test_no_prefect_server_outlives_a_sigkilled_run(tmp_path, no_shared_api):
     proc = _start(store)
     try:
         _wait_for(store, "tiny-test/sft/running.json", proc)
-        servers = [k for k in _children(proc.pid) if b"regimen.flows.server" in Path(f"/proc/{k}/cmdline").read_bytes()]
+        servers = [
+            k for k in _children(proc.pid) if b"regimen.flows.serving.server" in Path(f"/proc/{k}/cmdline").read_bytes()
+        ]
         assert servers, "the temporary Prefect server should be a child of the run"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 20
         while any(
-            Path(f"/proc/{k}").exists() and b"regimen.flows.server" in Path(f"/proc/{k}/cmdline").read_bytes()
+            Path(f"/proc/{k}").exists() and b"regimen.flows.serving.server" in Path(f"/proc/{k}/cmdline").read_bytes()
             for k in servers
         ):
             assert time.monotonic() < deadline, "the temporary Prefect server outlived its SIGKILLed parent"
@@ -311,7 +313,7 @@ def test_a_process_that_runs_several_flows_keeps_no_idle_server(tmp_path, capsys
             try:
                 if (
                     p.name.isdigit()
-                    and f"regimen.flows.server\x00{os.getpid()}".encode() in (p / "cmdline").read_bytes()
+                    and f"regimen.flows.serving.server\x00{os.getpid()}".encode() in (p / "cmdline").read_bytes()
                 ):
                     found.append(int(p.name))
             except OSError:

@@ -276,6 +276,7 @@ NUMPY_SCALARS = c("""
         a = np.asarray(xs)
         return {"max": a.max(), "argmax": a.argmax(), "mean": a.mean()}
 """)
+# last: wrong in both
 NUMPY_SCALARS_ROW = {
     "tests": [
         "assert count_positive([1, -2, 3]) == 2",
@@ -283,7 +284,7 @@ NUMPY_SCALARS_ROW = {
         "assert summary([1, 5, 3]) == {'max': 5, 'argmax': 1, 'mean': 3.0}",
         "assert count_positive([]) == 1",
     ]
-}  # last: wrong in both
+}
 PYTEST_ROW = {
     "tests": [
         c("""
@@ -830,6 +831,7 @@ ASYNC = c("""
     async def refuse(x):
         raise PermissionError(f"no {x}")
 """)
+# a wrong expectation: fails in both
 ASYNC_ROW = {
     "tests": [
         "import asyncio\nassert asyncio.run(double_all([1, 2])) == [2, 4]",
@@ -839,7 +841,7 @@ ASYNC_ROW = {
         "str(e)\nelse:\n    raise AssertionError",
         "import asyncio\nassert asyncio.run(double_all([1])) == [3]",
     ]
-}  # a wrong expectation: fails in both
+}
 
 DATACLASSES = c("""
     from dataclasses import dataclass, field
@@ -864,6 +866,7 @@ DATACLASSES = c("""
     def diagonal(n):
         return Segment(Point(0, 0), Point(n, n))
 """)
+# wrong: fails in both
 DATACLASSES_ROW = {
     "tests": [
         "assert midpoint(Point(0, 0), Point(2, 4)) == Point(1, 2)",
@@ -873,7 +876,7 @@ DATACLASSES_ROW = {
         "assert [diagonal(1)] == [Segment(Point(0, 0), Point(1, 1))]",
         "assert diagonal(3) == Segment(Point(0, 0), Point(3, 4))",
     ]
-}  # wrong: fails in both
+}
 
 CALLABLES = c("""
     def apply_all(f, xs):
@@ -926,6 +929,7 @@ CALLBACKS = c("""
         except ZeroDivisionError:
             return None
 """)
+# a wrong expectation: fails in both
 CALLBACKS_ROW = {
     "tests": [
         "assert count_if([1, 5, 8, 3], lambda v: v > 4) == 2 and count_if([], bool) == 0",
@@ -936,7 +940,7 @@ CALLBACKS_ROW = {
         "import pytest\nwith pytest.raises(KeyError):\n    safe(lambda: {}['k'])",
         "assert count_if([1, 2], lambda v: v > 0) == 1",
     ]
-}  # a wrong expectation: fails in both
+}
 
 SORTS_IN_PLACE = c('''
     def sort_count(xs):
@@ -957,6 +961,7 @@ SORTS_IN_PLACE = c('''
         counts[key] = counts.get(key, 0) + 1
         return counts[key]
 ''')
+# a wrong expectation: fails in both
 SORTS_IN_PLACE_ROW = {
     "tests": [
         "xs = [3, 1, 2]\nassert sort_count(xs) == 3 and xs == [1, 2, 3]",
@@ -964,7 +969,7 @@ SORTS_IN_PLACE_ROW = {
         "c = {}\nassert bump(c, 'a') == 1 and bump(c, 'a') == 2 and c == {'a': 2}",
         "xs = [2, 1]\nsort_count(xs)\nassert xs == [2, 1]",
     ]
-}  # a wrong expectation: fails in both
+}
 
 CROSSING: dict[str, tuple] = {
     "callables_of_the_tests_own_as_arguments": (CALLBACKS, CALLBACKS_ROW),
@@ -1319,6 +1324,5 @@ def test_apps_rows_as_published_are_judged_with_the_apps_graders_float_rule():
         }
     )
     assert (scores["right"], scores["off"]) == (plain(right), plain(off)) == (1.0, 0.0)
-    assert (
-        scores["bare_input_output"] == 0.0 and scores["codecontests"] == 0.0
-    )  # as written: a user's own rows, CodeContests token-equal
+    # as written: a user's own rows, CodeContests token-equal
+    assert scores["bare_input_output"] == 0.0 and scores["codecontests"] == 0.0

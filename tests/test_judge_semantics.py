@@ -386,9 +386,8 @@ def test_row_formats_are_read_per_row():
     assert jobs[4] is None
     assert row_tests(2, columns) == jobs[2].tests
     assert prompt_code("Complete this:\n```python\ndef inc(x):\n    pass\n```\n") == "def inc(x):\n    pass\n"
-    assert (
-        prompt_code([{"role": "system", "content": "be brief"}, {"role": "user", "content": he_prompt}]) == he_prompt
-    )  # prose + code: the code
+    # prose + code: the code
+    assert prompt_code([{"role": "system", "content": "be brief"}, {"role": "user", "content": he_prompt}]) == he_prompt
     assert prompt_code([{"role": "user", "content": he_prompt}]) == he_prompt
     assert prompt_code("f(0)=3\nf(1)=5\n") is None
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -57,47 +58,158 @@ GRAPH = {name: edges(name, path) for name, path in MODULES.items()}
 
 # The house as rooms, lowest first: each room is one folder (every module under it) or, for the stages, the
 # stage modules at the top of stages/ that the registry lists; and the rooms it may import. Imports point down
-# only; a room not listed is not importable from here. ARCHITECTURE.md draws the same map.
+# only; a room not listed is not importable from here. ARCHITECTURE.md's table of rooms is generated from this
+# (`python tests/test_layout.py` writes it; a test checks it is current).
 
-ROOMS: dict[str, tuple[list[str], list[str]]] = {
-    "sandbox": (["regimen.stages.sandbox"], []),  # the judge's isolation: stdlib only, nothing of Regimen
-    "core": (["regimen.stages", "regimen.stages.core"], []),  # the package itself, the contract, errors, fingerprints
-    "decide": (["regimen.stages.decide"], []),  # pure rules: the cycle's verdicts, the guard, the promotion rule
-    "store": (["regimen.stages.store"], ["core"]),
-    "tasks": (["regimen.stages.tasks"], ["core"]),
-    "rewards": (["regimen.stages.rewards"], ["core", "sandbox"]),
-    "environments": (["regimen.stages.environments"], ["core", "rewards"]),  # multi-turn episodes with tools
-    "recipe": (["regimen.stages.recipe"], ["core", "tasks", "rewards", "environments"]),  # with TRL's config objects
-    "training": (
+
+class Room(NamedTuple):
+    prefixes: list[str]
+    allowed: list[str]
+    where: str
+    holds: str
+
+
+PIECES = ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records"]
+"""Rooms ARCHITECTURE.md's table names together as "the pieces"."""
+
+ROOMS: dict[str, Room] = {
+    "sandbox": Room(
+        ["regimen.stages.sandbox"],
+        [],
+        "`stages/sandbox/`",
+        "the judge's isolation (runs as `python -I -S`): slots, process trees, the wire",
+    ),
+    "core": Room(
+        ["regimen.stages", "regimen.stages.core"],
+        [],
+        "`stages/core/` (and `stages/__init__.py`)",
+        "the stage contract, Regimen's errors, fingerprints and code versions",
+    ),
+    "decide": Room(
+        ["regimen.stages.decide"],
+        [],
+        "`stages/decide/`",
+        "pure rules: the cycle's verdicts and the guard (`verdicts`), the promotion rule (`promotion`)",
+    ),
+    "store": Room(
+        ["regimen.stages.store"],
+        ["core"],
+        "`stages/store/`",
+        "versioned store on disk or in a bucket, safe writes, locks and leases, checkpoints' mirror",
+    ),
+    "tasks": Room(
+        ["regimen.stages.tasks"],
+        ["core"],
+        "`stages/tasks/`",
+        "a registry of tasks (addition, code, jsonl, hf, tool_probe)",
+    ),
+    "rewards": Room(
+        ["regimen.stages.rewards"],
+        ["core", "sandbox"],
+        "`stages/rewards/`",
+        "a registry of rewards; finding the solution; code datasets' formats",
+    ),
+    "environments": Room(
+        ["regimen.stages.environments"], ["core", "rewards"], "`stages/environments/`", "multi-turn episodes with tools"
+    ),
+    "recipe": Room(
+        ["regimen.stages.recipe"],
+        ["core", "tasks", "rewards", "environments"],
+        "`stages/recipe/`",
+        "the recipe's schema, sources of each value, TRL's config objects",
+    ),
+    "training": Room(
         ["regimen.stages.training"],
         ["core", "decide", "store", "tasks", "rewards", "environments", "recipe"],
+        "`stages/training/`",
+        "models, checkpoints, sampling, teachers, the probe, trajectories, curriculum, limits",
     ),
-    "records": (["regimen.stages.records"], ["core", "store", "tasks"]),  # the frozen held-out set, the data versions
-    "stages": (
+    "records": Room(
+        ["regimen.stages.records"],
+        ["core", "store", "tasks"],
+        "`stages/records/`",
+        "an experiment's frozen held-out set and data versions",
+    ),
+    "stages": Room(
         [s.__name__ for s in registry.ORDER],
         ["core", "decide", "store", "tasks", "rewards", "recipe", "training"],
+        "`stages/{sft,distill,dry_run,smoke,grpo,evaluate}.py`",
+        "one stage each",
     ),
-    "registry": (["regimen.stages.registry"], ["core", "stages"]),
-    "run": (
+    "registry": Room(
+        ["regimen.stages.registry"],
+        ["core", "stages"],
+        "`stages/registry.py`",
+        "the one ordered list of stages and their roles",
+    ),
+    "run": Room(
         ["regimen.stages.run"],
         ["core", "store", "tasks", "rewards", "recipe", "training", "registry"],
-    ),  # runner, launcher, ranks' entry, preflight
-    "present": (
-        ["regimen.flows.present"],
-        ["core", "store", "tasks", "rewards", "recipe", "training", "records", "registry"],
-    ),  # tables, plots, status
-    "orchestration": (
+        "`stages/run/`",
+        "runner (reuse or run and commit), launcher, the ranks' entry, preflight",
+    ),
+    "flows": Room(
         ["regimen.flows"],
-        ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records", "registry", "run", "present"],
-    ),  # flows, deployments, the UI boundary
-    "cli": (["regimen.flows.cli"], ["core", "store", "recipe", "training", "registry", "present", "orchestration"]),
+        [],
+        "`flows/__init__.py`",
+        "the flows package itself: the settings every Prefect process of ours starts with, nothing else",
+    ),
+    "present": Room(
+        ["regimen.flows.present"],
+        ["core", "store", "rewards", "recipe", "training", "records", "registry"],
+        "`flows/present/`",
+        "tables, plots, report, status, what reward-check shows, the terminal",
+    ),
+    "serving": Room(
+        ["regimen.flows.serving"],
+        ["core", "store", "recipe", "run"],
+        "`flows/serving/`",
+        "deployments (handed the flow they serve), the work pool, the UI's allow-list (`boundary`), the temporary "
+        "Prefect server, the API's health (`orchestrator`)",
+    ),
+    "pipeline": Room(
+        ["regimen.flows.pipeline"],
+        [*PIECES, "registry", "run", "present", "serving"],
+        "`flows/pipeline/`",
+        "the Prefect flows: the cycle, the sweep, the champion's decision in the flow, publishing artifacts",
+    ),
+    "cli": Room(
+        ["regimen.flows.cli"],
+        [
+            "core",
+            "store",
+            "tasks",
+            "rewards",
+            "recipe",
+            "training",
+            "records",
+            "registry",
+            "present",
+            "serving",
+            "pipeline",
+        ],
+        "`flows/cli/`",
+        "the `regimen` command: its shell (`app`) and one module per concern of commands",
+    ),
 }
+
+
+def architecture_table() -> str:
+    """ARCHITECTURE.md's table of rooms, from ROOMS."""
+    lines = ["| room | where | what it holds | may import |", "|---|---|---|---|"]
+    for name, r in ROOMS.items():
+        allowed = list(r.allowed)
+        if set(PIECES) <= set(allowed):
+            allowed = ["the pieces", *[a for a in allowed if a not in PIECES]]
+        may = ", ".join(allowed) if allowed else ("the standard library only" if name == "sandbox" else "—")
+        lines.append(f"| {name} | {r.where} | {r.holds} | {may} |")
+    return "\n".join(lines)
 
 
 def room(module: str) -> str:
     found = [
         (len(p), name)
-        for name, (prefixes, _) in ROOMS.items()
+        for name, (prefixes, *_) in ROOMS.items()
         for p in prefixes
         if module == p or module.startswith(p + ".")
     ]
@@ -132,7 +244,7 @@ def test_imports_point_down_only():
         f"{m} ({room(m)}) imports {d} ({room(d)})"
         for m, deps in sorted(GRAPH.items())
         for d in sorted(deps)
-        if room(d) != room(m) and room(d) not in ROOMS[room(m)][1]
+        if room(d) != room(m) and room(d) not in ROOMS[room(m)].allowed
     ]
     assert wrong == []
 
@@ -140,7 +252,7 @@ def test_imports_point_down_only():
 def test_the_rooms_rule_would_catch_an_import_pointing_up():
     """The rule is not vacuous: imports that would point up (each between two modules that exist) are refused."""
     for importer, imported in [
-        ("regimen.stages.run.launch_entry", "regimen.flows.cycle"),
+        ("regimen.stages.run.launch_entry", "regimen.flows.pipeline.cycle"),
         ("regimen.stages.recipe.trl", "regimen.stages.training.model"),
         ("regimen.stages.rewards.code", "regimen.stages.recipe"),
         ("regimen.stages.sandbox.pool", "regimen.stages.core.errors"),
@@ -149,23 +261,23 @@ def test_the_rooms_rule_would_catch_an_import_pointing_up():
         ("regimen.stages.grpo", "regimen.stages.registry"),
     ]:
         assert importer in MODULES and imported in MODULES, (importer, imported)
-        assert room(imported) not in ROOMS[room(importer)][1], (importer, imported)
+        assert room(imported) not in ROOMS[room(importer)].allowed, (importer, imported)
 
 
 def test_every_room_is_one_folder_or_the_stage_files_and_every_allowance_is_used():
     """Rooms map to folders one to one (the stages room: the registry's stage files at the top of stages/),
     and a room's rule allows only rooms it imports today: an allowance nobody uses is removed, not kept."""
-    for name, (prefixes, _) in ROOMS.items():
+    for name, (prefixes, *_) in ROOMS.items():
         for prefix in prefixes:
             assert prefix in MODULES, (name, prefix)
             if name != "stages" and prefix != "regimen.stages":  # a folder, or a room that is one named file
                 assert MODULES[prefix].name == "__init__.py" or len(prefixes) == 1, (name, prefix)
-    for name in ROOMS["stages"][0]:
+    for name in ROOMS["stages"].prefixes:
         assert MODULES[name].parent == ROOT / "stages", name
     used = {r: set() for r in ROOMS}
     for m, deps in GRAPH.items():
         used[room(m)].update(room(d) for d in deps if room(d) != room(m))
-    unused = {r: sorted(set(allowed) - used[r]) for r, (_, allowed) in ROOMS.items() if set(allowed) - used[r]}
+    unused = {r: sorted(set(allowed) - used[r]) for r, (_, allowed, *_) in ROOMS.items() if set(allowed) - used[r]}
     assert unused == {}
 
 
@@ -403,7 +515,7 @@ def test_a_registry_the_flow_cannot_run_is_refused():
 def test_the_flows_and_what_presents_them_name_no_stage():
     """The flows, the CLI, the presentation, the runner and the policy lookup never name a stage: they
     read names and roles from the registry, so adding a stage touches its module and the registry only.
-    (`flows/boundary.py` names recipe sections, some of which share a stage's name.)"""
+    (`flows/serving/boundary.py` names recipe sections, some of which share a stage's name.)"""
     names = set(registry.NAMES)
     paths = [p for p in (ROOT / "flows").rglob("*.py") if p.name != "boundary.py"]
     for path in [*paths, ROOT / "stages" / "run" / "runner.py", ROOT / "stages" / "training" / "policy.py"]:
@@ -422,11 +534,8 @@ def test_a_stage_added_to_the_registry_alone_runs_where_its_role_says(tmp_path, 
 
     from regimen.stages.store import Store
 
-    order = (
-        *registry.ORDER[:4],
-        extra_gate_stage,
-        *registry.ORDER[4:],
-    )  # after sft, distill and the two built-in gates
+    # after sft, distill and the two built-in gates
+    order = (*registry.ORDER[:4], extra_gate_stage, *registry.ORDER[4:])
     registry.check(order)
     monkeypatch.setattr(registry, "ORDER", order)
     monkeypatch.setattr(registry, "STAGES", {s.NAME: s for s in order})
@@ -472,9 +581,8 @@ def test_no_private_attribute_of_a_library_is_used():
                     and node.attr not in DOCUMENTED
                 ):
                     base = ast.unparse(node.value)
-                    stdlib = (
-                        base.split(".")[0] in sys.stdlib_module_names
-                    )  # os._exit: the standard library's documented name
+                    # os._exit: the standard library's documented name
+                    stdlib = base.split(".")[0] in sys.stdlib_module_names
                     if base not in ("self", "cls") and not stdlib and (rel, f"{base}.{node.attr}") not in OURS:
                         found.append(f"{rel}:{node.lineno}: {base}.{node.attr}")
                 elif (
@@ -499,31 +607,29 @@ def test_no_private_attribute_of_a_library_is_used():
     assert [f for f in found if not any(f.startswith(k[0]) and k[1] in f for k in NO_PUBLIC_WAY)] == []
 
 
-def test_architecture_md_draws_the_same_rooms_as_the_rule():
-    """ARCHITECTURE.md's table (room, where, may import) says what ROOMS says, and the README's tour names
-    every room's folder: one map, so the documents cannot drift from the rule unnoticed."""
-    rows = {}
-    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and len(cells) == 4 and cells[0] in ROOMS:
-            rows[cells[0]] = cells
-    assert set(rows) == set(ROOMS)
-    names = {"the pieces": ["core", "decide", "store", "tasks", "rewards", "recipe", "training", "records"]}
-    for name, (_, allowed) in ROOMS.items():
-        listed = (
-            [w.strip() for w in rows[name][3].split(",")]
-            if rows[name][3] not in ("—", "the standard library only")
-            else []
-        )
-        listed = [r for w in listed for r in names.get(w, [w])]
-        assert sorted(listed) == sorted(allowed), name
-    tour = (ROOT / "README.md").read_text()
-    for name, (prefixes, _) in ROOMS.items():
-        for prefix in prefixes:
-            path = MODULES[prefix]
-            shown = path.parent.name + "/" if path.name == "__init__.py" else path.name
-            if prefix != "regimen.stages":
-                assert shown in tour, (name, shown)
+START, END = "<!-- rooms: generated from ROOMS in tests/test_layout.py -->", "<!-- rooms: end -->"
+
+
+def write_architecture_table(path: Path = ROOT / "ARCHITECTURE.md") -> bool:
+    """Put the table generated from ROOMS between ARCHITECTURE.md's markers; True when the file changed."""
+    text = path.read_text()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    new = f"{head}{START}\n{architecture_table()}\n{END}{tail}"
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+def test_architecture_md_holds_the_table_generated_from_rooms():
+    """One map: ARCHITECTURE.md's table of rooms is the one ROOMS generates (`python tests/test_layout.py`
+    rewrites it), so the document cannot drift from the rule unnoticed."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    assert START in text and END in text
+    shown = text.split(START, 1)[1].split(END, 1)[0].strip()
+    assert shown == architecture_table(), "ARCHITECTURE.md's rooms are stale: run python tests/test_layout.py"
+    for name, room_ in ROOMS.items():  # every room's allowance names rooms that exist, in the order of the house
+        assert all(list(ROOMS).index(a) < list(ROOMS).index(name) for a in room_.allowed), name
 
 
 LONGEST = 80
@@ -634,3 +740,7 @@ def test_under_xdist_a_file_runs_on_one_worker_and_the_ui_test_joins_the_operati
     assert set(ran) == {"tests/test_operations.py", "tests/test_ui.py", "tests/test_other.py"}, r.stdout[-3000:]
     assert all(len(workers) == 1 for workers in ran.values()), ran
     assert ran["tests/test_ui.py"] == ran["tests/test_operations.py"], ran
+
+
+if __name__ == "__main__":
+    print("ARCHITECTURE.md " + ("rewritten" if write_architecture_table() else "already current"))

@@ -32,13 +32,11 @@ def test_the_week_goes_as_the_rule_says(week):
     n = {x["night"]: x for x in week.nights}
     summary = "\n".join(str(x) for x in week.nights)
     assert n[1]["state"] == "COMPLETED" and n[1]["event"] == "promoted" and "first champion" in n[1]["reason"], summary
-    assert n[2]["state"] == "COMPLETED" and n[2]["event"] == "promoted", (
-        summary
-    )  # a better challenger on the grown data
+    # a better challenger on the grown data
+    assert n[2]["state"] == "COMPLETED" and n[2]["event"] == "promoted", summary
     assert n[2]["champion_acc"] >= n[1]["champion_acc"] + 0.02, summary
-    assert n[3]["state"] == "COMPLETED" and n[3]["versions_written"] == 0 and n[3]["event"] == "kept", (
-        summary
-    )  # every stage reused
+    # every stage reused
+    assert n[3]["state"] == "COMPLETED" and n[3]["versions_written"] == 0 and n[3]["event"] == "kept", summary
     assert "nothing new was trained" in n[3]["reason"], summary
     assert n[4]["event"] == "kept" and n[4]["champion"] == n[3]["champion"], summary  # poisoned rows: not promoted
     assert n[4]["challenger_acc"] < n[3]["champion_acc"], summary

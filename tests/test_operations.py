@@ -177,8 +177,8 @@ def test_hostile_ui_parameters_are_refused_before_anything_runs(prefect_server, 
 def test_every_hostile_ui_parameter_is_refused_at_the_flows_door(name, tmp_path, monkeypatch):
     """The door a served run goes through, with serve's environment (its recipes folder, its store, the
     operator's default limits and no extra allowed keys)."""
-    from regimen.flows import boundary
-    from regimen.flows.cycle import resolve_ui_recipe
+    from regimen.flows.pipeline.cycle import resolve_ui_recipe
+    from regimen.flows.serving import boundary
     from regimen.stages.core.errors import RegimenError
 
     store = tmp_path / "store"
@@ -316,7 +316,7 @@ def test_prefect_yaml_deploys_the_same_deployments_and_a_worker_runs_them(scenar
     deps = server.deployments()
     for name in ("on-demand", "nightly"):
         d = deps[name]
-        assert d["work_pool_name"] == "regimen" and d["entrypoint"] == "flows/cycle.py:regimen_cycle"
+        assert d["work_pool_name"] == "regimen" and d["entrypoint"] == "flows/pipeline/cycle.py:regimen_cycle"
         assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
         assert (
             d["global_concurrency_limit"]["limit"] == 1 and d["concurrency_options"]["collision_strategy"] == "ENQUEUE"

@@ -164,9 +164,8 @@ def test_a_rerun_after_a_change_of_code_versions_reruns_every_stage_once_then_re
     assert all(m["code_version"] == "0" * 16 for stage in STAGES for m in s.versions("tiny-test", stage))
 
     after_move = run_flow(TINY, store)
-    cycle = [
-        r for r in after_move if r.get("cycle")
-    ]  # the champion's own evaluation (cycle 0) may run too: its version was made before
+    # the champion's own evaluation (cycle 0) may run too: its version was made before
+    cycle = [r for r in after_move if r.get("cycle")]
     assert sorted(r["stage"] for r in cycle if not r["reused"]) == sorted(STAGES)  # every stage ran, once
     current = {stage: s.latest("tiny-test", stage)["code_version"] for stage in STAGES}
     assert all(v != "0" * 16 for v in current.values())

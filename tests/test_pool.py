@@ -65,7 +65,7 @@ _STALE_SLOT = """
 import time
 from prefect import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-from regimen.flows import deploy
+from regimen.flows.serving import deploy
 from regimen.stages.core.errors import InputError
 deploy.STALE_S = 3.0
 with get_client(sync_client=True) as c:  # the slot taken, no lease behind it, no deployment polled yet
@@ -76,7 +76,7 @@ try:
     print("fresh: admitted")
 except InputError:
     print("fresh: refused")
-from regimen.flows import pool
+from regimen.flows.serving import pool
 try:
     pool.refuse_pool_while_serving()
     print("pool: admitted")
@@ -167,7 +167,7 @@ def test_a_serve_that_died_frees_its_place_when_its_lease_expires(server, tmp_pa
 
 
 def test_a_serve_lease_below_prefects_least_is_refused_naming_the_variable(monkeypatch):
-    from regimen.flows.deploy import serve_lease_s
+    from regimen.flows.serving.deploy import serve_lease_s
     from regimen.stages.core.errors import InputError
 
     monkeypatch.setenv("REGIMEN_SERVE_LEASE_S", "300")
@@ -184,7 +184,7 @@ def test_the_api_lost_while_the_runner_starts_is_waited_out_and_other_failures_a
     import httpx
     from websockets.exceptions import InvalidMessage
 
-    from regimen.flows.deploy import _api_unreachable
+    from regimen.flows.serving.deploy import _api_unreachable
 
     def caused(exc: BaseException, cause: BaseException) -> BaseException:
         exc.__cause__ = cause
@@ -248,7 +248,7 @@ def test_pool_setup_is_idempotent_and_deploys_serves_guarded_parameters(server, 
     deps = server.deployments()
     assert set(deps) == {"on-demand", "nightly"}
     for d in deps.values():
-        assert d["work_pool_name"] == "regimen" and d["entrypoint"] == "regimen.flows.cycle.regimen_cycle"
+        assert d["work_pool_name"] == "regimen" and d["entrypoint"] == "regimen.flows.pipeline.cycle.regimen_cycle"
         assert d["enforce_parameter_schema"] and d["parameter_openapi_schema"]["additionalProperties"] is False
         env = d["job_variables"]["env"]
         assert env["REGIMEN_STORE"] == pool["url"] and Path(env["REGIMEN_CONFIGS"]) == ROOT / "tests"
@@ -263,9 +263,8 @@ def test_pool_setup_is_idempotent_and_deploys_serves_guarded_parameters(server, 
     names = sorted(a["name"] for a in automations)
     assert names == ["regimen-host-lost", "regimen-host-lost-rerun"]  # once each, after two setups
     crash = next(a for a in automations if a["name"] == "regimen-host-lost")
-    assert (
-        crash["trigger"]["posture"] == "Proactive" and crash["trigger"]["within"] == 45.0
-    )  # the lease's 15 s + a 30 s heartbeat
+    # the lease's 15 s + a 30 s heartbeat
+    assert crash["trigger"]["posture"] == "Proactive" and crash["trigger"]["within"] == 45.0
     r = server.post("/work_pools/filter", {})
     assert [p["type"] for p in r.json() if p["name"] == "regimen"] == ["process"]
     # a UI run still cannot choose the store: the guarded overrides are the flow's own
@@ -383,9 +382,8 @@ def host_lost(server, s3_server, pool):
                 tail(p) for p in logs
             )
             time.sleep(0.05)
-        lost = next(
-            name for name, proc in hosts.items() if len(tree(proc.pid)) > 1
-        )  # the worker with a flow run under it
+        # the worker with a flow run under it
+        lost = next(name for name, proc in hosts.items() if len(tree(proc.pid)) > 1)
         procs = tree(hosts[lost].pid)
         for p in procs:  # the host dies: its worker, the flow run and whatever they started, at once
             try:
@@ -421,9 +419,8 @@ def test_a_worker_host_killed_mid_grpo_has_its_run_done_on_the_other_host_from_t
     info = host_lost
     assert info["final"]["state"]["type"] == "COMPLETED", info["final"]["state"]
     assert info["states"].count("HostLost") == 1 and info["states"][-1] == "Completed", info["states"]
-    assert info["states"][info["states"].index("HostLost") + 1] == "Scheduled", info[
-        "states"
-    ]  # rescheduled by the automation
+    # rescheduled by the automation
+    assert info["states"][info["states"].index("HostLost") + 1] == "Scheduled", info["states"]
     assert info["run_id"] in info["other_log"]  # the live host ran it
     from regimen.stages.store import Store
 

@@ -125,8 +125,7 @@ def test_a_shrunken_hackable_run_stops_early_with_the_evidence(tmp_path, capsys)
     assert evidence["train_reward_rise"] >= 0.2 and evidence["heldout_gain"] < 0.02
     assert record["heldout_probe"][0]["step"] == 0
     rows = [json.loads(line) for line in (attempt / "trajectories.jsonl").read_text().splitlines()]
-    assert rows and all(
-        set(r["rewards"]) == {"digits", "answer"} for r in rows
-    )  # the monitor is logged beside the trained reward
+    # the monitor is logged beside the trained reward
+    assert rows and all(set(r["rewards"]) == {"digits", "answer"} for r in rows)
     log = [json.loads(line) for line in (attempt / "train_log.jsonl").read_text().splitlines()]
     assert any("rewards/answer/mean" in h for h in log) and any("heldout_probe" in h for h in log)

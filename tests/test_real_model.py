@@ -49,7 +49,7 @@ def overrides(model: Path, data: Path, **more) -> list[str]:
 
 @pytest.mark.slow
 def test_no_teacher_starts_at_the_dry_run_and_renders_the_chat_template(real_model, parquet, tmp_path):
-    from regimen.flows.cycle import regimen_cycle_recipe
+    from regimen.flows.pipeline.cycle import regimen_cycle_recipe
     from regimen.stages.recipe import load_recipe
 
     recipe = load_recipe(REAL, overrides(real_model, parquet, store=str(tmp_path / "store")))
@@ -82,7 +82,7 @@ def test_no_teacher_starts_at_the_dry_run_and_renders_the_chat_template(real_mod
 
 @pytest.mark.slow
 def test_an_oracle_teacher_runs_sft_on_conversations(real_model, parquet, tmp_path):
-    from regimen.flows.cycle import regimen_cycle_recipe
+    from regimen.flows.pipeline.cycle import regimen_cycle_recipe
     from regimen.stages.recipe import load_recipe
 
     recipe = load_recipe(

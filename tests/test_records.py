@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT, TINY, run_cli
 
-from regimen.flows import champion
+from regimen.flows.pipeline import champion
 from regimen.stages.core.errors import RegimenError, StoreError
 from regimen.stages.records import datasets as data_records
 from regimen.stages.store import Store
@@ -116,9 +116,7 @@ def test_a_rollback_landing_while_the_flow_decides_stands_and_the_flow_decides_a
     conclude(st, 2)  # champion v2
 
     # the flow has read the record (champion v2) and evaluates it; a person rolls back meanwhile
-    def champion_eval(
-        ref,
-    ):
+    def champion_eval(ref):
         if not any(e[1] == "person" for e in events(st)):
             champion.person_rolls_back(st, EXP, "v2 misbehaves in production")
         return evaluate(st)(ref)
@@ -130,9 +128,8 @@ def test_a_rollback_landing_while_the_flow_decides_stands_and_the_flow_decides_a
         ("rolled-back", "person", "grpo v1"),
         ("promoted", "flow", "grpo v3"),
     ]
-    assert (
-        line["redone"] == 1 and line["figures"]["champion"]["policy"] == "grpo v1"
-    )  # decided against the champion the person chose
+    # decided against the champion the person chose
+    assert line["redone"] == 1 and line["figures"]["champion"]["policy"] == "grpo v1"
     rec = champion.record(st, EXP)
     assert rec["revision"] == len(rec["history"]) == 4
 
@@ -331,9 +328,8 @@ def test_restoring_an_older_set_does_not_switch_back_silently(tmp_path):
 
 def test_a_refreshed_set_leaves_out_every_prompt_the_experiment_trained_on(tmp_path):
     st = build(tmp_path / "store")
-    trained = [
-        {"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(5)
-    ]  # case differs: the same prompt after normalisation
+    # case differs: the same prompt after normalisation
+    trained = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(5)]
     data_records.record_training_data(
         st, EXP, [{"prompt": f"what is {i}+1?", "answer": str(i + 1)} for i in range(30, 40)], 0
     )
@@ -411,9 +407,8 @@ def test_export_is_atomic_refuses_links_and_files_and_leaves_nothing_on_failure(
     (out / "link").symlink_to(tmp_path / "elsewhere")
     for target in ("a-file", "link"):
         code, _, err = run_cli(["export", EXP, str(out / target), "--store", str(tmp_path / "store")], capsys)
-        said = [
-            x for x in err.splitlines() if x.startswith(("error:", "stopped:"))
-        ]  # (an earlier in-process flow's log handler may add noise)
+        # (an earlier in-process flow's log handler may add noise)
+        said = [x for x in err.splitlines() if x.startswith(("error:", "stopped:"))]
         assert code == 2 and len(said) == 1 and target.replace("a-file", "file") in said[0], err
     assert not (tmp_path / "elsewhere").exists() and (out / "a-file").read_text() == "mine"
 
@@ -469,7 +464,7 @@ def test_promote_and_rollback_with_prefect_down_write_the_record_and_say_so_in_o
 
 
 def test_the_guard_is_the_operators_policy_not_a_ui_parameter_unless_serve_allows_it():
-    from regimen.flows.boundary import check_overrides
+    from regimen.flows.serving.boundary import check_overrides
     from regimen.stages.core.errors import InputError
 
     for key, value in (
@@ -480,9 +475,8 @@ def test_the_guard_is_the_operators_policy_not_a_ui_parameter_unless_serve_allow
         with pytest.raises(InputError, match="operator's policy"):
             check_overrides({key: value}, [])
     assert check_overrides({"cycle.guard.action": "warn"}, ["cycle.guard.*"]) == {"cycle.guard.action": "warn"}
-    assert check_overrides({"cycle.max_cycles": 3}, []) == {
-        "cycle.max_cycles": 3
-    }  # the rest of cycle.* stays a UI parameter
+    # the rest of cycle.* stays a UI parameter
+    assert check_overrides({"cycle.max_cycles": 3}, []) == {"cycle.max_cycles": 3}
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from regimen.flows.present.reward_check import main
+from regimen.flows.cli.reward_check import main
 from regimen.stages import sandbox
 from regimen.stages.core.errors import InputError
 

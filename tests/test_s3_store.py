@@ -359,9 +359,8 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     fs.pipe_file(f"{key}/checkpoint-40/model.safetensors", b"torn upload: no marker")  # a host killed mid-upload
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([20, 30], [40])
 
-    b = Store(url, cache_dir=tmp_path / "host-b").workspace.work_dir(
-        "exp", "grpo", "f" * 64
-    )  # a host that has never seen the run
+    # a host that has never seen the run
+    b = Store(url, cache_dir=tmp_path / "host-b").workspace.work_dir("exp", "grpo", "f" * 64)
     assert complete_checkpoints(b) == []
     assert fetch_remote(b) == 30
     assert [s for s, _ in complete_checkpoints(b)] == [30]
@@ -384,9 +383,8 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
         lost_lease(url, "exp").clear()
     assert 50 not in mirror.remote_checkpoints(fs, key, MARKER)[0]
 
-    Store(url, cache_dir=tmp_path / "host-c").workspace.drop_work(
-        "exp", "grpo", "f" * 64
-    )  # the committed stage's work goes
+    # the committed stage's work goes
+    Store(url, cache_dir=tmp_path / "host-c").workspace.drop_work("exp", "grpo", "f" * 64)
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([], []) and not c.exists()
 
 
@@ -501,9 +499,8 @@ def two_hosts(prefect_server, s3_server, tmp_path_factory):
     finally:
         stop(b)
     info["after"] = {stage: versions(fs, bucket, stage) for stage in ("sft", "reward-dry-run", "grpo-smoke")}
-    info["work_left"] = fs.glob(
-        "/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", "*"])
-    )  # a bucket key, not a local path
+    # a bucket key, not a local path
+    info["work_left"] = fs.glob("/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", "*"]))
     return info
 
 

@@ -1271,10 +1271,8 @@ def test_an_honest_sample_beside_a_cpu_hog_scores_one(hostile):
     assert hog.slot != honest.slot
     _zero(hog)
     assert "CPU time" in (hog.error or ""), hog.error
-    assert hog.cpu_s is not None and hog.cpu_s <= hog.duration_s * 1.15 + 0.1, (
-        hog.cpu_s,
-        hog.duration_s,
-    )  # one CPU, not two
+    # one CPU, not two
+    assert hog.cpu_s is not None and hog.cpu_s <= hog.duration_s * 1.15 + 0.1, (hog.cpu_s, hog.duration_s)
     assert honest.passed == 3 and honest.error is None, honest
 
 
@@ -1566,9 +1564,8 @@ def test_servers_are_kept_between_calls():
     ]
     assert sorted(_children_serving()) == servers  # the same server processes
     other = run_batch([(ADD, ADD_TESTS)], workers=2, config=SandboxConfig(timeout_s=2))
-    assert other[0].passed == 3 and set(servers) < set(
-        _children_serving()
-    )  # another config, other servers; these are kept
+    # another config, other servers; these are kept
+    assert other[0].passed == 3 and set(servers) < set(_children_serving())
     import signal
 
     for pid in servers:

@@ -102,11 +102,12 @@ def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available
 
     page.goto(f"{server.url}/artifacts/artifact/{table['id']}")
     # a metric whose value cannot be mistaken for another cell: the largest non-integer one
+    # every value a whole number (e.g. 0.0 and 40.0): the size is unambiguous
     metric = max(
         (k for k, v in expected.items() if isinstance(v, float) and v != int(v)),
         key=lambda k: expected[k],
         default="heldout_size",
-    )  # every value a whole number (e.g. 0.0 and 40.0): the size is unambiguous
+    )
     for name in ("heldout_accuracy", metric):
         row = page.locator("tr", has_text=name).first
         row.wait_for()

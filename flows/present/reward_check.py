@@ -1,91 +1,20 @@
-"""`regimen reward-check`: score sample completions with rewards, no model involved.
-
-The dry run of a reward on text that practitioners recommend before any training: a person writes or
-collects completions (JSONL, one object per line with `completion`, optionally `prompt`, plus the
-columns the rewards read, such as `answer` or `tests`) and sees what each reward pays for them.
-
-Without `--json`: a table of the first rows and a summary per reward (mean, std, min, max, how many
-None). With `--json`: exactly one JSON line per sample on stdout, the sample's fields plus
-`"rewards": {name: value}`; notes and warnings go to stderr. Gameable rewards are announced loudly
-either way. Samples are scored in batches, so `unit_tests` runs each batch in parallel.
-"""
+"""How `regimen reward-check` shows what rewards paid (the command is `flows/cli/reward_check.py`): a table of the
+first rows and a summary per reward (mean, std, min, max, how many None), the gameable rewards announced loudly."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from regimen.stages import rewards as rewards_module
-from regimen.stages.core.errors import InputError
-from regimen.stages.rewards import RewardFn, get_reward, is_gameable, score, weighted_total
-from regimen.stages.tasks import read_jsonl
+from regimen.stages.rewards import weighted_total
 
-BATCH_SIZE = 512
 TABLE_ROWS = 20
-# Keys of a sample that are not passed to rewards as dataset columns.
-_NOT_COLUMNS = {"prompt", "completion", "rewards", "prompts", "completions"}
 
 
-def _check_sample(path: Path, line_no: int, row: dict[str, Any]) -> None:
-    completion = row["completion"]
-    if not (
-        isinstance(completion, str) or (isinstance(completion, list) and all(isinstance(m, dict) for m in completion))
-    ):
-        raise InputError(
-            f"{path}:{line_no}: field 'completion' must be a string or a list of chat messages, got "
-            f"{type(completion).__name__}"
-        )
-    prompt = row.get("prompt")
-    if prompt is not None and not isinstance(prompt, (str, list)):
-        raise InputError(
-            f"{path}:{line_no}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
-        )
-
-
-def _recipe_rewards(config: str) -> dict[str, tuple[RewardFn, float]]:
-    """The recipe's rewards, by report name, with their weights (the recipe is validated as for a run)."""
-    from regimen.stages.recipe import load_recipe
-    from regimen.stages.rewards.registry import from_specs
-
-    recipe = load_recipe(config, check_trl=False)
-    fns = from_specs(recipe.rewards)
-    return {key: (fn, recipe.reward_weights()[key]) for key, fn in fns.items()}
-
-
-def report_name(name: str) -> str:
-    """The name a reward's values are reported under (as `RewardSpec.key` and TRL's logs name it)."""
-    from regimen.stages.recipe.schema import RewardSpec
-
-    return RewardSpec(name=name).key
-
-
-def resolve_rewards(rewards: list[str], config: str | None) -> tuple[dict[str, RewardFn], dict[str, float] | None]:
-    """Reward functions by name, and their weights when a recipe gives them. `--reward` names win;
-    a recipe given beside them lends its options and weights to the rewards it also lists."""
-    from_recipe = _recipe_rewards(config) if config else {}
-    if rewards:
-        fns: dict[str, RewardFn] = {}
-        weights: dict[str, float] = {}
-        for name in rewards:
-            key = report_name(name)
-            if key in fns:
-                continue
-            if key in from_recipe:
-                fns[key], weights[key] = from_recipe[key]
-            else:
-                fns[key], weights[key] = get_reward(name), 1.0
-        return fns, (weights if config else None)
-    if config:
-        return {k: fn for k, (fn, _) in from_recipe.items()}, {k: w for k, (_, w) in from_recipe.items()}
-    raise InputError("reward-check: name at least one reward with --reward NAME, or give a recipe with --config")
-
-
-def _gameable_warning(names: list[str]) -> str:
+def gameable_warning(names: list[str]) -> str:
     return rewards_module.GAMEABLE_WARNING.format(names=", ".join(names))
 
 
@@ -109,82 +38,11 @@ def _clip(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _json_value(v: float | None) -> float | None:
+def json_value(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def main(samples: str, config: str | None, rewards: list[str], as_json: bool) -> int:
-    """Score every sample in `samples` with the chosen rewards and print a table or JSON lines.
-    Returns 0; raises InputError (exit 2) on bad input, naming the file, line and field."""
-    path = Path(samples)
-    rows = list(read_jsonl(path, required=("completion",)))
-    for line_no, row in rows:
-        _check_sample(path, line_no, row)
-    fns, weights = resolve_rewards(list(rewards or []), config)
-    started = time.monotonic()
-
-    console = None
-    if not as_json:
-        from rich.console import Console
-
-        console = Console(highlight=False)
-    gameable = [name for name, fn in fns.items() if is_gameable(fn)]
-    if gameable:
-        if console is not None:
-            console.print(_gameable_warning(gameable), style="bold red", soft_wrap=True)
-        else:
-            print(_gameable_warning(gameable), file=sys.stderr)
-
-    for (
-        name,
-        fn,
-    ) in fns.items():  # a reward's checks at the door (unit_tests: tests that evaluate strings are refused, ...)
-        if callable(door := getattr(fn, "door", None)):
-            report = door([row for _, row in rows], [f"{path}:{line_no}" for line_no, _ in rows])
-            for kind, what in (
-                ("pays_anything", "pass their tests with no solution at all (left out: None)"),
-                ("pays_some", "pass some of their tests with no solution at all"),
-            ):
-                if report.get(kind):
-                    note = f"{name}: {len(report[kind])} sample(s) {what}: {', '.join(report[kind][:5])}"
-                    console.print(note, style="yellow", soft_wrap=True) if console is not None else print(
-                        note, file=sys.stderr
-                    )
-    values: dict[str, list[float | None]] = {name: [] for name in fns}
-    for start in range(0, len(rows), BATCH_SIZE):
-        chunk = rows[start : start + BATCH_SIZE]
-        samples_ = [row for _, row in chunk]
-        keys = sorted({k for row in samples_ for k in row} - _NOT_COLUMNS)
-        columns = {k: [row.get(k) for row in samples_] for k in keys}
-        prompts = [row.get("prompt", "") for row in samples_]
-        completions = [row["completion"] for row in samples_]
-        try:
-            batch = score(fns, prompts, completions, columns)
-        except InputError as exc:
-            raise InputError(f"{path} (lines {chunk[0][0]}-{chunk[-1][0]}): {exc}") from None
-        except Exception as exc:  # a reward that chokes on this file's data
-            raise InputError(
-                f"{path} (lines {chunk[0][0]}-{chunk[-1][0]}): a reward failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        for name in fns:
-            values[name].extend(batch[name])
-        if as_json:
-            out = sys.stdout
-            for i, row in enumerate(samples_):
-                record = {**row, "rewards": {name: _json_value(batch[name][i]) for name in fns}}
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
-
-    elapsed = time.monotonic() - started
-    if as_json:
-        print(f"reward-check: scored {len(rows)} samples with {', '.join(fns)} in {elapsed:.2f} s", file=sys.stderr)
-        return 0
-    assert console is not None
-    _print_report(console, path, rows, fns, values, weights, gameable, elapsed)
-    return 0
-
-
-def _print_report(console, path: Path, rows, fns, values, weights, gameable, elapsed: float) -> None:
+def print_report(console, path: Path, rows, fns, values, weights, gameable, elapsed: float) -> None:
     from rich.table import Table
 
     totals = weighted_total(values, weights) if weights else None
@@ -234,5 +92,5 @@ def _print_report(console, path: Path, rows, fns, values, weights, gameable, ela
         )
     console.print(summary)
     if gameable:
-        console.print(_gameable_warning(gameable), style="bold red", soft_wrap=True)
+        console.print(gameable_warning(gameable), style="bold red", soft_wrap=True)
     console.print(f"scored {len(rows)} samples with {len(fns)} reward(s) in {elapsed:.2f} s")

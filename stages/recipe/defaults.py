@@ -16,14 +16,14 @@ from pydantic import TypeAdapter, ValidationError
 
 REGIMEN_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     "sft": {
-        "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step"),
+        "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step")
     },
     "grpo": {
         "beta": (0.04, "Regimen always trains GRPO with a KL penalty that limits drift (TRL's default 0.0 has none)"),
         "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step"),
     },
     "distill": {
-        "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step"),
+        "ddp_find_unused_parameters": (False, "transformers' choice under DDP (True) costs an extra pass every step")
     },
 }
 
@@ -180,7 +180,7 @@ SECTION_BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         0,
         1,
         True,
-    ),  # the divergence itself: 0 forward KL, 1 reverse KL, 0.5 JSD (not GRPO's KL coefficient)
+    )  # the divergence itself: 0 forward KL, 1 reverse KL, 0.5 JSD (not GRPO's KL coefficient)
 }
 SECTION_WHY = {("distill", "beta"): ": distill.beta chooses the divergence (0 forward KL, 0.5 JSD, 1 reverse KL)"}
 

@@ -15,9 +15,8 @@ from regimen.stages.tasks import registry as tasks
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False
-    )  # NaN and infinities refused at the door
+    # NaN and infinities refused at the door
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TinyModel(Section):

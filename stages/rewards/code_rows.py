@@ -396,9 +396,8 @@ def row_job(
     cases, fn_name = program_cases(columns, row)
     if cases:
         cases = cases[:max_cases] if max_cases else cases
-        apps = (
-            col("input_output") is not None and bool(col("url")) and bool(col("difficulty"))
-        )  # a row as APPS and TACO publish it
+        # a row as APPS and TACO publish it
+        apps = col("input_output") is not None and bool(col("url")) and bool(col("difficulty"))
         return sandbox.Job(
             "", [], None, None, "programs", cases, case_timeout_s, float_tolerance, "apps" if apps else None
         )

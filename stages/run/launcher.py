@@ -103,6 +103,7 @@ def accelerate_command(recipe, spec: Path) -> list[str]:
         cmd += ["--config_file", acc.config_file]
     elif acc.num_processes > 1:
         cmd += ["--multi_gpu"]
+    # the recipe's, over a config file's
     cmd += [
         "--num_processes",
         str(acc.num_processes),
@@ -112,7 +113,7 @@ def accelerate_command(recipe, spec: Path) -> list[str]:
         str(acc.num_machines),
         "--machine_rank",
         str(acc.machine_rank),
-    ]  # the recipe's, over a config file's
+    ]
     if acc.num_machines > 1:
         cmd += ["--main_process_ip", str(acc.main_process_ip)]
     cmd += list(acc.extra_args)

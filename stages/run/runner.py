@@ -192,9 +192,8 @@ def _run(
         fetch_remote(dirs.checkpoints)
     device = _device(recipe, module)
     manifest["device"] = device["device"]
-    manifest["torch_cpu_capability"] = (
-        cpu_capability()
-    )  # which float kernels torch chose: a tiny model's training depends on it
+    # which float kernels torch chose: a tiny model's training depends on it
+    manifest["torch_cpu_capability"] = cpu_capability()
     with handle.running(
         {"fingerprint": fp, "cycle": call.cycle, "round": call.round, "checkpoints": str(dirs.checkpoints)}
     ):

@@ -456,9 +456,8 @@ def serve(sock: int, code: str, mode: str = "functions") -> None:
         send(sock, ("ready", names))
     except BaseException:
         _exit(0)
-    sys.setrecursionlimit(
-        sys.getrecursionlimit() + _depth() + 1 - PLAIN_HARNESS_DEPTH
-    )  # the frames below a call are ours
+    # the frames below a call are ours
+    sys.setrecursionlimit(sys.getrecursionlimit() + _depth() + 1 - PLAIN_HARNESS_DEPTH)
     while True:
         try:
             request = recv(sock, solution.handles.get)

@@ -62,6 +62,7 @@ else:
     from .slot import _PIVOT_ROOT, PR_SET_PDEATHSIG, Slot, _oom_score_adj, _prctl
     from .tree import _zygote
 
+# site: S adds its exit(), quit() to the builtins for every solution
 _PRELOAD = (
     "math",
     "cmath",
@@ -86,7 +87,7 @@ _PRELOAD = (
     "textwrap",
     "enum",
     "site",
-)  # site: S adds its exit(), quit() to the builtins for every solution
+)
 
 
 class Server:

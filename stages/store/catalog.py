@@ -87,9 +87,8 @@ class Catalog:
                 continue
             problems = self.check(manifest)
             if not problems and not self.b.local:
-                problems = self.copies.fetch(manifest)[
-                    1
-                ]  # the files as they arrive, by sha256: reuse reads them next anyway
+                # the files as they arrive, by sha256: reuse reads them next anyway
+                problems = self.copies.fetch(manifest)[1]
             if not problems:
                 return manifest, damaged
             damaged.append({"version": manifest["version"], "problems": problems})

@@ -58,7 +58,7 @@ log = logging.getLogger("regimen.store")
 
 def _lease_ttl(default: float = 120.0) -> float:
     """The experiment lease's time to live: REGIMEN_LEASE_TTL_S (at least 10 s) or 120 s. A work pool's
-    automation reschedules a lost host's run only after this long (flows/pool.py), and the tests shorten it."""
+    automation reschedules a lost host's run only after this long (flows/serving/pool.py), and the tests shorten it."""
     raw = os.environ.get("REGIMEN_LEASE_TTL_S", "").strip()
     if not raw:
         return default

@@ -96,9 +96,8 @@ def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
     import datasets
 
     source = _describe(opts, split)
-    quiet = logging.getLogger(
-        "datasets"
-    )  # it logs its own traceback for a broken file; ours names the file in one line
+    # it logs its own traceback for a broken file; ours names the file in one line
+    quiet = logging.getLogger("datasets")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:

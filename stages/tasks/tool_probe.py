@@ -80,9 +80,8 @@ def weak_solution(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def load(opts: Options) -> Task:
-    cases = random.Random(opts.seed * 1000 + 10).sample(
-        range(10**5), opts.heldout_size + opts.train_size
-    )  # distinct prompts
+    # distinct prompts
+    cases = random.Random(opts.seed * 1000 + 10).sample(range(10**5), opts.heldout_size + opts.train_size)
     heldout = rows(opts.heldout_size, seed=opts.seed * 1000 + 11, opts=opts, cases=cases[: opts.heldout_size])
     train = rows(opts.train_size, seed=opts.seed * 1000 + 12, opts=opts, cases=cases[opts.heldout_size :])
     return Task(train, heldout, NAME, reference=oracle, weak_reference=weak_solution)

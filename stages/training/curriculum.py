@@ -75,10 +75,8 @@ class Curriculum:
         self.listed: dict[str, set[int]] = {b: set() for b in BANDS}
         for i in order:
             self._enlist(i)
-        self.order, self.shadow = (
-            order,
-            0,
-        )  # TRL's own sampler, a seeded shuffle: what it would have drawn (groups skipped)
+        # TRL's own sampler, a seeded shuffle: what it would have drawn (groups skipped)
+        self.order, self.shadow = (order, 0)
         self.cursor = {b: 0 for b in BANDS}
         self.rng = random.Random(seed + 1)
         self.aside: dict[str, int] = {}  # prompt id -> the step from which it is re-admitted
@@ -86,11 +84,8 @@ class Curriculum:
             str, int
         ] = {}  # ... and how often it was set aside: each time waits twice as long (at most 8x)
         self.counts = {"groups_skipped": 0, "set_aside": 0, "readmitted": 0, "draws": 0}
-        self._changes, self._sizes_key, self._sizes = (
-            0,
-            None,
-            {},
-        )  # band sizes, kept until the table or the step changes
+        # band sizes, kept until the table or the step changes
+        self._changes, self._sizes_key, self._sizes = (0, None, {})
         self.drawn_by_band = {b: 0 for b in BANDS}
         self.rows_of: dict[str, list[int]] = {}
         for i, pid in enumerate(self.ids):
@@ -204,9 +199,8 @@ class Curriculum:
                 self._enlist(i)  # its band may have changed
             if same and self.rates.table[pid].alike_streak >= self.cfg.set_aside_after and pid not in self.aside:
                 times = self.times_aside[pid] = self.times_aside.get(pid, 0) + 1
-                self.aside[pid] = self.step + self.cfg.readmit_after * min(
-                    2 ** (times - 1), 8
-                )  # alike again: a longer wait
+                # alike again: a longer wait
+                self.aside[pid] = self.step + self.cfg.readmit_after * min(2 ** (times - 1), 8)
                 self.counts["set_aside"] += 1
 
     # -- state (checkpoints) -------------------------------------------------------------------

@@ -34,9 +34,8 @@ class Clock(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if hasattr(self, "t0") and state.log_history:
-            state.log_history[-1]["wall_s"] = round(
-                time.perf_counter() - self.t0, 3
-            )  # the Trainer stored a copy of `logs`
+            # the Trainer stored a copy of `logs`
+            state.log_history[-1]["wall_s"] = round(time.perf_counter() - self.t0, 3)
 
 
 class FaultInjection(TrainerCallback):
@@ -106,9 +105,8 @@ def build_trainer(
         train = pacing.dataset(curriculum)
         args.shuffle_dataset, args.ignore_data_skip = False, True
         recorder.listen(pacing.listener(curriculum, weights, args.num_generations), len(fns))
-        first.append(
-            pacing.CurriculumCallback(curriculum)
-        )  # before MarkComplete: its state is in the checkpoint when marked
+        # before MarkComplete: its state is in the checkpoint when marked
+        first.append(pacing.CurriculumCallback(curriculum))
     else:
         train = Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in task.train])
         if rates is not None:

@@ -185,9 +185,8 @@ class HeldoutProbe(TrainerCallback):
         )
         completions = [c[0] for c in outs]
         extra = {"environments": [e[0] for e in envs][: len(mine)]} if envs is not None else None
-        values = (
-            reward_values(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else None
-        )  # judged once
+        # judged once
+        values = reward_values(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else None
         flags = correct_flags(self.recipe, completions[: len(mine)], mine, extra, values) if mine else []
         rewards = (
             weighted_rewards(self.recipe, completions[: len(mine)], mine, extra, values) if mine and with_reward else []
@@ -306,9 +305,8 @@ class HeldoutProbe(TrainerCallback):
 
     # -- Trainer hooks -------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.t0 = (
-            time.perf_counter()
-        )  # the probe's entries carry wall_s (seconds of this process's training), as the Trainer's logs do
+        # the probe's entries carry wall_s (seconds of this process's training), as the Trainer's logs do
+        self.t0 = time.perf_counter()
         self.sharded = bool(
             self.trainer is not None
             and (

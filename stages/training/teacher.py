@@ -68,9 +68,8 @@ def teacher_accuracy(recipe, task: Task) -> float | None:
             completions,
             columns,
         )
-        scored = [
-            v for v in values[recipe.eval.metric] if v is not None
-        ]  # as evaluation counts: rows with no opinion left out
+        # as evaluation counts: rows with no opinion left out
+        scored = [v for v in values[recipe.eval.metric] if v is not None]
         return sum(1.0 for v in scored if v >= 1.0) / len(scored) if scored else 0.0
     if t.kind == "model":
         from regimen.stages.training.heldout import heldout_eval

@@ -64,7 +64,7 @@ class Presenter:
 
     @staticmethod
     def _guarded(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-        from regimen.flows import orchestrator
+        from regimen.flows.serving import orchestrator
 
         if orchestrator.down():  # nobody to publish to: the store keeps the results, the warning was said once
             return
@@ -85,7 +85,7 @@ class Presenter:
         seconds when given (an interrupted run: the person asked to stop)."""
         from concurrent.futures import wait
 
-        from regimen.flows import orchestrator
+        from regimen.flows.serving import orchestrator
 
         if self.closed:
             return
@@ -173,9 +173,8 @@ def publish(result: StageResult, store) -> None:
     if registry.trains(m["stage"]) and (result.path / "train_log.jsonl").exists():
         name = f"{m['stage']} v{m['version']}"
         log = trajectories.read(result.path / "train_log.jsonl")
-        rewarded = any(
-            "reward" in h for h in log
-        )  # GRPO's curves; a training without a reward (distillation) shows its divergence
+        # GRPO's curves; a training without a reward (distillation) shows its divergence
+        rewarded = any("reward" in h for h in log)
         publish_curves(
             m["experiment"],
             {name: log},

@@ -84,15 +84,19 @@ def deployment_options(
     }
 
 
-def closed_parameter_schema() -> dict[str, Any]:
+def entrypoint(flow) -> str:
+    """Where a worker imports the flow from (a module path), read off the flow object itself, so that it
+    follows the flow wherever its module lives."""
+    return f"{flow.fn.__module__}.{flow.fn.__name__}"
+
+
+def closed_parameter_schema(flow) -> dict[str, Any]:
     """The flow's parameter schema (Prefect's public `parameter_schema`) with `additionalProperties:
     false`, so the server also refuses an unknown parameter (a typo such as `overide`) with 409 instead
     of creating a run that crashes."""
     from prefect.utilities.callables import parameter_schema
 
-    from regimen.flows.cycle import regimen_cycle
-
-    schema = parameter_schema(regimen_cycle).model_dump_for_openapi()
+    schema = parameter_schema(flow).model_dump_for_openapi()
     schema["additionalProperties"] = False
     return schema
 
@@ -134,7 +138,7 @@ def operator_environment(
     import stat
     from pathlib import Path
 
-    from regimen.flows import boundary
+    from regimen.flows.serving import boundary
     from regimen.stages.core.errors import InputError
 
     path = Path(config).resolve()
@@ -190,6 +194,7 @@ def check_api_protected(allow_unauthenticated: bool = False) -> None:
 def serve_deployments(
     config: str,
     *,
+    flow,
     store: str | None = None,
     cron: str = DEFAULT_CRON,
     timezone: str = "UTC",
@@ -198,7 +203,8 @@ def serve_deployments(
     allow_unauthenticated: bool = False,
     limits: dict[str, Any] | None = None,
 ) -> None:
-    """Validate the recipe, register `on-demand` and `nightly`, and run their flow runs until stopped. Refused
+    """Validate the recipe, register `on-demand` and `nightly` of `flow` (the pipeline's `regimen_cycle`, handed
+    in by the command line: serving does not import the pipeline), and run their flow runs until stopped. Refused
     at once while the pool's deployments exist or another serve serves from the same Prefect server (`claim_serve`)."""
     from rich.console import Console
 
@@ -216,27 +222,25 @@ def serve_deployments(
     signal.signal(signal.SIGTERM, _terminate)
     try:
         lease = claim_serve()  # ... nor beside another serve (refused at once)
-        _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err)
+        _serve_holding(flow, config, store, cron, timezone, allow, configs_dir, limits, lease, err)
     finally:
         if "lease" in _HELD:  # taken (a SIGTERM may come between the server's answer and claim_serve's return)
             release_serve(_HELD["lease"], err)
 
 
-def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, lease, err) -> None:
+def _serve_holding(flow, config, store, cron, timezone, allow, configs_dir, limits, lease, err) -> None:
     import asyncio
 
     from regimen.stages.recipe import load_recipe
 
-    recipe = load_recipe(
-        config, {"store": store} if store else {}
-    )  # a bad recipe is refused here (exit 2), not at 2 am
+    # a bad recipe is refused here (exit 2), not at 2 am
+    recipe = load_recipe(config, {"store": store} if store else {})
     check_schedule(cron, timezone)
     name = operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
-    from regimen.flows.boundary import operator_limits
+    from regimen.flows.serving.boundary import operator_limits
 
-    load_recipe(
-        config, {"store": recipe.store, **operator_limits()}
-    )  # the served recipe itself keeps inside the limits
+    # the served recipe itself keeps inside the limits
+    load_recipe(config, {"store": recipe.store, **operator_limits()})
     if allow:
         err.print(f"UI runs may also set: {', '.join(allow)}", markup=False, highlight=False)
     paused = nightly_paused_by_a_person()
@@ -250,7 +254,7 @@ def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, le
     from prefect.exceptions import TerminationSignal
 
     try:
-        asyncio.run(_serve(deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused), lease))
+        asyncio.run(_serve(flow, deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused), lease))
     except (KeyboardInterrupt, TerminationSignal, asyncio.CancelledError):  # Ctrl-C; SIGTERM (`_serve` cancels itself)
         pass
     except SystemExit as exc:  # Prefect's runner exits on a SIGTERM that comes while it is starting
@@ -270,7 +274,7 @@ def _serve_holding(config, store, cron, timezone, allow, configs_dir, limits, le
     )
 
 
-async def _guard_records(deployment_ids) -> None:
+async def _guard_records(flow, deployment_ids) -> None:
     """Set each registered deployment's guarded fields to what serve means (no path, pull steps or storage,
     the closed parameter schema) and put their digests in this process's environment, which runs inherit."""
     import json
@@ -279,9 +283,9 @@ async def _guard_records(deployment_ids) -> None:
     from prefect import get_client
     from prefect.client.schemas.actions import DeploymentUpdate
 
-    from regimen.flows.boundary import record_digest
+    from regimen.flows.serving.boundary import record_digest
 
-    schema = closed_parameter_schema()
+    schema = closed_parameter_schema(flow)
     digests = {}
     async with get_client() as client:
         for deployment_id in deployment_ids:
@@ -294,7 +298,7 @@ async def _guard_records(deployment_ids) -> None:
                     job_variables={},
                     storage_document_id=None,
                     infrastructure_document_id=None,
-                    entrypoint="regimen.flows.cycle.regimen_cycle",
+                    entrypoint=entrypoint(flow),
                 ),
             )
             digests[str(deployment_id)] = record_digest(await client.read_deployment(deployment_id))
@@ -302,7 +306,7 @@ async def _guard_records(deployment_ids) -> None:
     os.environ["REGIMEN_DEPLOYMENT_FIELDS"] = json.dumps({k: v[1] for k, v in digests.items()})
 
 
-async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
+async def _serve(flow, options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     """Prefect's `serve`, built from its public parts so that each flow run executes this process's own
     flow object: `Runner.add_flow` registers the flow itself, and its runs start as
     `run_flow_in_subprocess(flow, ...)`, which never reads a deployment's entrypoint, path or pull steps
@@ -325,8 +329,6 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     import prefect.runner.server  # noqa: F401
     from prefect.runner import Runner
 
-    from regimen.flows.cycle import regimen_cycle
-
     log = logging.getLogger("regimen.serve")
     # a SIGTERM cancels this loop at its next await, a clean stop (not an exception raised in whatever code is
     # running); once started, Prefect's runner installs its own handler, which stops it gracefully
@@ -336,8 +338,8 @@ async def _serve(options: dict[str, dict[str, Any]], lease: Any = None) -> None:
     while True:
         runner = Runner(name="regimen", limit=1, pause_on_shutdown=False)
         try:
-            ids = {name: await runner.aadd_flow(regimen_cycle, name=name, **kw) for name, kw in options.items()}
-            await _guard_records(ids.values())
+            ids = {name: await runner.aadd_flow(flow, name=name, **kw) for name, kw in options.items()}
+            await _guard_records(flow, ids.values())
             # only now is the record what serve means: a change made through the API before this line is
             # overwritten by the registration, one made after it refuses the runs (`check_deployment`)
             print(
@@ -388,7 +390,7 @@ async def _api_answers() -> bool:
         return False
 
 
-# -- serve is the one-host path (flows/pool.py makes the several-hosts path) ------------------------------
+# -- serve is the one-host path (flows/serving/pool.py makes the several-hosts path) ------------------------------
 
 SERVE_LIMIT = "regimen-serve"
 SERVE_LEASE_S = 60.0  # the least Prefect's server takes (and the default); renewed every third of it

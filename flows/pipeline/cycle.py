@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, Failed
 
-from regimen.flows.publish import (
+from regimen.flows.pipeline.publish import (
     Presenter,
     publish,
     publish_champion,
@@ -48,9 +48,8 @@ from regimen.stages.store.lock import machine_slot
 from regimen.stages.training.pass_rates import FILE as PASS_RATES
 from regimen.stages.training.policy import base_policy, latest_policy
 
-log = logging.getLogger(
-    "regimen.run"
-)  # one line per stage start and end (the CLI shows them; Prefect's log keeps them)
+# one line per stage start and end (the CLI shows them; Prefect's log keeps them)
+log = logging.getLogger("regimen.run")
 
 
 @dataclass
@@ -198,7 +197,7 @@ def _refuse_when_tampered(flow, flow_run, state) -> None:
     calls this hook when it reports the crash) is refused like any run of a tampered deployment: the
     reason as its state's message, the tampered event, a line in the log. A run the body already refused,
     or one that failed or crashed for another reason, is left as it is."""
-    from regimen.flows import boundary
+    from regimen.flows.serving import boundary
 
     if str(state.message or "").startswith("refused:"):
         return
@@ -226,7 +225,7 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
         overrides: training hyperparameters to override, as dotted keys (e.g. {"grpo.beta": 0.08});
             keys that choose code or places are refused unless the operator allowed them.
     """
-    from regimen.flows import boundary
+    from regimen.flows.serving import boundary
 
     if refused := boundary.check_deployment():  # a deployment changed through the API since serve registered it
         get_run_logger().error("refused: %s", refused)
@@ -238,7 +237,7 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
 def resolve_ui_recipe(config: Any, overrides: Any) -> Recipe:
     """The door of a run started from the UI or the API: the overrides against the allow-list, then the
     operator's limits (after them: `limits.*` is the operator's), then the recipe resolved and bounded."""
-    from regimen.flows import boundary
+    from regimen.flows.serving import boundary
 
     extra = dict(boundary.check_overrides(overrides))
     extra.update(boundary.operator_limits())
@@ -282,7 +281,7 @@ def run_cycles(recipe: Recipe, experiment: str | None = None):
     whole run. Returns a RunResult; a run that a gate, the guard, a stage or the store stopped ends as
     Failed, an interrupted one (Ctrl-C, SIGTERM, a cancel) as Cancelled, each with its message and the
     RunResult as the state's data."""
-    from regimen.flows import orchestrator
+    from regimen.flows.serving import orchestrator
 
     with orchestrator.watching():
         outcome = _run_cycles(recipe, experiment or recipe.experiment)
@@ -315,9 +314,8 @@ def _run_cycles(recipe: Recipe, experiment: str):
                 if results:
                     presenter.submit(publish_report, run.store, recipe, experiment)
                 interrupted = isinstance(sys.exc_info()[1], StageInterrupted)  # a person asked to stop: not long
-                presenter.close(
-                    patience=5.0 if interrupted else None
-                )  # what is still queued is published before the run ends
+                # what is still queued is published before the run ends
+                presenter.close(patience=5.0 if interrupted else None)
     except StageInterrupted as exc:
         return Cancelled(
             message=str(exc), data=RunResult(results, exc.exit_code, str(exc), exc.stage, type(exc).__name__)
@@ -405,7 +403,7 @@ def prepare_data(recipe: Recipe, run: Run) -> None:
 def starting_policy(recipe: Recipe, run: Run) -> dict[str, Any]:
     """Cycle 1's policy, by `cycle.start_from`: the champion (or, on the data it was trained on, what it was
     trained from: the same training again), the latest good policy, or the base model."""
-    from regimen.flows import champion
+    from regimen.flows.pipeline import champion
 
     st = run.store
     if recipe.cycle.start_from == "champion":
@@ -427,9 +425,9 @@ def _data_digest(run: Run) -> str | None:
 
 
 def crown(recipe: Recipe, run: Run, stopped: str | None) -> None:
-    """The challenger against the champion, decided and recorded (`flows/champion.py`); then its artifact
+    """The challenger against the champion, decided and recorded (`flows/pipeline/champion.py`); then its artifact
     and event. Never the run's failure: a problem here is a warning."""
-    from regimen.flows import champion
+    from regimen.flows.pipeline import champion
 
     if run.heldout is None:
         return

@@ -3,7 +3,7 @@ process's own child, and dies with it.
 
 Prefect's own temporary server (`SubprocessASGIServer`) gives no way to tie the server's life to ours:
 a `regimen run` that is SIGKILLed would leave it running. So the CLI starts the same app itself:
-`python -m regimen.flows.server PARENT_PID` binds a free port on 127.0.0.1 first (and prints it, so the
+`python -m regimen.flows.serving.server PARENT_PID` binds a free port on 127.0.0.1 first (and prints it, so the
 parent never guesses a port that another process takes meanwhile), asks Linux to kill it when its parent
 dies (PR_SET_PDEATHSIG, set in the child itself, so no `preexec_fn` and no patched `Popen`), and serves
 `prefect.server.api.server.create_app(ephemeral=True)` with uvicorn on that socket: the API without the UI
@@ -35,7 +35,7 @@ class TemporaryServer:
     def __init__(self) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="regimen-prefect-server-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "regimen.flows.server", str(os.getpid())],
+            [sys.executable, "-m", "regimen.flows.serving.server", str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self.log,

@@ -1,7 +1,8 @@
 """The CLI's commands about an experiment's models and data over time: `champion`, `promote`, `rollback`,
-`export`, `heldout refresh`. Registered on the main app by `flows/cli.py`; the work is `flows/champion.py`
-and `stages/records/datasets.py`. A person's move is recorded as such (`by: person`, with the reason given),
-and, when a Prefect server is configured (`PREFECT_API_URL`), announced as an event for automations."""
+`export`, `heldout refresh`, and `make-model` (a small model built locally). The work is in
+`flows/pipeline/champion.py` and `stages/records/datasets.py`. A person's move is recorded as such (`by: person`,
+with the reason given), and, when a Prefect server is configured (`PREFECT_API_URL`), announced as an event for
+automations."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from regimen.flows.cli.app import app
+from regimen.stages.core.errors import InputError
 
 console = Console(soft_wrap=True)
 StoreOpt = Annotated[str, typer.Option("--store", help="artifact store: a folder or an fsspec URL")]
@@ -67,8 +71,8 @@ def _api_answers(url: str) -> bool:
 
 def champion(experiment: Annotated[str, typer.Argument(help="experiment name")], store: StoreOpt = "artifacts") -> None:
     """The experiment's champion and its history (promotions, keeps, a person's moves)."""
-    from regimen.flows.champion import record
-    from regimen.flows.publish import champion_table
+    from regimen.flows.pipeline.champion import record
+    from regimen.flows.pipeline.publish import champion_table
     from regimen.stages.core.errors import InputError
     from regimen.stages.store import Store
 
@@ -105,7 +109,7 @@ def promote(
     reason: ReasonOpt = "",
 ) -> None:
     """Make a policy the champion (a person's decision; it must have been evaluated on the frozen held-out set)."""
-    from regimen.flows.champion import person_promotes
+    from regimen.flows.pipeline.champion import person_promotes
     from regimen.stages.store import Store
 
     line = person_promotes(Store(store), experiment, version, reason)
@@ -123,7 +127,7 @@ def rollback(
     reason: ReasonOpt = "",
 ) -> None:
     """Make the previous champion the champion again (a person's decision; it holds until a better challenger)."""
-    from regimen.flows.champion import person_rolls_back
+    from regimen.flows.pipeline.champion import person_rolls_back
     from regimen.stages.store import Store
 
     line = person_rolls_back(Store(store), experiment, reason)
@@ -143,7 +147,7 @@ def export(
     store: StoreOpt = "artifacts",
 ) -> None:
     """Write the champion as a model folder that `AutoModelForCausalLM.from_pretrained` loads."""
-    from regimen.flows.champion import export as do_export
+    from regimen.flows.pipeline.champion import export as do_export
     from regimen.stages.store import Store
 
     path = do_export(Store(store), experiment, out)
@@ -185,7 +189,24 @@ def heldout_refresh(
     )
 
 
-def register(app: typer.Typer) -> None:
-    for fn in (champion, promote, rollback, export):
-        app.command(fn.__name__)(fn)
-    app.add_typer(heldout_app, name="heldout")
+for _command in (champion, promote, rollback, export):
+    app.command(_command.__name__)(_command)
+app.add_typer(heldout_app, name="heldout")
+
+
+@app.command("make-model")
+def make_model(
+    out: Annotated[str, typer.Argument(help="folder to write the model into (like a hub snapshot)")],
+    arch: Annotated[
+        str, typer.Option("--arch", help="qwen3 or llama (either with a byte-level BPE tokenizer and a chat template)")
+    ] = "qwen3",
+    hidden_size: Annotated[int, typer.Option("--hidden-size")] = 64,
+    layers: Annotated[int, typer.Option("--layers")] = 2,
+) -> None:
+    """Build a small standard-architecture causal LM locally (no download), saved with save_pretrained."""
+    from regimen.stages.training.model import build_real_shaped_model
+
+    if arch not in ("qwen3", "llama"):
+        raise InputError(f"--arch {arch!r}: use qwen3 or llama")
+    path = build_real_shaped_model(out, arch=arch, hidden_size=hidden_size, num_layers=layers)
+    console.print(f"model saved to {path} (model.name_or_path: {path})")

@@ -11,10 +11,10 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from regimen.flows.cycle import Run, gates, preflight, stage, train_round
+from regimen.flows.pipeline.cycle import Run, gates, preflight, stage, train_round
+from regimen.flows.pipeline.publish import Presenter, artifact_key
 from regimen.flows.present.comparison import comparison
 from regimen.flows.present.plots import data_uri, read_log
-from regimen.flows.publish import Presenter, artifact_key
 from regimen.stages import registry
 from regimen.stages.recipe import Recipe
 from regimen.stages.store import Store, check_name

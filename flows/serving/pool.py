@@ -7,7 +7,7 @@ PREFECT_API_URL names (and again, changing nothing else, when rerun):
 - the deployments `regimen-cycle/on-demand` and `/nightly` in that pool, with serve's guarded parameters
   (`deploy.deployment_options`: the closed schema, the recipe chosen from the configs folder, the
   allow-list and the operator's limits, passed as the runs' environment like serve's). Their entrypoint is
-  the module path `regimen.flows.cycle.regimen_cycle`, imported from the regimen installed on the host that
+  the module path `regimen.flows.pipeline.cycle.regimen_cycle`, imported from the regimen installed on the host that
   runs it, with one pull step (`set_working_directory`) to the project folder as it is on this machine:
   every host keeps the project at the same path, as with `prefect deploy` (prefect.yaml);
 - **what a lost host needs**, two automations (below).
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from regimen.flows.deploy import DEFAULT_POOL
+from regimen.flows.serving.deploy import DEFAULT_POOL
 from regimen.stages.core.errors import InputError
 
 HOST_LOST = "HostLost"
@@ -61,7 +61,7 @@ def refuse_pool_while_serving() -> None:
     """pool setup while a serve holds `regimen-serve` (a live one: its lease is renewed) is refused."""
     from prefect import get_client
 
-    from regimen.flows import deploy
+    from regimen.flows.serving import deploy
 
     if not deploy.serve_limit_exists():
         return
@@ -120,6 +120,7 @@ def host_lost_after(heartbeat_s: int, lease_ttl_s: float | None = None) -> int:
 def pool_setup(
     store: str,
     *,
+    flow,
     pool: str = DEFAULT_POOL,
     config: str = "configs/default.yaml",
     configs_dir: str | None = None,
@@ -131,8 +132,9 @@ def pool_setup(
     host_lost_after_s: int | None = None,
     allow_unauthenticated: bool = False,
 ) -> dict[str, Any]:
-    """Create or update the pool, its two deployments and the two automations; returns what was made."""
-    from regimen.flows import deploy
+    """Create or update the pool, its two deployments of `flow` (handed in by the command line) and the two
+    automations; returns what was made."""
+    from regimen.flows.serving import deploy
     from regimen.stages.recipe import load_recipe
 
     if heartbeat_s < 30:
@@ -161,7 +163,7 @@ def pool_setup(
     try:
         name = deploy.operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
         env = {k: os.environ[k] for k in saved if os.environ.get(k) is not None}
-        from regimen.flows.boundary import operator_limits
+        from regimen.flows.serving.boundary import operator_limits
 
         load_recipe(config, {"store": recipe.store, **operator_limits()})
     finally:
@@ -174,7 +176,7 @@ def pool_setup(
     refuse_pool_while_serving()
     paused = deploy.nightly_paused_by_a_person()
     options = deploy.deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused)
-    ids = asyncio.run(_apply(pool, options, env, Path.cwd().resolve()))
+    ids = asyncio.run(_apply(flow, pool, options, env, Path.cwd().resolve()))
     asyncio.run(_automations(list(ids.values()), lost_after))
     return {
         "pool": pool,
@@ -186,17 +188,18 @@ def pool_setup(
     }
 
 
-async def _apply(pool: str, options: dict[str, dict[str, Any]], env: dict[str, str], project: Path) -> dict[str, UUID]:
+async def _apply(
+    flow, pool: str, options: dict[str, dict[str, Any]], env: dict[str, str], project: Path
+) -> dict[str, UUID]:
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.client.schemas.objects import ConcurrencyOptions
     from prefect.exceptions import ObjectNotFound
     from prefect.workers.process import ProcessWorker
 
-    from regimen.flows.cycle import regimen_cycle
-    from regimen.flows.deploy import closed_parameter_schema
+    from regimen.flows.serving.deploy import closed_parameter_schema, entrypoint
 
-    schema = closed_parameter_schema()
+    schema = closed_parameter_schema(flow)
     async with get_client() as client:
         try:
             existing = await client.read_work_pool(pool)
@@ -215,7 +218,7 @@ async def _apply(pool: str, options: dict[str, dict[str, Any]], env: dict[str, s
                     f"{pool} --limit 1`); made by `regimen pool setup`",
                 )
             )
-        flow_id = await client.create_flow(regimen_cycle)
+        flow_id = await client.create_flow(flow)
         ids = {}
         for name, kw in options.items():
             limit = kw["concurrency_limit"]
@@ -229,7 +232,7 @@ async def _apply(pool: str, options: dict[str, dict[str, Any]], env: dict[str, s
                 concurrency_limit=limit.limit,
                 concurrency_options=ConcurrencyOptions(collision_strategy=limit.collision_strategy),
                 work_pool_name=pool,
-                entrypoint="regimen.flows.cycle.regimen_cycle",
+                entrypoint=entrypoint(flow),
                 path=None,
                 enforce_parameter_schema=True,
                 parameter_openapi_schema=schema,
