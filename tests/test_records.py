@@ -489,3 +489,35 @@ def test_a_bad_experiment_name_is_refused_before_anything_is_written(args, tmp_p
     said = [x for x in err.splitlines() if x.strip()]
     assert code == 2 and len(said) == 1 and "experiment '../x'" in said[0], err
     assert not (tmp_path / "store").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_write_whose_revision_was_claimed_meanwhile_is_refused_and_reads_roll_forward(tmp_path):
+    """The fence at the write (issue 42): a writer whose next revision was claimed by another (who took the lock
+    while this one was paused) is refused by its claim, writes nothing, and every reader sees the other's
+    revision even before the record file itself was rewritten."""
+    from regimen.stages.store import StaleRecord
+    from regimen.stages.store.lock import exclusive_create
+
+    st = build(tmp_path / "store")
+    conclude(st, 1)
+    before = st.ledger.read(EXP, "champion.json")
+    rev = before["revision"]
+
+    def change(current):
+        other = {"revision": rev + 1, "set": {"note": "the other writer"}, "removed": [], "history_added": ["theirs"]}
+        assert exclusive_create(
+            st.fs, st.ledger.revision_path(EXP, "champion.json", rev + 1), json.dumps(other).encode()
+        )
+        return {**current, "history": [*current["history"], "mine"]}
+
+    with pytest.raises(StaleRecord, match=f"revision {rev + 1} was written meanwhile"):
+        st.ledger.update(EXP, "champion.json", change)
+    on_disk = json.loads((tmp_path / "store" / EXP / "champion.json").read_text())
+    assert on_disk["revision"] == rev  # nothing of the refused write
+    now = st.ledger.read(EXP, "champion.json")  # rolled forward through the other's claim
+    assert now["revision"] == rev + 1 and now["note"] == "the other writer" and now["history"][-1] == "theirs"
+    assert "mine" not in now["history"]
+    nxt = st.ledger.update(EXP, "champion.json", lambda cur: {**cur, "history": [*cur["history"], "next"]})
+    assert nxt["revision"] == rev + 2 and nxt["history"][-2:] == ["theirs", "next"]
+    claims = sorted(p.name for p in (tmp_path / "store" / EXP / "revisions" / "champion.json").iterdir())
+    assert claims == [f"r{i:08d}.json" for i in range(1, rev + 3)]

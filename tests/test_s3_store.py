@@ -601,3 +601,78 @@ def test_a_bad_bucket_is_one_line_with_its_exit_code_and_nothing_written(case, p
     assert "Traceback" not in log
     fs = s3_server.client()
     assert fs.find(bucket) == [] and "no-such-bucket-e2e" not in fs.ls("")
+
+
+STALLED_ROLLBACK = """
+import os, signal, sys
+from pathlib import Path
+from regimen.flows.cli import main
+from regimen.flows.pipeline import champion
+
+inside, real = Path(sys.argv[1]), champion.evaluation_of
+
+def stalled(*args, **kwargs):  # called inside the record lock, after the record was read: stop here, as a paused VM
+    if not inside.exists():
+        inside.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return real(*args, **kwargs)
+
+champion.evaluation_of = stalled
+sys.argv = ["regimen", "rollback", "rec", "--store", sys.argv[2], "--reason", "stalled"]
+main()
+"""
+
+
+def test_a_promote_made_while_a_rollback_stalls_in_the_record_lock_stands_and_the_rollback_is_refused_at_the_write(
+    s3_server, bucket, tmp_path
+):
+    """Issue 42: a `rollback` stopped (SIGSTOP) inside the bucket's record lock past its expiry; a person's
+    `promote` takes the expired lock and writes its revision; the rollback, resumed, decided on the record it
+    read before the promote and is refused at the write itself (its revision's claim exists): it stops
+    saying why, writes nothing, and the promote's line stays. No revision number is written twice."""
+    from test_records import EXP, build, conclude
+
+    url = f"s3://{bucket}/r"
+    env = {**os.environ, **s3_server.env(), "REGIMEN_CACHE": str(tmp_path / "cache"), "REGIMEN_RECORD_LOCK_TTL_S": "2"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        st = build(url)  # grpo v1..v3 evaluated on one frozen set, in the bucket
+        conclude(st, 1)
+        conclude(st, 2)  # champion v2; a rollback would return to v1
+        before = st.ledger.read(EXP, "champion.json")["revision"]
+        inside = tmp_path / "inside"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STALLED_ROLLBACK, str(inside), url],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while not inside.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(3)  # past the record lock's 2 s: the stalled holder can neither renew nor release it
+        promoted = subprocess.run(
+            [str(bin_path("regimen")), "promote", EXP, "grpo/v3", "--store", url, "--reason", "v3 is better"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert promoted.returncode == 0, promoted.stderr
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert proc.returncode == 1, (out, err)
+    assert "refused" in err and f"revision {before + 1}" in err and "nothing of it was written" in err, err
+    rec = Store(url, cache_dir=tmp_path / "fresh").ledger.read(EXP, "champion.json")
+    assert rec["revision"] == before + 1 and rec["champion"]["policy"] == "grpo v3"
+    assert [(h["event"], h["by"]) for h in rec["history"]][-1] == ("promoted", "person")
+    assert not any(h.get("reason") == "stalled" for h in rec["history"])
+    claims = s3_server.client().ls(f"{bucket}/r/{EXP}/revisions/champion.json", detail=False)
+    numbers = [int(re.search(r"r(\d+)\.json$", c).group(1)) for c in claims]
+    assert sorted(numbers) == list(range(1, before + 2))  # one claim per revision, none twice

@@ -1,8 +1,14 @@
 """An experiment's records in the store: its named records (champion.json, the data versions), the cycle's
 verdicts (`<experiment>/decisions/`) and the stages' failed attempts (`<experiment>/<stage>/failed/`).
 
-Records change only under the experiment's record lock, or by compare-and-swap against what was read
-(`update`); verdicts and failed attempts are only ever added.
+Records change only by `update`: a read-decide-write under the experiment's record lock, fenced at the write.
+Each revision of a record is claimed by an exclusive create of `<experiment>/revisions/<name>/r<revision>.json`
+(a conditional PUT in a bucket, O_EXCL on disk) holding what that revision changed; only then is the record
+itself rewritten. Two writers that read the same revision can never both write the next one: the second
+claim is refused at the write itself, whatever paused whom (a holder stopped past the lock's expiry resumes
+and is refused; a run deciding on a stale read is refused). Reads roll the record forward through any claims
+newer than it (a writer stopped between its claim and its rewrite), so a claimed revision is never lost and
+no revision number is ever written twice. Verdicts and failed attempts are only ever added.
 """
 
 from __future__ import annotations
@@ -18,7 +24,48 @@ from typing import Any
 from regimen.stages.core.errors import StoreError
 from regimen.stages.store import files, schemas
 from regimen.stages.store.backend import Backend, check_name, now_iso
-from regimen.stages.store.lock import record_lock
+from regimen.stages.store.lock import exclusive_create, record_lock
+
+REVISIONS = "revisions"
+
+
+def _delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What revision `new` changed of `old`: the keys it set (a `history` list as the lines it appended, when
+    it kept the old ones as they were), the keys it removed, and when and by whom."""
+    set_, history = {}, None
+    for key, value in new.items():
+        if key == "history" and isinstance(value, list) and isinstance(old.get("history"), list):
+            kept = len(old["history"])
+            if value[:kept] == old["history"]:
+                history = value[kept:]
+                continue
+        if old.get(key) != value:
+            set_[key] = value
+    out: dict[str, Any] = {"revision": new["revision"], "set": set_, "removed": sorted(set(old) - set(new))}
+    if history is not None:
+        out["history_added"] = history
+    out["claimed"] = {"at": now_iso(), "pid": os.getpid()}
+    return out
+
+
+def _apply(record: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in record.items() if k not in delta.get("removed", [])}
+    out.update(delta.get("set") or {})
+    if "history_added" in delta:
+        out["history"] = [*(record.get("history") or []), *delta["history_added"]]
+    out["revision"] = delta["revision"]
+    return out
+
+
+def _by(claim: dict[str, Any]) -> str:
+    lines = claim.get("history_added") or []
+    what = lines[-1] if lines and isinstance(lines[-1], dict) else {}
+    parts = [
+        f"{what.get('event')} by {what.get('by')}" if what.get("event") else "",
+        (claim.get("claimed") or {}).get("at"),
+    ]
+    shown = ", ".join(p for p in parts if p)
+    return f" ({shown})" if shown else ""
 
 
 class StaleRecord(StoreError):
@@ -37,12 +84,37 @@ class Ledger:
         return self.b.write_text(self.b.join(check_name(experiment), name), json.dumps(data, indent=1, default=str))
 
     def read(self, experiment: str, name: str) -> Any:
-        """The experiment-level record `name`, or None when there is none (or it is unreadable)."""
-        return self.b.read_json(self.b.join(check_name(experiment), name))
+        """The experiment-level record `name` at its newest claimed revision, or None when there is none (or it
+        is unreadable)."""
+        found = self.b.read_json(self.b.join(check_name(experiment), name))
+        if found is None and self.has(experiment, name):
+            return None  # unreadable: its readers stop (rolling forward from nothing would start a new history)
+        return self._rolled_forward(experiment, name, found)
 
     def has(self, experiment: str, name: str) -> bool:
         """Whether the record's file exists (readable or not)."""
         path = self.b.join(check_name(experiment), name)
+        return os.path.lexists(path) if self.b.local else bool(self.b.fs.exists(path))
+
+    def revision_path(self, experiment: str, name: str, revision: int) -> str:
+        """Where revision `revision` of record `name` is claimed."""
+        return self.b.join(check_name(experiment), REVISIONS, name, f"r{revision:08d}.json")
+
+    def _rolled_forward(self, experiment: str, name: str, record: Any) -> Any:
+        """`record` with every revision claimed after it applied, in order (one missing read when none is)."""
+        if record is not None and not isinstance(record, dict):
+            return record
+        revision = (record or {}).get("revision", 0)
+        while True:
+            path = self.revision_path(experiment, name, revision + 1)
+            delta = self.b.read_json(path)
+            if delta is None:
+                if self._exists(path):
+                    raise StoreError(f"{path}: unreadable (not the JSON the store wrote); restore it or move it aside")
+                return record
+            record, revision = _apply(record or {}, delta), revision + 1
+
+    def _exists(self, path: str) -> bool:
         return os.path.lexists(path) if self.b.local else bool(self.b.fs.exists(path))
 
     def update(self, experiment: str, name: str, change, *, expect: int | None = None) -> dict[str, Any]:
@@ -50,7 +122,9 @@ class Ledger:
         `change(current)` gets the record as it is now (None when there is none) and returns the new one,
         whose `revision` is set here (one more than the current). With `expect`, the write happens only
         if the record's revision is still the one the caller read; else StaleRecord (compare-and-swap:
-        the caller decides again on what is there now). Returns the record written."""
+        the caller decides again on what is there now). The new revision is claimed by an exclusive create
+        before the record is rewritten: a claim refused (another writer wrote that revision while this one
+        was paused) is StaleRecord too, and nothing is written. Returns the record written."""
         with record_lock(
             self.b.fs,
             self.b.join(check_name(experiment), ".records.lock"),
@@ -67,8 +141,24 @@ class Ledger:
                 raise StaleRecord(f"{experiment}/{name} changed (revision {expect} -> {revision}) since it was read")
             new = change(current)
             new["revision"] = revision + 1
+            self._claim(experiment, name, revision + 1, _delta(current or {}, new))
             self.write(experiment, name, new)
             return new
+
+    def _claim(self, experiment: str, name: str, revision: int, delta: dict[str, Any]) -> None:
+        """The fence: revision `revision` of `name` is this writer's, or StaleRecord naming who has it."""
+        path = self.revision_path(experiment, name, revision)
+        if self.b.local:
+            files.ensure_dir(Path(self.b.root), Path(path).parent)
+            files.check_no_links(Path(self.b.root), Path(path))
+        with self.b.answers(f"claiming {path}"):
+            made = exclusive_create(self.b.fs, path, json.dumps(delta, default=str).encode())
+        if not made:
+            other = self.b.read_json(path) or {}
+            raise StaleRecord(
+                f"{experiment}/{name}: revision {revision} was written meanwhile by another process"
+                f"{_by(other)}; this write is refused and nothing of it was written"
+            )
 
     # -- the cycle's verdicts --------------------------------------------------------------------
     def record_decision(self, experiment: str, record: dict[str, Any]) -> str:

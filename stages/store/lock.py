@@ -308,40 +308,73 @@ RECORD_LOCK_TTL_S = 30.0
 RECORD_LOCK_WAIT_S = 60.0
 
 
+def _record_lock_ttl() -> float:
+    """The record lock's time to live: REGIMEN_RECORD_LOCK_TTL_S (at least 1 s: the tests shorten it) or 30 s."""
+    try:
+        return max(1.0, float(os.environ.get("REGIMEN_RECORD_LOCK_TTL_S", "") or RECORD_LOCK_TTL_S))
+    except ValueError:
+        return RECORD_LOCK_TTL_S
+
+
 @contextmanager
 def record_lock(
-    fs, path: str, *, local_root: Path | None, wait_s: float = RECORD_LOCK_WAIT_S, ttl_s: float = RECORD_LOCK_TTL_S
+    fs, path: str, *, local_root: Path | None, wait_s: float = RECORD_LOCK_WAIT_S, ttl_s: float | None = None
 ) -> Iterator[None]:
     """Hold the lock on an experiment's records for one read-decide-write (seconds, never a training).
     Waits up to `wait_s` for another holder; then StoreError naming it. `local_root`: the store's root when
-    it is a local folder (filelock), else None (a lock object in the fsspec store)."""
+    it is a local folder (filelock), else None (a lock object in the fsspec store, renewed while held).
+
+    The lock gives turns, not safety: a holder paused past the lock's expiry (SIGSTOP, a frozen VM) loses it
+    to the next one. What is written under it is fenced at the write itself (`Ledger.update`: each revision
+    is claimed by an exclusive create, so a holder that lost the lock and resumes is refused there)."""
     if local_root is not None:
-        lock_path = Path(path)
-        files.ensure_dir(local_root, lock_path.parent)
-        files.check_no_links(local_root, lock_path)
-        lock = FileLock(str(lock_path), timeout=wait_s)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise StoreError(
-                f"{lock_path}: the experiment's records stayed locked for {wait_s:.0f} s by another process; try again"
-            ) from None
-        except OSError as exc:  # a read-only or full store: the store's error, which a stopped run reports as a warning
-            raise StoreError(
-                f"cannot lock the experiment's records: {files.describe_os_error(exc, lock_path)}"
-            ) from None
-        try:
+        with _local_record_lock(path, local_root, wait_s):
             yield
-        finally:
-            lock.release()
         return
+    ttl_s = ttl_s if ttl_s is not None else _record_lock_ttl()
     token = uuid.uuid4().hex
+    _take_record_lock(fs, path, token, wait_s, ttl_s)
+    stop = threading.Event()
+    thread = threading.Thread(target=_renew_record_lock, args=(fs, path, token, ttl_s, stop), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        try:
+            if json.loads(fs.cat_file(path)).get("token") == token:
+                fs.rm_file(path)
+        except Exception:  # noqa: BLE001 - gone already, or expired and taken over
+            pass
+
+
+@contextmanager
+def _local_record_lock(path: str, local_root: Path, wait_s: float) -> Iterator[None]:
+    lock_path = Path(path)
+    files.ensure_dir(local_root, lock_path.parent)
+    files.check_no_links(local_root, lock_path)
+    lock = FileLock(str(lock_path), timeout=wait_s)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise StoreError(
+            f"{lock_path}: the experiment's records stayed locked for {wait_s:.0f} s by another process; try again"
+        ) from None
+    except OSError as exc:  # a read-only or full store: the store's error, which a stopped run reports as a warning
+        raise StoreError(f"cannot lock the experiment's records: {files.describe_os_error(exc, lock_path)}") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _take_record_lock(fs, path: str, token: str, wait_s: float, ttl_s: float) -> None:
     deadline = _now() + wait_s
     while True:
         if exclusive_create(
             fs, path, json.dumps({"owner": _owner(), "token": token, "expires": _now() + ttl_s}).encode()
         ):
-            break
+            return
         try:
             current = json.loads(fs.cat_file(path))
         except FileNotFoundError:
@@ -358,18 +391,33 @@ def record_lock(
             continue
         if _now() > deadline:
             raise StoreError(
-                f"{path}: the experiment's records stayed locked for {wait_s:.0f} s by {current.get('owner')}; try "
-                f"again"
+                f"{path}: the experiment's records stayed locked for {wait_s:.0f} s by {current.get('owner')}; "
+                "try again"
             )
         time.sleep(0.2)
-    try:
-        yield
-    finally:
+
+
+def _renew_record_lock(fs, path: str, token: str, ttl_s: float, stop: threading.Event) -> None:
+    """Extend the lock's expiry every third of its time to live while it is ours; stop once it is not (the
+    write that follows is refused by its fence then, not by this thread)."""
+    while not stop.wait(ttl_s / 3):
         try:
-            if json.loads(fs.cat_file(path)).get("token") == token:
-                fs.rm_file(path)
-        except Exception:  # noqa: BLE001 - gone already, or expired and taken over
-            pass
+            try:
+                current = json.loads(fs.cat_file(path))
+            except FileNotFoundError:
+                current = {"owner": "nobody: it expired and was released by the holder that took it over"}
+            if current.get("token") != token:
+                log.warning(
+                    "the record lock %s was taken over (%s): this holder's write will be refused",
+                    path,
+                    current.get("owner"),
+                )
+                return
+            current["expires"] = _now() + ttl_s
+            with fs.open(path, "wb") as fh:
+                fh.write(json.dumps(current).encode())
+        except Exception as exc:  # noqa: BLE001 - keep trying; the fence keeps the write safe meanwhile
+            log.warning("could not renew the record lock %s: %s", path, exc)
 
 
 def machine_lock_path() -> Path:
