@@ -235,7 +235,7 @@ def _measure(student, teacher_model, tokenizer, recipe, task, history, metrics: 
     of each), the training divergence's first and last; writes the trajectories."""
     from regimen.stages.recipe.trl import device_for
     from regimen.stages.training import trajectories
-    from regimen.stages.training.heldout import heldout_eval
+    from regimen.stages.training.heldout import heldout_eval, spread
     from regimen.stages.training.probe import probe_rows
 
     device = device_for(recipe)
@@ -260,7 +260,7 @@ def _measure(student, teacher_model, tokenizer, recipe, task, history, metrics: 
     trajectories.write(
         out,
         [{"kind": "distill", **s} for s in samples]
-        + [{"kind": "heldout", **r} for r in heldout_rows[: recipe.eval.trajectories]],
+        + [{"kind": "heldout", **heldout_rows[i]} for i in spread(task.heldout, recipe.eval.trajectories)],
     )
 
 

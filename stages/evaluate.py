@@ -59,7 +59,9 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         if rest:
             metrics["heldout_accuracy_unprobed"] = sum(rest) / len(rest)
             metrics["heldout_unprobed_size"] = float(len(rest))
-    trajectories.write(dirs.out, rows[: max(recipe.eval.trajectories, 1)])
+    from regimen.stages.training.heldout import spread
+
+    trajectories.write(dirs.out, [rows[i] for i in spread(task.heldout, max(recipe.eval.trajectories, 1))])
     import json
 
     # each held-out prompt's outcome, in the set's order: the champion's comparison is paired over these

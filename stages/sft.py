@@ -124,5 +124,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if (acc := teacher_accuracy(recipe, task)) is not None:
         metrics["teacher_heldout_accuracy"] = acc
     sample = [{"kind": "trace", "prompt": r["prompt"], "completion": r["completion"]} for r in rows[:10]]
-    trajectories.write(dirs.out, sample + [{"kind": "heldout", **r} for r in heldout_rows[: recipe.eval.trajectories]])
+    from regimen.stages.training.heldout import spread
+
+    shown = [heldout_rows[i] for i in spread(task.heldout, recipe.eval.trajectories)]
+    trajectories.write(dirs.out, sample + [{"kind": "heldout", **r} for r in shown])
     return StageOutput(metrics, extra={"resumed_from_step": resumed})

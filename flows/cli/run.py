@@ -22,7 +22,11 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for r in results:
         metrics = r.get("metrics") or {}
-        shown = ", ".join(f"{k}={num(metrics[k])}" for k in registry.get(r["stage"]).KEY_METRICS if k in metrics)
+        keys = [k for k in registry.get(r["stage"]).KEY_METRICS if k in metrics]
+        if "heldout_accuracy" in keys:  # a mixture's tasks and the curriculum's levels, each on its own
+            keys += [k for k in metrics if k.startswith("heldout_accuracy/")]
+        keys += [k for k in metrics if k.startswith("rewards/") and k.endswith("/errors") and metrics[k]]
+        shown = ", ".join(f"{k}={num(metrics[k])}" for k in keys)
         if r.get("resumed_from_step"):
             shown += f", resumed_from_step={r['resumed_from_step']}"
         if r.get("verdict"):

@@ -102,14 +102,22 @@ class RewardSpec(Section):
     weight: float = Field(1.0, ge=0, le=1e6, description="0 makes it a monitor: computed and logged, never trained on")
     pattern: str | None = Field(None, description="format: the regex the whole completion must match")
     args: dict[str, Any] = Field({}, description="options of a configurable reward, e.g. unit_tests: {timeout_s: 5}")
+    as_: str | None = Field(
+        None,
+        alias="as",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$",
+        description="the name its values are reported under (default: its registry name, or a dotted path's "
+        "module.function)",
+    )
 
     def options(self) -> dict[str, Any]:
         return {**self.args, **({"pattern": self.pattern} if self.pattern is not None else {})}
 
     @property
     def key(self) -> str:
-        """The name its values are reported under (a dotted path's function name for custom ones)."""
-        return self.name.rsplit(":", 1)[-1]
+        """The name its values are reported under: `as`, else the registry name, else the dotted path written
+        `module.function` (two modules' `score` functions sit side by side)."""
+        return self.as_ or self.name.replace(":", ".")
 
 
 class DryRunSection(Section):
@@ -540,6 +548,25 @@ class Recipe(Section):
         return defaults.coerce(
             "peft", v, {f.name: f for f in dataclasses.fields(LoraConfig) if f.init}, "peft's LoraConfig"
         )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scorer_is_the_metric(cls, data: Any) -> Any:
+        """A task with its own scorer (reasoning_gym) is measured by it: unless `eval.metric` is set, held-out
+        accuracy is the share of held-out rows that the recipe's `reasoning_gym` reward scores 1.0."""
+        if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
+            return data
+        scorer = getattr(tasks.TASKS.get(data["data"].get("task")), "SCORER", None)
+        evaluation = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+        if scorer is None or "metric" in evaluation or not isinstance(data.get("rewards"), list):
+            return data
+        specs = [r for r in data["rewards"] if isinstance(r, dict) and r.get("name") == scorer]
+        if not specs:
+            raise ValueError(
+                f"rewards: data.task {data['data']['task']} is measured by its own scorer: list {{name: {scorer}}} "
+                f"among the rewards (weight 0 to only monitor it), or set eval.metric"
+            )
+        return {**data, "eval": {**evaluation, "metric": specs[0].get("as") or scorer}}
 
     @model_validator(mode="after")
     def _rules(self) -> Recipe:

@@ -184,7 +184,9 @@ def identity(specs) -> list[dict[str, Any]]:
     so editing your own reward reruns what it scored."""
     out = []
     for spec in specs:
-        item = spec.model_dump(mode="json")
+        item = spec.model_dump(mode="json", by_alias=True)
+        if item.get("as") is None:  # unset: as before `as` existed (fingerprints of existing recipes unchanged)
+            item.pop("as", None)
         if ":" in spec.name:
             import inspect
 
@@ -197,6 +199,12 @@ def identity(specs) -> list[dict[str, Any]]:
                 item["source_sha256"] = None
         out.append(item)
     return out
+
+
+def error_counts(fns: dict[str, RewardFn]) -> dict[str, int]:
+    """How many completions each guarded reward has scored 0 because its scorer raised (so far, in this process):
+    a reward that counts them keeps `counts = {"errors": n}` (reasoning_gym)."""
+    return {name: int(fn.counts["errors"]) for name, fn in fns.items() if isinstance(getattr(fn, "counts", None), dict)}
 
 
 def check_specs(specs) -> list[str]:

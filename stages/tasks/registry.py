@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from regimen.stages.tasks import Task, addition, code, hf, jsonl, tool_probe, with_frozen_heldout
+from regimen.stages.tasks import Task, addition, code, hf, jsonl, reasoning_gym, tool_probe, with_frozen_heldout
 
-TASKS = {m.NAME: m for m in (addition, code, jsonl, hf, tool_probe)}
+TASKS = {m.NAME: m for m in (addition, code, jsonl, hf, tool_probe, reasoning_gym)}
 
 
 def options_models() -> tuple[type, ...]:

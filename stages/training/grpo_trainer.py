@@ -38,6 +38,22 @@ class Clock(TrainerCallback):
             state.log_history[-1]["wall_s"] = round(time.perf_counter() - self.t0, 3)
 
 
+class RewardErrors(TrainerCallback):
+    """Adds `rewards/<name>/errors` to each log entry: completions a guarded reward scored 0 because its scorer
+    raised, counted since training began (the reward's own count, `registry.error_counts`)."""
+
+    def __init__(self, fns: dict[str, Any]):
+        from regimen.stages.rewards.registry import error_counts
+
+        self.fns, self.count = fns, error_counts
+        self.start = error_counts(fns)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.log_history and self.start:
+            for name, n in self.count(self.fns).items():
+                state.log_history[-1][f"rewards/{name}/errors"] = n - self.start[name]
+
+
 class FaultInjection(TrainerCallback):
     """Test hooks: `REGIMEN_FAULT=<stage>@<step>` raises after that step; `REGIMEN_KILL=<stage>@<step>`
     SIGKILLs the process there (a crash at a known step, for resume tests and benchmarks)."""
@@ -131,6 +147,7 @@ def build_trainer(
             MarkComplete(),
             StepCounter(recorder),
             Clock(),
+            RewardErrors(fns),
             FaultInjection(stage),
             *limits.callbacks(recipe, output_dir),
             *(callbacks or []),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages.rewards import answer, from_specs, score
+from regimen.stages.rewards.registry import error_counts
 from regimen.stages.training import trajectories
 
 METRIC_DIR = Path(__file__).parent / "metrics" / "exact_match"
@@ -38,8 +39,11 @@ def heldout_eval(
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
     if envs is not None:
         columns["environments"] = [e[0] for e in envs]  # the episode reward reads each episode's environment
+    before = error_counts(fns)
     values = score(fns, prompts, completions, columns)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {
+        f"rewards/{name}/errors": float(n - before[name]) for name, n in error_counts(fns).items()
+    }
     if recipe.eval.metric == "exact_match":
         refs = [str(r.get("answer", "")) for r in rows]
         metrics["heldout_accuracy"] = float(
@@ -55,6 +59,7 @@ def heldout_eval(
         scored = [v for v in vals if v is not None]
         metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
     metrics["heldout_size"] = float(len(rows))
+    metrics.update(accuracy_by_group(rows, correct))
     rendered = [_rendered(tokenizer, p) for p in prompts]
     context: dict[str, list[Any]] = {
         "answer": [r.get("answer") for r in rows],
@@ -65,6 +70,41 @@ def heldout_eval(
         context["episode"] = [transcript(c, e[0]) for c, e in zip(completions, envs)]
     traj = trajectories.rows_from_batch(prompts, completions, values, **context)
     return metrics, traj
+
+
+GROUPS = (("source_dataset", "heldout_accuracy/{}"), ("level", "heldout_accuracy/level{}"))
+"""Row columns held-out accuracy is also reported by, when the rows hold more than one value: a mixture's tasks
+(`heldout_accuracy/<task>`) and curriculum levels (`heldout_accuracy/level<k>`)."""
+
+
+def accuracy_by_group(rows: list[dict[str, Any]], correct: list[float | None]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for column, key in GROUPS:
+        values = {r.get(column) for r in rows} - {None}
+        if len(values) < 2:
+            continue
+        for value in sorted(values, key=str):
+            scored = [c for r, c in zip(rows, correct) if r.get(column) == value and c is not None]
+            if scored:
+                out[key.format(value)] = sum(scored) / len(scored)
+    return out
+
+
+def spread(rows: list[dict[str, Any]], n: int) -> list[int]:
+    """Indices of `n` rows taken in turn from each group (a mixture's task, a level), so a sample of
+    trajectories shows every task; rows without groups: the first `n`."""
+    column = next((c for c, _ in GROUPS if len({r.get(c) for r in rows} - {None}) > 1), None)
+    if column is None:
+        return list(range(min(n, len(rows))))
+    queues: dict[Any, list[int]] = {}
+    for i, r in enumerate(rows):
+        queues.setdefault(r.get(column), []).append(i)
+    out: list[int] = []
+    while len(out) < min(n, len(rows)):
+        for q in queues.values():
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
 
 
 def _rendered(tokenizer, prompt: Any) -> str | None:

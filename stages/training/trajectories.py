@@ -99,7 +99,7 @@ class Recorder:
             recorder.hear(name, completions, values, kwargs)
             return values
 
-        wrapped.__name__ = getattr(fn, "__name__", name)
+        wrapped.__name__ = name  # TRL logs rewards/<name>/...: the report name, as everywhere else
         wrapped.gameable = getattr(fn, "gameable", False)  # type: ignore[attr-defined]
         return wrapped
 
