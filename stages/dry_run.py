@@ -1,17 +1,23 @@
-"""Stage 2, reward-dry-run: sample the current policy as GRPO will (group size, temperature, length),
-score the samples with the recipe's rewards, and stop before RL when GRPO could learn nothing:
-hopeless (mean reward ~0), trivial (~1), or groups without variance (every attempt scores alike)."""
+"""Stage 2, reward-dry-run: first attack the rewards (`rewards/audit.py`: made-up completions built from the rows'
+reference answers; a reward that pays without the answer stops the run here, `dry_run.gameable: stop`), then
+sample the current policy as GRPO will (group size, temperature, length), score the samples with the recipe's
+rewards, and stop before RL when GRPO could learn nothing: hopeless (mean reward ~0), trivial (~1), or groups
+without variance (every attempt scores alike)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
 from regimen.stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
+from regimen.stages.rewards.audit import audit, summary
 from regimen.stages.tasks import shuffled
 from regimen.stages.training import trajectories
+
+log = logging.getLogger("regimen.dry_run")
 
 NAME = "reward-dry-run"
 ROLE = "gate"
@@ -90,6 +96,18 @@ def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperat
     return None
 
 
+def _gameable_diagnosis(report: dict[str, Any]) -> str:
+    """The audit's findings as a stop's diagnosis: each names the reward and what paid, with one example."""
+    parts = [
+        f"{f['message']} (e.g. row {f['row']!r}: completion {f['completion']!r} paid {f['value']})"
+        for f in report["findings"]
+    ]
+    return (
+        "the reward audit found a gameable reward: " + "; ".join(parts) + ". Fix the reward (or add a correctness "
+        "reward beside it), or set dry_run.gameable: warn to train on it anyway"
+    )
+
+
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training.episodes import complete, transcript
@@ -102,6 +120,17 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     policy = inputs["policy"]["model"]
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
+    fns = from_specs(recipe.rewards)
+    report = audit(fns, recipe.reward_weights(), shuffled(task.train, seed=seed + 1), task.reference)
+    for line in summary(report):
+        log.info("%s", line)
+    if report["findings"] and cfg.gameable == "stop":  # before any sampling: nothing GRPO would learn is worth it
+        return StageOutput(
+            {"audit_findings": float(len(report["findings"]))},
+            status="failed",
+            diagnosis=_gameable_diagnosis(report),
+            extra={"reward_audit": report},
+        )
     model, tokenizer = load_policy(policy, recipe)
     samples, envs = complete(
         model,
@@ -127,7 +156,6 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k not in ("prompt", "completion")}
     if envs is not None:  # episodes: the policy's own, each scored by its environment
         columns["environments"] = [e for es in envs for e in es]
-    fns = from_specs(recipe.rewards)
     per_reward = score(fns, prompts, completions, columns)
     totals = weighted_total(per_reward, recipe.reward_weights())
     stats = group_stats(totals, group)
@@ -145,8 +173,14 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if envs is not None:
         context["episode"] = [transcript(c, e) for c, e in zip(completions, columns["environments"])]
     trajectories.write(dirs.out, trajectories.rows_from_batch(prompts, completions, per_reward, **context))
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"reward_audit": report}
+    stats["audit_findings"] = float(len(report["findings"]))
+    warnings = []
     if gameable := gameable_names(fns):
-        extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
+        warnings.append(GAMEABLE_WARNING.format(names=", ".join(gameable)))
+    if report["findings"]:  # dry_run.gameable: warn
+        warnings.append(f"reward audit (dry_run.gameable: warn, going on): {_gameable_diagnosis(report)}")
+    if warnings:
+        extra["warning"] = " ".join(warnings)
     diagnosis = diagnose(stats, cfg, prompts=len(rows), group=group, temperature=float(g("temperature")))
     return StageOutput(stats, status="failed" if diagnosis else "completed", diagnosis=diagnosis, extra=extra)

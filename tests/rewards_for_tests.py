@@ -33,3 +33,13 @@ def string_in_training(prompts, completions, **_):
 
     training = any("trainer" in (frame.filename or "").lower() for frame in inspect.stack(0))
     return ["0.5" if training else 0.5 for _ in completions]
+
+
+def reference_anywhere(prompts, completions, answer=None, **_):
+    """Gameable on purpose: 1.0 whenever the reference appears anywhere in the completion."""
+    return [None if a is None else float(str(a) in c) for c, a in zip(completions, answer or [None] * len(completions))]
+
+
+def pays_empty(prompts, completions, answer=None, **_):
+    """Gameable on purpose: the right answer pays 1.0, an empty completion pays 0.5, anything else 0."""
+    return [1.0 if c.strip() == str(a) else 0.5 if not c.strip() else 0.0 for c, a in zip(completions, answer)]

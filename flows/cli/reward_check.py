@@ -24,6 +24,7 @@ from regimen.flows.cli.app import app
 from regimen.flows.present.reward_check import gameable_warning, json_value, print_report
 from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import RewardFn, get_reward, is_gameable, score
+from regimen.stages.rewards.audit import audit, summary
 from regimen.stages.tasks import read_jsonl
 
 BATCH_SIZE = 512
@@ -163,9 +164,30 @@ def main(samples: str, config: str | None, rewards: list[str], as_json: bool) ->
             out.flush()
 
     elapsed = time.monotonic() - started
+    report = _audit(fns, weights, [row for _, row in rows])
     if as_json:
         print(f"reward-check: scored {len(rows)} samples with {', '.join(fns)} in {elapsed:.2f} s", file=sys.stderr)
+        if report is not None:
+            print(json.dumps({"reward_audit": report}, default=str), file=sys.stderr)
         return 0
     assert console is not None
     print_report(console, path, rows, fns, values, weights, gameable, elapsed)
+    if report is not None:
+        for line in summary(report):
+            console.print(line, style="bold red" if line.lstrip().startswith("GAMEABLE") else None, soft_wrap=True)
     return 0
+
+
+def _audit(fns: dict[str, RewardFn], weights: dict[str, float] | None, rows: list[dict[str, Any]]) -> dict | None:
+    """The reward audit (`stages/rewards/audit.py`) over the samples that carry a reference `answer`: what each
+    reward pays made-up completions (the empty answer, a wrong one, a list of candidates, ...); None without
+    references. Samples repeating a prompt count once."""
+    seen, distinct = set(), []
+    for row in rows:
+        key = json.dumps(row.get("prompt"), sort_keys=True, default=str)
+        if row.get("answer") not in (None, "") and key not in seen:
+            seen.add(key)
+            distinct.append(row)
+    if len(distinct) < 2:
+        return None
+    return audit(fns, weights or dict.fromkeys(fns, 1.0), distinct, lambda r: str(r["answer"]))

@@ -129,6 +129,11 @@ class DryRunSection(Section):
         0.95, ge=-1e9, le=1e9, description="above this the task is trivial: nothing left to learn"
     )
     max_frac_zero_std: float = Field(0.8, ge=0, le=1, description="most groups without variance teach nothing")
+    gameable: Literal["stop", "warn"] = Field(
+        "stop",
+        description="when the reward audit finds a reward that pays without the answer (made-up completions: the "
+        "empty answer, a list of candidates, a wrong answer as much as the reference): stop before GRPO, or warn",
+    )
 
 
 class SmokeSection(Section):

@@ -10,8 +10,8 @@
       system_prompt: null          # a plain continuation for the embedded tiny model; 'default' (reasoning-gym's
                                    # own, answers in <answer> tags) or your text: a chat for a real model
 
-Rows are generated from the seed (the held-out set from its own seed, `seed * 1000 + 1`; training rows from
-`seed * 1000 + 2`, those equal to a held-out prompt dropped). Each row carries what its scorer needs:
+Rows are generated from the seed (the held-out set from its own seed and the training rows from another, both
+derived from `seed` far apart, training rows equal to a held-out prompt dropped). Each row carries what its scorer needs:
 `answer` (the reference, the oracle teacher's completion), `source_dataset` (the task of a mixture's row, for
 accuracy per task) and `rg_entry` (JSON: the task's name, the configuration the item was generated with, its
 question, answer and metadata), so the `reasoning_gym` reward can call that task's own registered scorer. A
@@ -93,6 +93,17 @@ class Options(TaskOptions):
             raise ValueError("name: a mixture needs at least one task")
         if isinstance(self.name, list) and len({p.name for p in self.name}) != len(self.name):
             raise ValueError("name: a mixture names each task once")
+        try:
+            library()
+        except InputError as exc:
+            raise ValueError(str(exc).removeprefix("data.task: ")) from None
+        from reasoning_gym.factory import DATASETS
+
+        for part in self.parts():
+            if part.name not in DATASETS or part.name == "composite":
+                near = sorted(n for n in DATASETS if n.startswith(part.name[:3]))[:5]
+                hint = f"did you mean {', '.join(near)}?" if near else f"it has {len(DATASETS) - 1}, e.g. chain_sum"
+                raise ValueError(f"name: {part.name!r} is not a reasoning-gym task ({hint})")
         return self
 
     def parts(self) -> list[Part]:
@@ -115,14 +126,6 @@ def tagged(opts: Options) -> bool:
 
 def _check_part(part: Part, level: int | None) -> None:
     rg = library()
-    from reasoning_gym.factory import DATASETS
-
-    if part.name not in DATASETS or part.name == "composite":
-        near = sorted(n for n in DATASETS if part.name[:3] in n)[:5]
-        raise InputError(
-            f"data.name: {part.name!r} is not a reasoning-gym task"
-            + (f" (did you mean {', '.join(near)}?)" if near else f"; there are {len(DATASETS)}, e.g. chain_sum")
-        )
     try:
         ds = _dataset(part.name, json.dumps(part.config, sort_keys=True), level, 0, 2)
     except InputError:
@@ -254,10 +257,18 @@ def reference(opts: Options):
 def load(opts: Options) -> Task:
     for part in opts.parts():
         _check_part(part, opts.level)
-    heldout = generate(opts, opts.heldout_size, opts.seed * 1000 + 1)
-    train = generate(opts, opts.train_size, opts.seed * 1000 + 2)
+    heldout = generate(opts, opts.heldout_size, split_seed(opts.seed, "heldout"))
+    train = generate(opts, opts.train_size, split_seed(opts.seed, "train"))
     train = check_split(train, heldout, f"reasoning-gym {_label(opts)} (train)", "its held-out rows")
     return Task(train, heldout, NAME, reference=reference(opts))
+
+
+def split_seed(seed: int, split: str) -> int:
+    """A split's seed, far from the other split's: reasoning-gym draws item i from `Random(seed + i)`, so seeds a
+    few apart would give the two splits the same items shifted by one."""
+    import hashlib
+
+    return int(hashlib.sha256(f"{seed}:{split}".encode()).hexdigest()[:8], 16) % (2**31)
 
 
 def _label(opts: Options) -> str:
