@@ -11,11 +11,11 @@
                                    # own, answers in <answer> tags) or your text: a chat for a real model
 
 Rows are generated from the seed (the held-out set from its own seed and the training rows from another, both
-derived from `seed` far apart, training rows equal to a held-out prompt dropped). Each row carries what its scorer needs:
-`answer` (the reference, the oracle teacher's completion), `source_dataset` (the task of a mixture's row, for
-accuracy per task) and `rg_entry` (JSON: the task's name, the configuration the item was generated with, its
-question, answer and metadata), so the `reasoning_gym` reward can call that task's own registered scorer. A
-row generated at a curriculum level also carries `level`.
+derived from `seed` far apart, training rows equal to a held-out prompt dropped). Each row carries what its scorer
+needs: `answer` (the reference, the oracle teacher's completion), `source_dataset` (the task of a mixture's row, for
+accuracy per task) and `rg_entry` (JSON: the task's name, the configuration the item was generated with, its question,
+answer and metadata), so the `reasoning_gym` reward can call that task's own registered scorer. A row generated at a
+curriculum level also carries `level`.
 
 Prompts: without `system_prompt`, a plain continuation `question + "\\n"` (the line break is the separator: a
 completion is the answer and nothing else); with it, a conversation `[system, user]` rendered by the model's
