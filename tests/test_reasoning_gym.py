@@ -257,3 +257,13 @@ def test_a_reasoning_gym_mixture_through_a_real_run_freezes_its_heldout_set_and_
     assert data_records.current(st, "rg-tiny")["version"] == heldout["version"]
     data = st.versions("rg-tiny", "data")[-1]
     assert data["metrics"].get("dropped_heldout", 0) >= 0 and code in (0, 1), (out, err)
+
+
+def test_the_tiny_models_context_must_hold_the_tasks_prompts_named_before_anything_runs(tmp_path, capsys):
+    store = tmp_path / "store"
+    code, out, err = run_cli(
+        ["run", str(RG), "--store", str(store), "--set", "model.tiny.max_position_embeddings=48"], capsys
+    )
+    assert code == 2 and "model.tiny.max_position_embeddings=48 is too small for this task" in err, err
+    assert "set it to at least" in err and "Traceback" not in err
+    assert not (store / "rg-tiny").exists()  # nothing written

@@ -6,6 +6,8 @@
 - Every reward is called on a few training rows (with the task's reference completions where it has
   them): it must return one real number or None per completion; NaN, strings, wrong lengths and
   exceptions are refused, naming the reward, the row and the value.
+- The embedded model's context fits the task: its longest prompt and what it may generate
+  (`model.tiny.max_position_embeddings`, named with a size that fits).
 - A store in a bucket answers as it must, first of all: the bucket exists, the credentials are taken, the
   endpoint answers, and a second conditional create of one key is refused (the experiment's lease and
   the version claims rely on it); each failure is one line naming the bucket and the endpoint.
@@ -59,6 +61,7 @@ def check(recipe) -> dict[str, Any]:
                 f"('completion', 'solution' or 'answer') for the oracle teacher "
                 "(map your column with data.columns, or use teacher.kind: model, self or none)"
             )
+    check_context(recipe, task)
     rows = task.train[:ROWS]
     completions = [task.reference(r) or "" for r in rows]
     fns = from_specs(recipe.rewards)
@@ -91,6 +94,30 @@ def check(recipe) -> dict[str, Any]:
                     _few(report["pays_some"]),
                 )
     return summary
+
+
+def check_context(recipe, task) -> None:
+    """The embedded model's context holds the task's longest prompt (one token a character, its chat template's
+    markers included) and what it may generate after it; else InputError naming the field and a size that fits.
+    (A real model's context is its own: its tokenizer truncates, as TRL's max_prompt_length says.)"""
+    if recipe.model.name_or_path != "tiny":
+        return
+    tiny = recipe.model.tiny
+
+    def length(prompt: Any) -> int:
+        if isinstance(prompt, str):
+            return len(prompt)
+        return sum(len(str(m.get("content", ""))) + 2 for m in prompt) + 2  # `U:`-style markers, then `A:`
+
+    longest = max(task.train + task.heldout, key=lambda r: length(r["prompt"]))
+    need = length(longest["prompt"]) + int(recipe.max_new_tokens()) + 1
+    if need > tiny.max_position_embeddings:
+        fits = -(-need // 32) * 32
+        raise InputError(
+            f"model.tiny.max_position_embeddings={tiny.max_position_embeddings} is too small for this task: its "
+            f"longest prompt ({_shown(longest)}) is {length(longest['prompt'])} tokens, plus up to "
+            f"{recipe.max_new_tokens()} generated; set it to at least {need} (e.g. {fits})"
+        )
 
 
 def check_store(url: str) -> None:
