@@ -96,6 +96,19 @@ def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperat
     return None
 
 
+def _audit(recipe, fns, rows: list[dict[str, Any]], reference_of) -> dict[str, Any]:
+    """The reward audit on training rows (said line by line in the log); skipped for episodes."""
+    if recipe.environment is not None:
+        return {
+            "skipped": "episodes: the rewards judge an environment's episodes, made-up text cannot stand in for them",
+            "findings": [],
+        }
+    report = audit(fns, recipe.reward_weights(), rows, reference_of)
+    for line in summary(report):
+        log.info("%s", line)
+    return report
+
+
 def _gameable_diagnosis(report: dict[str, Any]) -> str:
     """The audit's findings as a stop's diagnosis: each names the reward and what paid, with one example."""
     parts = [
@@ -121,9 +134,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
     fns = from_specs(recipe.rewards)
-    report = audit(fns, recipe.reward_weights(), shuffled(task.train, seed=seed + 1), task.reference)
-    for line in summary(report):
-        log.info("%s", line)
+    report = _audit(recipe, fns, shuffled(task.train, seed=seed + 1), task.reference)
     if report["findings"] and cfg.gameable == "stop":  # before any sampling: nothing GRPO would learn is worth it
         return StageOutput(
             {"audit_findings": float(len(report["findings"]))},
@@ -169,6 +180,10 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         stats[f"rewards/{name}/mean"] = statistics.fmean(scored) if scored else math.nan
         stats[f"rewards/{name}/none"] = float(len(vals) - len(scored))
     stats.update({"num_prompts": float(len(rows)), "num_generations": float(group)})
+    if envs is not None:
+        from regimen.stages.training.episodes import tool_errors
+
+        stats["tool_errors"] = float(tool_errors(completions))
     context: dict[str, list[Any]] = {"total": totals, "group": [i // group for i in range(len(prompts))]}
     if envs is not None:
         context["episode"] = [transcript(c, e) for c, e in zip(completions, columns["environments"])]

@@ -10,6 +10,7 @@ import json
 import pytest
 from conftest import ROOT
 
+from regimen.stages.core.errors import InputError
 from regimen.stages.environments.base import Environment, register, tool
 from regimen.stages.environments.probe import ProbeEnvironment
 from regimen.stages.rewards.text import episode, final_answer
@@ -378,3 +379,84 @@ def test_a_ui_run_cannot_choose_an_environment():
     assert check_overrides({"curriculum.enabled": False, "cycle.start_from": "champion"}, [])
     with pytest.raises(InputError, match="promote.min_gain"):
         check_overrides({"promote.min_gain": 0}, [])
+
+
+def test_a_trl_protocol_class_is_taken_as_it_is_and_its_tool_errors_answer_the_model():
+    """Issue 44: a class written for TRL's environment_factory (tests/trl_env_for_tests.py imports nothing of
+    Regimen) is made with no arguments; a tool that raises answers `{'error': ...}` and is counted; its
+    get_reward() is the `get_reward` reward, hidden from TRL's own look-up so GRPO counts it once."""
+    import trl_env_for_tests
+
+    from regimen.stages.environments.registry import adapted, factory
+    from regimen.stages.recipe.schema import EnvironmentSection
+    from regimen.stages.rewards import get_reward
+    from regimen.stages.training.episodes import _tool_replies, tool_errors
+
+    spec = EnvironmentSection(name="trl_env_for_tests:HiddenLine", max_turns=2)
+    env = factory(spec)()
+    assert isinstance(env, trl_env_for_tests.HiddenLine) and type(env) is adapted(trl_env_for_tests.HiddenLine)
+    assert type(env).get_reward is None  # TRL's look-up (inspect.isfunction on the class) finds no get_reward
+    env.reset(a=2, b=3, x=5, answer="13")
+    replies = _tool_replies(env, [{"function": {"name": "probe", "arguments": {"x": "five"}}}])
+    assert replies[0]["content"].startswith("{'error': ") and "x must be an integer" in replies[0]["content"]
+    replies += _tool_replies(env, [{"function": {"name": "probe", "arguments": {"x": 5}}}])
+    assert replies[1]["content"] == "13"
+    assert tool_errors([[{"role": "assistant", "content": ""}, *replies]]) == 1
+    assert get_reward("get_reward")(None, ["13"], environments=[env]) == [1.0]
+    with pytest.raises(InputError, match="takes no args"):
+        factory(EnvironmentSection.model_construct(name="trl_env_for_tests:HiddenLine", max_turns=2, args={"k": 1}))
+
+
+TRL_ENV = {
+    "environment": {"name": "trl_env_for_tests:HiddenLine", "max_turns": 2},
+    "rewards": [
+        {"name": "trl_env_for_tests:final_answer_is_f", "weight": 1.0, "as": "final_answer"},
+        {"name": "get_reward", "weight": 0.2},
+    ],
+    "eval": {"metric": "final_answer", "batch_size": 64},
+}
+
+
+def test_the_door_refuses_episode_with_a_trl_protocol_class_and_get_reward_without_one():
+    from regimen.stages.recipe import load_recipe
+
+    cfg = ROOT / "configs" / "tiny-env.yaml"
+    with pytest.raises(InputError, match="follows TRL's protocol: list get_reward"):
+        load_recipe(str(cfg), {"environment": TRL_ENV["environment"]}, check_trl=False)
+    with pytest.raises(InputError, match="has no get_reward"):
+        load_recipe(str(cfg), {"rewards": [{"name": "episode"}, {"name": "get_reward", "weight": 0}]}, check_trl=False)
+
+
+@pytest.mark.slow
+def test_a_trl_protocol_environment_runs_through_the_gated_cycle(tmp_path):
+    """SFT on the task's multi-turn traces, the dry run's episodes (and its reward audit), the smoke test and GRPO
+    through TRL's environment_factory, evaluation on held-out episodes: all with the class as written for TRL."""
+    from conftest import run_flow
+
+    overrides = {
+        **TRL_ENV,
+        "sft.max_steps": 250,
+        "teacher.max_prompts": 1000,
+        "data.train_size": 1200,
+        "data.heldout_size": 32,
+        "grpo.max_steps": 4,
+        "grpo.save_steps": 2,
+        "grpo.per_device_train_batch_size": 16,
+        "probe.steps": 2,
+        "probe.prompts": 8,
+        "probe.train_prompts": 8,
+        "dry_run.min_mean_reward": 0.0,
+        "dry_run.max_mean_reward": 10.0,
+        "dry_run.max_frac_zero_std": 1.0,
+        "dry_run.num_prompts": 4,
+    }
+    results = run_flow(ROOT / "configs" / "tiny-env.yaml", tmp_path, overrides=overrides)
+    by = {r["stage"]: r for r in results}
+    assert {"sft", "reward-dry-run", "grpo-smoke", "grpo", "eval"} <= set(by)
+    assert "tool_errors" in by["eval"]["metrics"] and "heldout_reward/get_reward" in by["eval"]["metrics"]
+    grpo_rows = [
+        json.loads(line)
+        for line in (tmp_path / "tiny-env" / "grpo" / "v1" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert any(t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"])  # GRPO's episodes call it
+    assert all(set(r["rewards"]) == {"final_answer", "get_reward"} for r in grpo_rows)  # each counted once

@@ -598,6 +598,7 @@ class Recipe(Section):
                     "eval.metric: with an environment, evaluation judges episodes: name a reward (e.g. episode), not "
                     "exact_match"
                 )
+            self._rewards_fit_the_environment(names)
             if self.model.name_or_path == "tiny" and not self.model.tiny.chat:
                 raise ValueError(
                     "model.tiny.chat: an environment needs a chat template with tool calls; set model.tiny.chat: true"
@@ -620,6 +621,20 @@ class Recipe(Section):
                 f"{self.data.task!r} has none"
             )
         return self
+
+    def _rewards_fit_the_environment(self, names: list[str]) -> None:
+        """`episode` judges Regimen's environments (their `Episode`); `get_reward` calls a TRL-protocol class's own."""
+        from regimen.stages.environments.registry import get, trl_protocol
+
+        cls = get(self.environment.name)
+        listed = {s.name for s in self.rewards}
+        if trl_protocol(cls) and "episode" in listed:
+            raise ValueError(
+                f"rewards: episode judges Regimen's environments; {self.environment.name} follows TRL's protocol: list "
+                "get_reward (its own get_reward()) or a reward of yours that reads `environments`"
+            )
+        if "get_reward" in listed and not (trl_protocol(cls) and callable(getattr(cls, "get_reward", None))):
+            raise ValueError(f"rewards: get_reward: {self.environment.name} has no get_reward() of TRL's protocol")
 
     def _within_limits(self) -> None:
         """A recipe asking for more than `limits` allows is refused, naming the field and the limit."""

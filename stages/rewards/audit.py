@@ -31,6 +31,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards.registry import RewardFn, score, weighted_total
 
 KINDS = ("reference", "wrong", "empty", "candidates", "repeated", "prefixed", "suffixed")
@@ -86,19 +87,30 @@ def audit(
     columns = {k: [r.get(k) for r in rows_] for k in rows_[0] if k not in ("prompt", "completion")}
     prompts = [r["prompt"] for r in rows_]
     values: dict[str, dict[str, list[float | None]]] = {}
+    raised: dict[str, str] = {}
     for kind, completions in made.items():
         keep = [i for i, c in enumerate(completions) if c is not None]
         if not keep:
             continue
-        got = score(
-            fns,
-            [prompts[i] for i in keep],
-            [completions[i] for i in keep],
-            {k: [v[i] for i in keep] for k, v in columns.items()},
-        )
-        values[kind] = {name: _spread(vals, keep, len(rows_)) for name, vals in got.items()}
-    report = _report(fns, weights, values, made, rows_)
+        values[kind] = {}
+        for name, fn in fns.items():
+            if name in raised:
+                continue
+            try:
+                got = score(
+                    {name: fn},
+                    [prompts[i] for i in keep],
+                    [completions[i] for i in keep],
+                    {k: [v[i] for i in keep] for k, v in columns.items()},
+                )[name]
+            except InputError as exc:  # it cannot score text it did not expect: said, not judged here
+                raised[name] = f"{kind}: {exc}"
+                continue
+            values[kind][name] = _spread(got, keep, len(rows_))
+    report = _report({n: f for n, f in fns.items() if n not in raised}, weights, values, made, rows_)
     report["rows"] = len(rows_)
+    report["raised"] = raised
+    report["not_probed"] += list(raised)
     return report
 
 
@@ -199,6 +211,8 @@ def summary(report: dict[str, Any]) -> list[str]:
         lines.append(f"  {kind}: {shown}{tag}")
     if report["not_probed"]:
         lines.append(f"  not probed (no opinion on any made-up completion): {', '.join(report['not_probed'])}")
+    for name, why in (report.get("raised") or {}).items():
+        lines.append(f"  {name} raised on a made-up completion ({why[:200]}): it would on a policy's text too")
     for f in report["findings"]:
         lines.append(
             f"  GAMEABLE: {f['message']}; e.g. row {f['row']!r}, completion {f['completion']!r} paid {f['value']}"

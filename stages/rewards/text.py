@@ -85,6 +85,25 @@ def digits(prompts: list[Any], completions: list[Any], **_: Any) -> list[float |
     return [1.0 if re.fullmatch(r"\d+", first_line(completion_text(c)).strip()) else 0.0 for c in completions]
 
 
+ENVIRONMENT_REWARDS: dict[type, Any] = {}
+"""A TRL-protocol environment class (as adapted for GRPO) -> its own `get_reward` (`environments/registry.py`)."""
+
+
+@register("get_reward")
+def get_reward_(
+    prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **_: Any
+) -> list[float | None]:
+    """A TRL-protocol environment's own reward: its `get_reward()` after the episode, as TRL calls it. None without
+    environments, or for an environment that has no `get_reward`."""
+    if environments is None:
+        return [None] * len(completions)
+    out: list[float | None] = []
+    for env in environments:
+        own = ENVIRONMENT_REWARDS.get(type(env))
+        out.append(None if own is None else float(own(env)))
+    return out
+
+
 @register("episode")
 def episode(
     prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **_: Any

@@ -177,13 +177,28 @@ def _tool_replies(env, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fn = call.get("function") or {}
         name, args = fn.get("name"), fn.get("arguments")
         if name in tools and isinstance(args, dict):
-            result = tools[name](**args)
+            try:
+                result = tools[name](**args)
+            except Exception as exc:  # noqa: BLE001 - a tool that raises answers the model, as TRL's loop does
+                result = {"error": str(exc)}
         else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
             result = {
                 "error": f"Tool {name} not found." if name not in tools else f"arguments {args!r} are not an object"
             }
         replies.append({"role": "tool", "name": str(name), "content": str(result)})
     return replies
+
+
+def tool_errors(completions: list[Any]) -> int:
+    """Tool calls answered with an error (a tool that raised, no such tool, bad arguments), as TRL's loop answers
+    them (`{'error': ...}`), over these episodes."""
+    return sum(
+        1
+        for c in completions
+        if isinstance(c, list)
+        for m in c
+        if isinstance(m, dict) and m.get("role") == "tool" and str(m.get("content", "")).startswith("{'error': ")
+    )
 
 
 def transcript(completion: Any, env: Any | None = None) -> dict[str, Any]:
@@ -202,6 +217,6 @@ def transcript(completion: Any, env: Any | None = None) -> dict[str, Any]:
         elif m.get("role") == "tool":
             turns.append({"result": m.get("content")})
     out: dict[str, Any] = {"turns": turns}
-    if env is not None and getattr(env, "episode", None) is not None:
+    if env is not None and callable(getattr(getattr(env, "episode", None), "record", None)):
         out["episode"] = env.episode.record()
     return out

@@ -39,6 +39,7 @@ def heldout_eval(
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
     if envs is not None:
         columns["environments"] = [e[0] for e in envs]  # the episode reward reads each episode's environment
+        from regimen.stages.training.episodes import tool_errors
     before = error_counts(fns)
     values = score(fns, prompts, completions, columns)
     metrics: dict[str, float] = {
@@ -59,6 +60,8 @@ def heldout_eval(
         scored = [v for v in vals if v is not None]
         metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
     metrics["heldout_size"] = float(len(rows))
+    if envs is not None:
+        metrics["tool_errors"] = float(tool_errors(completions))
     metrics.update(accuracy_by_group(rows, correct))
     rendered = [_rendered(tokenizer, p) for p in prompts]
     context: dict[str, list[Any]] = {
