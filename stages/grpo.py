@@ -57,7 +57,8 @@ def config_section(recipe) -> dict[str, Any]:
 def curriculum_on(recipe) -> bool:
     """The curriculum runs in one process only (see `training/curriculum.py`), and over a number of steps:
     its endless stream has no epochs."""
-    return recipe.curriculum.enabled and recipe.num_processes() == 1 and (recipe.grpo_value("max_steps") or -1) > 0
+    on = recipe.curriculum.enabled or recipe.curriculum.kind == "levels"
+    return on and recipe.num_processes() == 1 and (recipe.grpo_value("max_steps") or -1) > 0
 
 
 def barrier(trainer) -> None:
@@ -96,7 +97,6 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
     """The task's rows (as chats for an environment), the held-out probe, the curriculum, the trainer."""
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import trajectories
-    from regimen.stages.training.curriculum import Curriculum
     from regimen.stages.training.grpo_trainer import build_trainer
     from regimen.stages.training.model import load_tokenizer
     from regimen.stages.training.pass_rates import PassRates
@@ -119,11 +119,7 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
         from regimen.stages.training.episodes import chat_rows
 
         train_rows = chat_rows(train_rows)
-    pacing = (
-        Curriculum(train_rows, recipe.curriculum, seed=int(recipe.grpo_value("seed") or 0), rates=seen)
-        if curriculum_on(recipe)
-        else None
-    )
+    pacing = make_curriculum(recipe, task, train_rows, seen) if curriculum_on(recipe) else None
     # pass rates from the trainer's rewards need whole groups: one process sees them
     one_process = recipe.num_processes() == 1
     trainer, fns = build_trainer(
@@ -138,6 +134,19 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
     )
     probe.trainer = trainer
     return Built(trainer, fns, probe, recorder, pacing, seen, one_process)
+
+
+def make_curriculum(recipe, task, train_rows, seen):
+    """The pass-rate curriculum over the training rows, or (`kind: levels`) the stream of generated prompts."""
+    seed = int(recipe.grpo_value("seed") or 0)
+    if recipe.curriculum.kind == "levels":
+        from regimen.stages.tasks.registry import TASKS
+        from regimen.stages.training.levels import LevelsCurriculum
+
+        return LevelsCurriculum(TASKS[recipe.data.task], recipe.data, recipe.curriculum.levels, seed, task.heldout)
+    from regimen.stages.training.curriculum import Curriculum
+
+    return Curriculum(train_rows, recipe.curriculum, seed=seed, rates=seen)
 
 
 def train(built: Built, dirs) -> tuple[int, float]:
@@ -195,7 +204,7 @@ def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[st
         summary = pacing.summary()
         extra["curriculum"] = summary
         metrics.update({f"curriculum_{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-        metrics.update({f"curriculum_band_{k}": float(v) for k, v in summary["bands"].items()})
+        metrics.update({f"curriculum_band_{k}": float(v) for k, v in summary.get("bands", {}).items()})
     elif recipe.curriculum.enabled:
         extra["note"] = (
             "curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)"
@@ -212,7 +221,7 @@ def write_logs(built: Built, dirs) -> None:
     from regimen.stages.training import trajectories
     from regimen.stages.training.policy import is_main_process
 
-    rates = built.pacing.rates if built.pacing else (built.seen if built.one_process else None)
+    rates = getattr(built.pacing, "rates", None) if built.pacing else (built.seen if built.one_process else None)
     if is_main_process(built.trainer):
         with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
             for h in built.trainer.state.log_history:

@@ -43,3 +43,8 @@ def reference_anywhere(prompts, completions, answer=None, **_):
 def pays_empty(prompts, completions, answer=None, **_):
     """Gameable on purpose: the right answer pays 1.0, an empty completion pays 0.5, anything else 0."""
     return [1.0 if c.strip() == str(a) else 0.5 if not c.strip() else 0.0 for c, a in zip(completions, answer)]
+
+
+def length_parity(prompts, completions, **_):
+    """Pays 1.0 for a completion of even length: a signal with variance for any policy (tests of the plumbing)."""
+    return [float(len(str(c)) % 2 == 0) for c in completions]

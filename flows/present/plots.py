@@ -60,6 +60,16 @@ def _bands(ax, name: str, log: list[dict[str, Any]], color) -> None:
         )
 
 
+def _levels(ax, name: str, log: list[dict[str, Any]], color) -> None:
+    """`curriculum.kind: levels`: the level over the steps (`curriculum/level`), on its own axis at the right."""
+    if pts := _points(log, "curriculum/level"):
+        twin = ax.twinx()
+        twin.step(*zip(*pts), where="post", color=color, linestyle="-.", linewidth=1.2, label=f"{name}: level")
+        twin.set_ylabel("curriculum level")
+        twin.set_ylim(-0.2, max(p[1] for p in pts) + 1.2)
+        twin.legend(fontsize=6, loc="upper right")
+
+
 def divergence_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str) -> Path:
     """Per run of a training without a reward (on-policy distillation): the training loss (the divergence
     between the student's and the teacher's next-token distributions on the student's samples) and the
@@ -116,6 +126,7 @@ def training_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str
                 (line,) = ax.plot(*zip(*pts), label=name, linewidth=1.4)
                 if key == "frac_reward_zero_std":
                     _bands(ax, name, log, line.get_color())
+                    _levels(ax, name, log, line.get_color())
         ax.set_title(
             label
             if key != "frac_reward_zero_std" or not ax.get_legend_handles_labels()[0][1:]
@@ -130,7 +141,7 @@ def training_curves(runs: dict[str, list[dict[str, Any]]], out: Path, title: str
     if axes[0][0].get_legend_handles_labels()[0]:  # a run logged before its first reward has nothing to label yet
         axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(title)
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=0.9, wspace=0.15, hspace=0.2)
+    fig.subplots_adjust(left=0.06, right=0.97, bottom=0.08, top=0.9, wspace=0.28, hspace=0.2)
     return _save(fig, out)
 
 

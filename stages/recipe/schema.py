@@ -208,10 +208,43 @@ class BandsSection(Section):
     hard: float = Field(0.2, ge=-1e9, le=1e9, description="below this: hard (between them, and never seen: normal)")
 
 
-class CurriculumSection(Section):
-    """GRPO's prompts chosen by pass rate (`stages/training/curriculum.py`): prompts whose latest groups all
-    scored alike are set aside and re-admitted later; the rest are drawn by difficulty band."""
+class LevelsSection(Section):
+    """`curriculum.kind: levels` (`stages/training/levels.py`): GRPO's prompts generated at a difficulty level that
+    follows the policy (a task that generates problems by level: reasoning_gym)."""
 
+    mode: Literal["adaptive", "fixed", "uniform"] = Field(
+        "adaptive",
+        description="adaptive: the level moves with the pass rate at it; fixed: every prompt at `start`; uniform: each "
+        "prompt at a level drawn uniformly from `start` to `top` (the two baselines adaptive is measured against)",
+    )
+    start: int = Field(0, ge=0, le=100, description="the level GRPO starts at")
+    top: int | None = Field(
+        None, ge=0, le=100, description="the highest level (default: the highest of data.heldout_levels)"
+    )
+    up: float = Field(0.8, ge=0, le=1, description="a pass rate at the current level at or above this: one level up")
+    down: float = Field(0.2, ge=0, le=1, description="at or below this: one level down")
+    window: int = Field(64, ge=1, le=10**6, description="completions at the current level each decision is taken over")
+
+    @model_validator(mode="after")
+    def _order(self) -> LevelsSection:
+        if self.down >= self.up:
+            raise ValueError(f"curriculum.levels: down ({self.down}) must be below up ({self.up})")
+        if self.top is not None and self.start > self.top:
+            raise ValueError(f"curriculum.levels: start ({self.start}) is above top ({self.top})")
+        return self
+
+
+class CurriculumSection(Section):
+    """GRPO's prompts chosen by pass rate (`kind: pass_rates`, `stages/training/curriculum.py`: prompts whose latest
+    groups all scored alike are set aside and re-admitted later; the rest are drawn by difficulty band), or
+    generated at a difficulty level that follows the policy (`kind: levels`, `stages/training/levels.py`)."""
+
+    kind: Literal["pass_rates", "levels"] = Field(
+        "pass_rates",
+        description="pass_rates: a fixed pool drawn by pass rate (when enabled); levels: problems generated at a level "
+        "that rises with the policy (on whenever chosen)",
+    )
+    levels: LevelsSection = LevelsSection()
     enabled: bool = Field(
         False,
         description="true: GRPO draws its prompts by pass rate; false (default): TRL's own sampler (a uniform shuffle "
@@ -615,6 +648,11 @@ class Recipe(Section):
                     "not Regimen's environments' episodes (their state, turn limit and episode reward); remove "
                     "distill: or environment:"
                 )
+        if self.curriculum.kind == "levels" and not getattr(tasks.TASKS[self.data.task], "LEVELS", False):
+            raise ValueError(
+                f"curriculum.kind: levels needs a task that generates problems by level (reasoning_gym); data.task "
+                f"{self.data.task!r} draws from a fixed pool (curriculum.kind: pass_rates re-weights it)"
+            )
         if self.teacher.kind == "weak" and not getattr(tasks.TASKS[self.data.task], "weak_solution", None):
             raise ValueError(
                 f"teacher.kind 'weak' needs a task with a weak solver (e.g. data.task: code); data.task "

@@ -78,6 +78,18 @@ class Options(TaskOptions):
     level: int | None = Field(
         None, ge=0, le=100, description="generate at this curriculum level of every task (its attributes' levels)"
     )
+    heldout_levels: list[int] | None = Field(
+        None,
+        description="the held-out set spread evenly over these curriculum levels (each row keeps its `level`, and "
+        "accuracy is reported per level): what `curriculum.kind: levels` is measured on",
+    )
+
+    @field_validator("heldout_levels")
+    @classmethod
+    def _levels(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(not 0 <= x <= 100 for x in v) or len(set(v)) != len(v)):
+            raise ValueError("heldout_levels: distinct levels between 0 and 100, at least one")
+        return v
 
     @field_validator("config")
     @classmethod
@@ -242,6 +254,27 @@ def _row(opts: Options, name: str, config: dict[str, Any], level: int | None, it
     return row
 
 
+LEVELS = True
+"""This task generates problems at a difficulty level (`curriculum.kind: levels`: `row_at`, `top_level`)."""
+
+
+def top_level(opts: Options) -> int:
+    """The highest level GRPO may reach: the highest held-out level, else the lowest top of the tasks' curricula."""
+    if opts.heldout_levels:
+        return max(opts.heldout_levels)
+    return min(levels(p.name) for p in opts.parts()) - 1
+
+
+def row_at(opts: Options, level: int, seed: int, index: int) -> dict[str, Any]:
+    """Training row `index` of the stream at `level` (deterministic in seed, level and index)."""
+    parts = opts.parts()
+    k = random.Random(seed + index).choices(range(len(parts)), weights=[p.weight for p in parts], k=1)[0]
+    part = parts[k]
+    ds = _dataset(part.name, json.dumps(part.config, sort_keys=True), level, seed + 7919 * (level + 1) + k, 10**6)
+    item = json.loads(json.dumps(ds[index], default=_plain))
+    return _row(opts, part.name, dataset_config(part.name, part.config, ds), level, item)
+
+
 def reference(opts: Options):
     wrap = tagged(opts)
 
@@ -257,7 +290,15 @@ def reference(opts: Options):
 def load(opts: Options) -> Task:
     for part in opts.parts():
         _check_part(part, opts.level)
-    heldout = generate(opts, opts.heldout_size, split_seed(opts.seed, "heldout"))
+    if opts.heldout_levels:
+        per = -(-opts.heldout_size // len(opts.heldout_levels))
+        heldout = [
+            row
+            for level in opts.heldout_levels
+            for row in generate(opts, per, split_seed(opts.seed, f"heldout-{level}"), level)
+        ][: opts.heldout_size]
+    else:
+        heldout = generate(opts, opts.heldout_size, split_seed(opts.seed, "heldout"))
     train = generate(opts, opts.train_size, split_seed(opts.seed, "train"))
     train = check_split(train, heldout, f"reasoning-gym {_label(opts)} (train)", "its held-out rows")
     return Task(train, heldout, NAME, reference=reference(opts))

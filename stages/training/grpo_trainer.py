@@ -117,7 +117,14 @@ def build_trainer(
         )
     weights = [recipe.reward_weights()[name] for name in fns]
     first: list = []
-    if curriculum is not None:
+    if curriculum is not None and getattr(curriculum, "controller", None) is not None:  # curriculum.kind: levels
+        from regimen.stages.training import levels
+
+        train = levels.dataset(curriculum)
+        args.shuffle_dataset, args.ignore_data_skip = False, True
+        recorder.listen(levels.listener(curriculum, list(fns), weights, recipe.eval.metric), len(fns))
+        first.append(levels.LevelsCallback(curriculum))
+    elif curriculum is not None:
         train = pacing.dataset(curriculum)
         args.shuffle_dataset, args.ignore_data_skip = False, True
         recorder.listen(pacing.listener(curriculum, weights, args.num_generations), len(fns))
