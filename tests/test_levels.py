@@ -80,8 +80,8 @@ def test_levels_need_a_task_that_generates_by_level():
 @pytest.mark.slow
 def test_a_killed_grpo_resumes_its_levels_from_the_checkpoint(tmp_path, monkeypatch):
     """A window of 8 completions fills every step (16 per step): a decision each step. Killed at step 4 (its
-    checkpoint not yet written), the rerun restores the controller from step 2's checkpoint: the manifest's levels over time hold the
-    decisions made before the kill, and the section is part of GRPO's fingerprint."""
+    checkpoint not yet written), the rerun restores the controller from step 2's checkpoint: the manifest's levels over
+    time hold the decisions made before the kill, and the section is part of GRPO's fingerprint."""
     import os
     import subprocess
     import sys

@@ -93,17 +93,14 @@ def build_trainer(
     IterableDataset read in order: `shuffle_dataset` off, and no batches skipped on resume, since the
     curriculum's own state comes back from the checkpoint) and the trainer's rewards feed its pass rates;
     without, TRL's sampler shuffles the rows and `rates` (a `curriculum.PassRates`) still hears every group."""
-    from datasets import Dataset
     from trl import GRPOTrainer
 
     from regimen.stages.recipe.trl import for_stage
     from regimen.stages.rewards import from_specs
     from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training import curriculum as pacing
     from regimen.stages.training import limits
     from regimen.stages.training.checkpoints import MarkComplete
     from regimen.stages.training.model import load_tokenizer
-    from regimen.stages.training.pass_rates import prompt_id
     from regimen.stages.training.policy import peft_config
 
     fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
@@ -115,26 +112,7 @@ def build_trainer(
         task = type(task)(
             chat_rows(task.train), task.heldout, task.name, task.reference, task.weak_reference, task.dropped_heldout
         )
-    weights = [recipe.reward_weights()[name] for name in fns]
-    first: list = []
-    if curriculum is not None and getattr(curriculum, "controller", None) is not None:  # curriculum.kind: levels
-        from regimen.stages.training import levels
-
-        train = levels.dataset(curriculum)
-        args.shuffle_dataset, args.ignore_data_skip = False, True
-        recorder.listen(levels.listener(curriculum, list(fns), weights, recipe.eval.metric), len(fns))
-        first.append(levels.LevelsCallback(curriculum))
-    elif curriculum is not None:
-        train = pacing.dataset(curriculum)
-        args.shuffle_dataset, args.ignore_data_skip = False, True
-        recorder.listen(pacing.listener(curriculum, weights, args.num_generations), len(fns))
-        # before MarkComplete: its state is in the checkpoint when marked
-        first.append(pacing.CurriculumCallback(curriculum))
-    else:
-        train = Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in task.train])
-        if rates is not None:
-            recorder.listen(pacing.rates_listener(rates, weights, args.num_generations, recorder), len(fns))
-            first.append(pacing.RatesCallback(rates))
+    train, first = _training_set(recipe, task, fns, args, recorder, curriculum, rates)
     env: dict[str, Any] = {}
     if recipe.environment is not None:  # multi-turn episodes through TRL's own environment support
         from regimen.stages.environments.registry import factory
@@ -161,6 +139,37 @@ def build_trainer(
         ],
     )
     return progress.quiet(trainer, stage), fns
+
+
+def _training_set(recipe, task, fns, args, recorder, curriculum, rates) -> tuple[Any, list]:
+    """GRPO's training set and the callbacks that must run first: a curriculum's stream (levels, or pass rates)
+    with its listener on the rewards, or the task's rows (pass rates still heard when `rates` is given)."""
+    from datasets import Dataset
+
+    from regimen.stages.training import curriculum as pacing
+    from regimen.stages.training.pass_rates import prompt_id
+
+    weights = [recipe.reward_weights()[name] for name in fns]
+    first: list = []
+    if curriculum is not None and getattr(curriculum, "controller", None) is not None:  # curriculum.kind: levels
+        from regimen.stages.training import levels
+
+        train = levels.dataset(curriculum)
+        args.shuffle_dataset, args.ignore_data_skip = False, True
+        recorder.listen(levels.listener(curriculum, list(fns), weights, recipe.eval.metric), len(fns))
+        first.append(levels.LevelsCallback(curriculum))
+    elif curriculum is not None:
+        train = pacing.dataset(curriculum)
+        args.shuffle_dataset, args.ignore_data_skip = False, True
+        recorder.listen(pacing.listener(curriculum, weights, args.num_generations), len(fns))
+        # before MarkComplete: its state is in the checkpoint when marked
+        first.append(pacing.CurriculumCallback(curriculum))
+    else:
+        train = Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in task.train])
+        if rates is not None:
+            recorder.listen(pacing.rates_listener(rates, weights, args.num_generations, recorder), len(fns))
+            first.append(pacing.RatesCallback(rates))
+    return train, first
 
 
 def curve_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
