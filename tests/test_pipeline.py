@@ -33,7 +33,7 @@ def test_all_five_stages_complete_with_intact_files(first_run):
     assert all(not r["reused"] for r in results)
     s = Store(store)
     for stage in STAGES:
-        [m] = s.versions("tiny-test", stage)
+        [m] = s.manifests("tiny-test", stage)
         assert m["status"] == "completed" and m["stage"] == stage and m["version"] == 1 and m["cycle"] == 1
         assert s.verify(m) == []
         for key in ("fingerprint", "inputs", "config", "metrics", "files", "started_at", "finished_at", "code_version"):
@@ -153,7 +153,7 @@ def test_a_rerun_after_a_change_of_code_versions_reruns_every_stage_once_then_re
     store, _ = first_run
     s = Store(store)
     for stage in STAGES:
-        for m in s.versions("tiny-test", stage):
+        for m in s.manifests("tiny-test", stage):
             path = store / "tiny-test" / stage / f"v{m['version']}" / "manifest.json"
             before_move = {
                 **m,
@@ -161,7 +161,7 @@ def test_a_rerun_after_a_change_of_code_versions_reruns_every_stage_once_then_re
                 "fingerprint": digest({"made before the move": m["fingerprint"]}),
             }
             path.write_text(json.dumps(before_move, indent=1))
-    assert all(m["code_version"] == "0" * 16 for stage in STAGES for m in s.versions("tiny-test", stage))
+    assert all(m["code_version"] == "0" * 16 for stage in STAGES for m in s.manifests("tiny-test", stage))
 
     after_move = run_flow(TINY, store)
     # the champion's own evaluation (cycle 0) may run too: its version was made before

@@ -377,6 +377,8 @@ MISUSE = {  # command -> (args that miss a required argument or None when it has
     "promote": (["x"], ["x", "3", "--reason"]),
     "rollback": ([], ["x", "--reason"]),
     "export": (["x"], ["x", "out", "--store"]),
+    "gc": ([], ["x", "--keep-last", "zero"]),
+    "reindex": ([], ["x", "--store"]),
     "heldout refresh": (["tests/tiny.yaml"], ["tests/tiny.yaml", "--reason"]),
     "pool setup": ([], ["--store", "s3://bucket/p", "--max-steps", "-1"]),
 }

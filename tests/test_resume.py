@@ -31,7 +31,7 @@ EARLIER = ("sft", "reward-dry-run", "grpo-smoke")
 
 def snapshot(store: Path) -> dict[str, list[tuple[int, str, dict]]]:
     s = Store(store)
-    return {stage: [(m["version"], m["fingerprint"], m["files"]) for m in s.versions(EXP, stage)] for stage in EARLIER}
+    return {stage: [(m["version"], m["fingerprint"], m["files"]) for m in s.manifests(EXP, stage)] for stage in EARLIER}
 
 
 def regimen_run(store: Path, env: dict, log: Path) -> subprocess.Popen:

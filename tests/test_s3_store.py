@@ -59,7 +59,7 @@ def test_commit_reuse_and_the_cache_checked_against_the_manifest(s3_env, bucket,
     m2 = store.commit(staged(store, "b"), manifest(key="k2"))
     assert (m1["version"], m2["version"]) == (1, 2)
     fs = s3_env.client()
-    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/regimen/exp/sft")) == ["v1", "v2"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/regimen/exp/sft")) == ["index.json", "v1", "v2"]
     assert fs.exists(f"{bucket}/regimen/exp/sft/v1/.claim")  # the number stays taken
     # another host (its own cache) finds the version by fingerprint and reads it through its cache
     other = Store(url, cache_dir=tmp_path / "b")
@@ -98,7 +98,7 @@ def test_a_version_is_visible_whole_or_not_at_all_and_writers_never_share_a_numb
     def watch():
         fs = s3_env.client()
         while not done.is_set():
-            for m in reader.versions("exp", "sft"):
+            for m in reader.manifests("exp", "sft"):
                 present = {
                     p.rsplit(f"/v{m['version']}/", 1)[-1] for p in fs.find(f"{bucket}/r/exp/sft/v{m['version']}")
                 }
@@ -558,7 +558,7 @@ def test_export_from_the_bucket_on_a_host_that_never_ran_it(two_hosts, prefect_s
     ref = champion["policy_ref"]
     [m] = [
         m
-        for m in Store(two_hosts["url"], cache_dir=tmp / "reader2").versions(EXP, ref["stage"])
+        for m in Store(two_hosts["url"], cache_dir=tmp / "reader2").manifests(EXP, ref["stage"])
         if m["version"] == ref["version"]
     ]
     assert hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() == m["files"]["model/model.safetensors"]

@@ -193,13 +193,17 @@ def test_same_size_change_is_caught_by_the_full_hash_when_mtime_moved(tmp_path):
 
 
 def test_malformed_manifest_is_reported_not_a_crash(tmp_path):
+    """Lookups read the index, not every manifest: a manifest damaged after its commit is found when its version
+    is read (reuse reads it), reported as damaged, never reused, and the index rebuilt without it."""
     store = Store(tmp_path)
     store.commit(stage_files(store), manifest(key="k"))
     (tmp_path / "exp/sft/v1" / MANIFEST).write_text('{"status": "completed"}')
-    assert store.versions("exp", "sft") == []
+    found, damaged = store.catalog.find_intact("exp", "sft", "k")
+    assert found is None and damaged == [{"version": 1, "problems": ["manifest.json: missing or damaged"]}]
+    assert store.versions("exp", "sft") == []  # the index rebuilt from the manifests
     assert store.catalog.malformed("exp", "sft") == [str(tmp_path / "exp/sft/v1" / MANIFEST)]
     (tmp_path / "exp/sft/v1" / MANIFEST).write_text("not json")
-    assert store.versions("exp", "sft") == [] and store.catalog.malformed("exp", "sft")
+    assert store.catalog.index.rebuild("exp", "sft")["versions"] == {} and store.catalog.malformed("exp", "sft")
 
 
 def test_a_planted_symlink_in_the_store_is_refused_and_its_target_untouched(tmp_path):

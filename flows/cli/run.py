@@ -202,11 +202,14 @@ def check(
 def status(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     store: Annotated[str, typer.Option("--store", help="artifact store")] = "artifacts",
+    check: Annotated[
+        bool, typer.Option("--check", help="read every manifest: check every version's files and the index")
+    ] = False,
 ) -> None:
     """Each stage's state: completed (or damaged) versions, failed attempts, running, checkpoints."""
     from regimen.flows.present.status import experiment_status, libraries_line
 
-    rows = experiment_status(store, experiment)
+    rows = experiment_status(store, experiment, check=check)
     table = Table(title=f"{experiment} in {store}")
     for col in ("stage", "state", "latest", "cycle", "finished", "detail"):
         table.add_column(col)

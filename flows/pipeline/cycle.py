@@ -303,6 +303,7 @@ def _run_cycles(recipe: Recipe, experiment: str):
                 prepare_data(recipe, run)
                 cycles(recipe, run)
                 crown(recipe, run, stopped=None)
+                retain(recipe, run)
             except StageStopped as exc:
                 if exc.stage in registry.in_role("train") and str(exc.reason).startswith(
                     (REWARD_HACKING, OVERFITTING_VERDICT)
@@ -328,6 +329,24 @@ def _run_cycles(recipe: Recipe, experiment: str):
     finally:
         presenter.close(patience=5.0)  # closed above unless the run stopped before taking the lock
     return RunResult(results)
+
+
+def retain(recipe: Recipe, run: Run) -> None:
+    """`store.keep`: the operator's retention after the run, under its lease (`stages/store/retention.py`). A gc
+    that fails says so and leaves the run's result as it is."""
+    if recipe.keep is None:
+        return
+    from regimen.stages.store.retention import collect
+
+    try:
+        done = collect(run.store, run.experiment, last=recipe.keep.last, days=recipe.keep.days)
+    except RegimenError as exc:
+        log.warning("retention (store.keep) did not run: %s", exc)
+        return
+    if done["remove"]:
+        log.info(
+            "retention (store.keep): removed %d version(s), %.3g MB freed", len(done["remove"]), done["freed"] / 1e6
+        )
 
 
 def _publish_stopped(experiment: str, st: Store, exc: StageStopped) -> None:

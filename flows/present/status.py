@@ -11,7 +11,10 @@ from regimen.stages.store import Store, check_name
 from regimen.stages.training.checkpoints import last_checkpoint
 
 
-def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
+def experiment_status(store_url: str, experiment: str, *, check: bool = False) -> list[dict[str, Any]]:
+    """Each stage's line, from its index (one read a stage, whatever the history's length) with the latest
+    version's files checked. `check=True` (`regimen status --check`) reads every manifest: each version's files
+    checked, malformed manifests named, and the index compared with the manifests."""
     check_name(experiment)
     store = Store(store_url)
     if not store.workspace.has_experiment(experiment):
@@ -19,13 +22,14 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
     verdicts = store.ledger.verdicts_by_eval(experiment)
     rows = [heldout_row(store, experiment)]
     for stage in registry.NAMES:
-        versions, malformed = store.catalog.scan(experiment, stage)
-        failures = store.ledger.failures(experiment, stage)
+        versions, malformed, drift = _versions(store, experiment, stage, check)
+        n_failed, last_fail = store.ledger.last_failure(experiment, stage)
         running = store.workspace.running_info(experiment, stage)
-        damaged = [f"v{m['version']} ({'; '.join(p)})" for m in versions if (p := store.check(m))]
+        damaged = [
+            f"v{m['version']} ({'; '.join(p)})" for m in (versions if check else versions[-1:]) if (p := store.check(m))
+        ]
         ckpts = [c for d in store.workspace.work_dirs(experiment, stage) if (c := last_checkpoint(d))]
         latest = versions[-1] if versions else None
-        last_fail = failures[-1] if failures else None
         if running and not running.get("stale"):
             state = "running"
         elif running or (
@@ -45,6 +49,8 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
             detail.append("DAMAGED " + ", ".join(damaged) + ": not reused; the next run repeats the stage")
         if malformed:
             detail.append("malformed manifest(s): " + ", ".join(malformed))
+        if drift:
+            detail.append(f"index differed from the manifests ({drift}): rebuilt")
         if state in ("failed", "interrupted") and last_fail:
             detail.append(str(last_fail.get("error", ""))[:160])
         if running and running.get("malformed"):
@@ -64,13 +70,30 @@ def experiment_status(store_url: str, experiment: str) -> list[dict[str, Any]]:
                 "finished": str((latest or {}).get("finished_at", "-"))[:19],
                 "detail": (
                     "; ".join(detail)
-                    + (f" ({len(versions)} versions, {len(failures)} failed attempts)" if versions or failures else "")
+                    + (f" ({len(versions)} versions, {n_failed} failed attempts)" if versions or n_failed else "")
                 ).strip(),
                 "damaged": damaged,
                 "libraries": (latest or {}).get("libraries"),
             }
         )
     return rows
+
+
+def _versions(store: Store, experiment: str, stage: str, check: bool) -> tuple[list[dict[str, Any]], list[str], str]:
+    """The stage's versions: from its index; with `check`, from the manifests, the index rebuilt if it differed."""
+    if not check:
+        return store.versions(experiment, stage), [], ""
+    listed = {m["version"] for m in store.versions(experiment, stage)}
+    versions, malformed = store.catalog.scan(experiment, stage)
+    found = {m["version"] for m in versions}
+    drift = ""
+    if listed != found:
+        drift = ", ".join(
+            [f"v{v} listed, not a version" for v in sorted(listed - found)]
+            + [f"v{v} missing from it" for v in sorted(found - listed)]
+        )
+        store.catalog.index.rebuild(experiment, stage)
+    return versions, malformed, drift
 
 
 def heldout_row(store: Store, experiment: str) -> dict[str, Any]:

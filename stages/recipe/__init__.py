@@ -62,6 +62,11 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
         if not isinstance(key, str) or not _KEY.fullmatch(key):
             raise InputError(f"override {str(key)[:80]!r}: expected a dotted key such as grpo.beta")
         parts = key.split(".")
+        if parts[0] == "store" and isinstance(data.get("store"), dict) and len(parts) == 1 and isinstance(value, str):
+            data["store"] = {**data["store"], "url": value}  # --store URL keeps the recipe's retention
+            continue
+        if parts[0] == "store" and len(parts) > 1 and not isinstance(data.get("store"), dict):
+            data["store"] = {"url": data["store"]} if data.get("store") is not None else {}
         node = data
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)

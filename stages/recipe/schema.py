@@ -333,6 +333,21 @@ class EnvironmentSection(Section):
         return self
 
 
+class KeepSection(Section):
+    """Retention (`store.keep` in the recipe; `stages/store/retention.py`): what `regimen gc` keeps of each stage,
+    run after every run that sets it. The champion's lineage, rollback targets, the records and what a running
+    stage holds are kept whatever it says."""
+
+    last: int | None = Field(None, ge=1, le=10**6, description="the last K versions of each stage")
+    days: float | None = Field(None, ge=0, le=10**5, description="versions finished within D days")
+
+    @model_validator(mode="after")
+    def _something(self) -> KeepSection:
+        if self.last is None and self.days is None:
+            raise ValueError("store.keep: set last (versions per stage), days, or both")
+        return self
+
+
 class LimitsSection(Section):
     """An operator's ceilings on one run. `regimen serve --max-steps/--max-checkpoints/--max-hours/--max-disk-gb`
     sets them for every run it serves (a UI run cannot raise them: `limits.*` is not on the allow-list).
@@ -535,6 +550,9 @@ class Recipe(Section):
     curriculum: CurriculumSection = CurriculumSection()
     environment: EnvironmentSection | None = None
     store: str = "artifacts"
+    keep: KeepSection | None = Field(
+        None, description="retention: written `store: {url: ..., keep: {last: K, days: D}}` in a recipe"
+    )
     launcher: Literal["inprocess", "accelerate"] = "inprocess"
     accelerate: AccelerateSection = AccelerateSection()
     limits: LimitsSection = LimitsSection()
@@ -586,6 +604,20 @@ class Recipe(Section):
         return defaults.coerce(
             "peft", v, {f.name: f for f in dataclasses.fields(LoraConfig) if f.init}, "peft's LoraConfig"
         )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _store_section(cls, data: Any) -> Any:
+        """`store:` is a URL, or `{url: URL, keep: {...}}` (retention beside where the store is)."""
+        if isinstance(data, dict) and isinstance(data.get("store"), dict):
+            section = dict(data["store"])
+            unknown = set(section) - {"url", "keep"}
+            if unknown:
+                raise ValueError(f"store: unknown field(s) {', '.join(sorted(unknown))} (a store has url and keep)")
+            data = {**data, "store": section.get("url", "artifacts")}
+            if section.get("keep") is not None:
+                data["keep"] = section["keep"]
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -101,7 +101,13 @@ def for_stage(recipe, section: str, output_dir, **changes: Any):
     cap = recipe.limits.max_checkpoints  # the operator's ceiling (the door refused a recipe asking for more)
     if cap is not None and (built.save_total_limit is None or built.save_total_limit > cap):
         built.save_total_limit = cap
+    elif cap is None and built.save_total_limit is None:  # as serve caps them: a plain run keeps 5 too, not every one
+        built.save_total_limit = DEFAULT_CHECKPOINTS
     return built
+
+
+DEFAULT_CHECKPOINTS = 5
+"""Checkpoints a training stage keeps when neither the recipe (save_total_limit) nor the operator (limits) says."""
 
 
 class Rejected(ValueError):

@@ -194,9 +194,13 @@ def _run(
     manifest["device"] = device["device"]
     # which float kernels torch chose: a tiny model's training depends on it
     manifest["torch_cpu_capability"] = cpu_capability()
-    with handle.running(
-        {"fingerprint": fp, "cycle": call.cycle, "round": call.round, "checkpoints": str(dirs.checkpoints)}
-    ):
+    held = {
+        k: {f: v.get(f) for f in ("stage", "version", "fingerprint")}
+        for k, v in call.inputs.items()
+        if isinstance(v, dict)
+    }
+    running = {"fingerprint": fp, "cycle": call.cycle, "round": call.round, "checkpoints": str(dirs.checkpoints)}
+    with handle.running({**running, "inputs": held}):  # gc never removes what a running stage holds
         output = _launch_recorded(call, module, dirs, handle, manifest)
     wall = time.perf_counter() - t0
     (dirs.out / "metrics.json").write_text(json.dumps(output.metrics, indent=1))

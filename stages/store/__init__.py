@@ -95,8 +95,14 @@ class Store:
         self.backend.probe()
 
     def versions(self, experiment: str, stage: str) -> list[dict[str, Any]]:
-        """Completed versions' manifests, oldest first (malformed ones are left out)."""
+        """Completed versions, oldest first, as their index entries (the manifest without its file lists and bulky
+        extras: `catalog.whole(entry)` reads one whole). One read, whatever the history's length."""
         return self.catalog.versions(experiment, stage)
+
+    def manifests(self, experiment: str, stage: str) -> list[dict[str, Any]]:
+        """Completed versions' whole manifests, oldest first: every manifest read (for a caller that asks for the
+        history itself, such as a report; lookups use `versions`, which reads the stage's index only)."""
+        return self.catalog.scan(experiment, stage)[0]
 
     def latest(self, experiment: str, stage: str) -> dict[str, Any] | None:
         return self.catalog.latest(experiment, stage)
@@ -127,4 +133,4 @@ class Store:
 
     def lock(self, experiment: str) -> AbstractContextManager[None]:
         """One run per experiment at a time, on this machine and across machines sharing the store."""
-        return self.workspace.lock(experiment)
+        return self.workspace.lock(experiment, taken=lambda: self.catalog.sweep_claims(experiment))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -20,7 +21,10 @@ from regimen.stages.core.errors import RegimenError, StoreError
 from regimen.stages.store import files
 from regimen.stages.store.backend import CLAIM, MANIFEST, VERSION, Backend, now_iso, sha256_file, well_formed
 from regimen.stages.store.copies import RemoteCopies
+from regimen.stages.store.index import StageIndex
 from regimen.stages.store.lock import exclusive_create, lost_lease
+
+log = logging.getLogger("regimen.store")
 
 
 def _stats(root: Path) -> tuple[dict[str, str], dict[str, list[int]]]:
@@ -45,6 +49,7 @@ class Catalog:
     def __init__(self, backend: Backend):
         self.b = backend
         self.copies = RemoteCopies(backend)
+        self.index = StageIndex(backend)
 
     # -- reading -----------------------------------------------------------------------------
     def scan(self, experiment: str, stage: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -68,23 +73,54 @@ class Catalog:
         return sorted(found, key=lambda m: m["version"]), malformed
 
     def versions(self, experiment: str, stage: str) -> list[dict[str, Any]]:
-        """Completed versions' manifests, oldest first (malformed ones are left out; see `malformed`)."""
-        return self.scan(experiment, stage)[0]
+        """Completed versions, oldest first, as their index entries (`index.summary`: the manifest without its
+        file lists and bulky extras; `manifest()` reads one whole). One read of the stage's index."""
+        entries = self.index.read(experiment, stage)["versions"]
+        return [entries[k] for k in sorted(entries, key=int)]
 
     def malformed(self, experiment: str, stage: str) -> list[str]:
         return self.scan(experiment, stage)[1]
 
+    def manifest(self, experiment: str, stage: str, version: int) -> dict[str, Any] | None:
+        """Version `version`'s whole manifest, or None when it is not a well-formed completed one."""
+        found = self.b.read_json(f"{self.b.version_path(experiment, stage, version)}/{MANIFEST}")
+        ok = well_formed(found) and found["version"] == version and found["stage"] == stage
+        return found if ok and found["status"] == "completed" else None
+
+    def whole(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """A version's manifest for an index entry (the entry itself when it is one already); StoreError when the
+        version is gone (its index is rebuilt from the manifests then)."""
+        if "files" in entry:
+            return entry
+        found = self.manifest(entry["experiment"], entry["stage"], entry["version"])
+        if found is None:
+            self.index.rebuild(entry["experiment"], entry["stage"])
+            raise StoreError(
+                f"{entry['experiment']}/{entry['stage']} v{entry['version']}: listed in its index but its manifest is "
+                "gone or damaged; the index was rebuilt from the manifests"
+            )
+        return found
+
     def latest(self, experiment: str, stage: str) -> dict[str, Any] | None:
         versions = self.versions(experiment, stage)
-        return versions[-1] if versions else None
+        return self.whole(versions[-1]) if versions else None
 
     def find_intact(self, experiment: str, stage: str, key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """The newest completed version with this fingerprint whose files match the manifest, and the
-        damaged ones passed over on the way ({version, problems})."""
+        damaged ones passed over on the way ({version, problems}). Found through the index; the chosen
+        version's own manifest is read and its files checked against it."""
         damaged = []
-        for manifest in reversed(self.versions(experiment, stage)):
-            if manifest.get("fingerprint") != key:
+        for entry in reversed(self.versions(experiment, stage)):
+            if entry.get("fingerprint") != key:
                 continue
+            manifest = self.manifest(experiment, stage, entry["version"])
+            if manifest is None:
+                damaged.append({"version": entry["version"], "problems": ["manifest.json: missing or damaged"]})
+                self.index.rebuild(experiment, stage)
+                continue
+            if manifest.get("fingerprint") != key:  # the index is stale (a manifest changed behind the store's back)
+                self.index.rebuild(experiment, stage)
+                return self.find_intact(experiment, stage, key)
             problems = self.check(manifest)
             if not problems and not self.b.local:
                 # the files as they arrive, by sha256: reuse reads them next anyway
@@ -102,6 +138,7 @@ class Catalog:
         commit; a file whose size differs is damaged; one whose mtime differs is hashed. In a remote
         store: sizes in the bucket, and the local cache's copy (when there is one) by its own fast path;
         the sha256 of what the bucket holds is checked as it comes into the cache (`local_path`)."""
+        manifest = self.whole(manifest)
         if not self.b.local:
             return self.copies.check(manifest)
         base = self.b.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
@@ -136,6 +173,7 @@ class Catalog:
 
     def verify(self, manifest: dict[str, Any]) -> list[str]:
         """Files whose sha256 no longer matches the manifest (empty list: intact); always hashes."""
+        manifest = self.whole(manifest)
         base = self.b.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
         bad = []
         for rel, digest in manifest.get("files", {}).items():
@@ -153,6 +191,7 @@ class Catalog:
         remote = self.b.version_path(manifest["experiment"], manifest["stage"], manifest["version"])
         if self.b.local:
             return Path(remote)
+        manifest = self.whole(manifest)
         target, problems = self.copies.fetch(manifest)
         if problems:
             raise StoreError(f"{remote} is damaged ({'; '.join(problems[:3])}); it is not used")
@@ -160,9 +199,9 @@ class Catalog:
 
     # -- writing -----------------------------------------------------------------------------
     def next_version(self, experiment: str, stage: str) -> int:
-        names = [e.rsplit("/", 1)[-1] for e in self.b.entries(self.b.stage_path(experiment, stage))]
-        used = [int(m.group(1)) for n in names if (m := VERSION.match(n))]
-        return max(used, default=0) + 1
+        """The next number by the stage's index (a number another writer claimed meanwhile is stepped over by
+        the commit: a local rename or a remote claim is refused, and the next one tried)."""
+        return self.index.read(experiment, stage)["next"]
 
     def commit(self, staging: Path, manifest: dict[str, Any], *, min_version: int = 1) -> dict[str, Any]:
         """Digest the staged files, write the manifest last, and move the folder into place as v<N>
@@ -176,8 +215,10 @@ class Catalog:
         digests, stats = _stats(staging)
         manifest = {**manifest, "status": "completed", "files": digests, "file_stats": stats}
         try:
+            tried = 0
             for _ in range(100):
-                version = max(self.next_version(experiment, stage), min_version)
+                version = max(self.next_version(experiment, stage), min_version, tried + 1)
+                tried = version
                 manifest["version"] = version
                 (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False, default=str))
                 target = self.b.version_path(experiment, stage, version)
@@ -185,6 +226,7 @@ class Catalog:
                     files.check_no_links(Path(self.b.root), Path(target).parent)
                     try:
                         os.rename(staging, target)  # atomic; fails if target exists (as a folder with content)
+                        self.index.read(experiment, stage)  # rolls forward to the new version, written back
                         return manifest
                     except OSError:
                         if not os.path.lexists(target):
@@ -194,6 +236,7 @@ class Catalog:
                     continue  # another writer has this number: take the next
                 self.b.upload(staging, target, [*digests, MANIFEST])
                 shutil.rmtree(staging, ignore_errors=True)
+                self.index.read(experiment, stage)  # rolls forward to the new version, written back
                 return manifest
         except RegimenError:
             raise
@@ -207,3 +250,26 @@ class Catalog:
             return exclusive_create(
                 self.b.fs, f"{target}/{CLAIM}", json.dumps({"by": f"pid {os.getpid()}", "at": now_iso()}).encode()
             )
+
+    def sweep_claims(self, experiment: str) -> None:
+        """Claimed version folders that never got their manifest (a writer killed mid-upload), removed under the
+        experiment's lease (no other writer of this experiment runs). Only the numbers past each stage's index are
+        looked at: a claim is always the newest number its writer saw, so the sweep reads no history."""
+        with self.b.answers(f"sweeping {self.b.join(experiment)}"):
+            for stage_dir in self.b.entries(self.b.join(experiment)):
+                stage = stage_dir.rsplit("/", 1)[-1]
+                if stage.startswith(".") or not self.b.fs.isdir(stage_dir):
+                    continue
+                index = self.index.read(experiment, stage)
+                n, left = index["next"], list(index.get("claims", []))
+                while self.b.fs.exists(f"{self.b.version_path(experiment, stage, n)}/{CLAIM}"):
+                    left.append(n)
+                    n += 1
+                for number in left:
+                    entry = self.b.version_path(experiment, stage, number)
+                    if not self.b.fs.exists(f"{entry}/{MANIFEST}"):
+                        log.warning("removing %s: a version claimed by a run that never finished uploading it", entry)
+                        self.b.fs.rm(entry, recursive=True)
+                if index.get("claims"):
+                    index["claims"] = []
+                    self.index.write(experiment, stage, index)

@@ -208,6 +208,14 @@ class Ledger:
             return remote
         return self.b.write_text(self.b.join(experiment, stage, "failed", name, "error.json"), text)
 
+    def last_failure(self, experiment: str, stage: str) -> tuple[int, dict[str, Any] | None]:
+        """How many failed attempts a stage has, and the newest one's record: one listing and one read."""
+        entries = sorted(self.b.entries(self.b.join(check_name(experiment), stage, "failed")))
+        for e in reversed(entries):
+            if (r := schemas.parse(schemas.Failure, self.b.read_json(f"{e}/error.json"))) is not None:
+                return len(entries), r
+        return len(entries), None
+
     def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
         entries = sorted(self.b.entries(self.b.join(check_name(experiment), stage, "failed")))
         return [

@@ -20,7 +20,7 @@ from typing import Any
 
 from regimen.stages.core.errors import StoreError
 from regimen.stages.store import files, schemas, work
-from regimen.stages.store.backend import MANIFEST, VERSION, Backend, check_name, now_iso
+from regimen.stages.store.backend import Backend, check_name, now_iso
 from regimen.stages.store.lock import file_lock, lease, lost_lease, process_started
 
 log = logging.getLogger("regimen.store")
@@ -122,8 +122,9 @@ class Workspace:
 
     # -- the experiment lock ---------------------------------------------------------------------
     @contextmanager
-    def lock(self, experiment: str) -> Iterator[None]:
-        """One run per experiment at a time, on this machine and across machines sharing the store."""
+    def lock(self, experiment: str, *, taken=None) -> Iterator[None]:
+        """One run per experiment at a time, on this machine and across machines sharing the store. `taken()`
+        runs once the lease is held in a remote store (the catalog sweeps killed writers' claims there)."""
         check_name(experiment)
         with file_lock(self.b.cache, self.b.cache / experiment / ".lock", experiment=experiment, url=self.b.url):
             if self.b.local:
@@ -143,7 +144,8 @@ class Workspace:
                         )
                     )
                 self._sweep_staging(experiment)
-                self._sweep_remote(experiment)
+                if taken is not None:
+                    taken()
                 yield
 
     def _sweep_staging(self, experiment: str) -> None:
@@ -154,13 +156,3 @@ class Workspace:
             for d in stage_dir.glob(".staging-*"):
                 if not d.is_symlink():
                     shutil.rmtree(d, ignore_errors=True)
-
-    def _sweep_remote(self, experiment: str) -> None:
-        """Claimed version folders that never got their manifest (a writer killed mid-upload), removed
-        under the experiment's lease (no other writer of this experiment is running)."""
-        with self.b.answers(f"sweeping {self.b.join(experiment)}"):
-            for stage_dir in self.b.entries(self.b.join(experiment)):
-                for entry in self.b.entries(stage_dir):
-                    if VERSION.match(entry.rsplit("/", 1)[-1]) and not self.b.fs.exists(f"{entry}/{MANIFEST}"):
-                        log.warning("removing %s: a version claimed by a run that never finished uploading it", entry)
-                        self.b.fs.rm(entry, recursive=True)

@@ -44,11 +44,14 @@ def folder_bytes(root: Path) -> int:
 
 
 class RunLimits(TrainerCallback):
-    """Stop training (raise LimitExceeded) past `max_hours` of the run or `max_disk_gb` in `root`."""
+    """Stop training (raise LimitExceeded) past `max_hours` of the run or `max_disk_gb` in `root`. Over the disk
+    limit, the recipe's retention (`store.keep`) runs first; training stops only when what it may remove is not
+    enough, saying what it kept and why."""
 
-    def __init__(self, stage: str, max_hours: float | None, max_disk_gb: float | None, root: Path):
+    def __init__(self, stage: str, max_hours: float | None, max_disk_gb: float | None, root: Path, recipe=None):
         self.stage, self.max_hours, self.max_disk_gb, self.root = stage, max_hours, max_disk_gb, Path(root)
         self.started = _started()
+        self.recipe = recipe
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.max_hours is not None and (time.time() - self.started) > self.max_hours * 3600:
@@ -63,12 +66,27 @@ class RunLimits(TrainerCallback):
         if self.max_disk_gb is not None:
             used = folder_bytes(self.root)
             if used > self.max_disk_gb * 1e9:
-                raise LimitExceeded(
-                    self.stage,
-                    f"limits.max_disk_gb: {self.root} holds {used / 1e9:.4g} GB, more than the operator's limit of "
-                    f"{self.max_disk_gb:g} GB; stopped at step {state.global_step}",
-                )
+                kept = self._retain()
+                used = folder_bytes(self.root)
+                if used > self.max_disk_gb * 1e9:
+                    raise LimitExceeded(
+                        self.stage,
+                        f"limits.max_disk_gb: {self.root} holds {used / 1e9:.4g} GB, more than the operator's limit of "
+                        f"{self.max_disk_gb:g} GB; stopped at step {state.global_step}; {kept}",
+                    )
         return control
+
+    def _retain(self) -> str:
+        """The recipe's retention, run now: what it kept and why (for the stop's message when it was not enough)."""
+        keep = getattr(self.recipe, "keep", None)
+        if keep is None:
+            return "store.keep is not set, so nothing may be removed (set it, or run `regimen gc`)"
+        from regimen.stages.store import Store
+        from regimen.stages.store.retention import collect
+
+        done = collect(Store(self.recipe.store), self.root.name, last=keep.last, days=keep.days)
+        kept = "; ".join(f"{reason}: {len(v)}" for reason, v in done["kept"].items())
+        return f"store.keep removed {len(done['remove'])} version(s) ({done['freed'] / 1e9:.3g} GB) and kept {kept}"
 
 
 def callbacks(recipe, checkpoints: Path) -> list[TrainerCallback]:
@@ -80,4 +98,4 @@ def callbacks(recipe, checkpoints: Path) -> list[TrainerCallback]:
         return []
     path = Path(checkpoints)
     stage, root = (path.parents[1].name, path.parents[2]) if len(path.parents) > 2 else ("training", path)
-    return [RunLimits(stage, limits.max_hours, limits.max_disk_gb, root)]
+    return [RunLimits(stage, limits.max_hours, limits.max_disk_gb, root, recipe)]

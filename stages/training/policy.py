@@ -100,11 +100,12 @@ def policy_from_ref(store, experiment: str, ref: dict) -> dict | None:
         m
         for m in reversed(store.versions(experiment, ref["stage"]))
         if m["fingerprint"] == ref.get("fingerprint")
-        and (not ref.get("content") or content_digest(m) == ref["content"])
+        and (not ref.get("content") or (m.get("content") or content_digest(m)) == ref["content"])
     ]
     manifest = next((m for m in same if not store.check(m)), None)
     if manifest is None:
         return None
+    manifest = store.catalog.whole(manifest)
     path = store.local_path(manifest)
     return {
         "stage": ref["stage"],
