@@ -198,7 +198,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         callbacks=[probe, MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)],
     )
     probe.trainer = trainer
-    progress.quiet(trainer, NAME)
+    progress.quiet(trainer, NAME, getattr(dirs, "progress", None))
     resumed = train_resumable(trainer, dirs.checkpoints, args.max_steps)
     history = trainer.state.log_history
     losses = [h["loss"] for h in history if "loss" in h]

@@ -131,6 +131,7 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
         heldout=inputs.get("heldout"),
         curriculum=pacing,
         rates=None if pacing or not one_process else seen,
+        watch=getattr(dirs, "progress", None),
     )
     probe.trainer = trainer
     return Built(trainer, fns, probe, recorder, pacing, seen, one_process)

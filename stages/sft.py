@@ -105,7 +105,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         peft_config=peft_config(recipe),
         callbacks=[MarkComplete(), *limits.callbacks(recipe, dirs.checkpoints)],
     )
-    progress.quiet(trainer, NAME)
+    progress.quiet(trainer, NAME, getattr(dirs, "progress", None))
     resumed = train_resumable(trainer, dirs.checkpoints, args.max_steps)
     model = save_policy(trainer, tokenizer, Path(dirs.out) / "model", merge=recipe.model.merge_lora)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

@@ -69,6 +69,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         recorder,
         stage=NAME,
         heldout=inputs.get("heldout"),
+        watch=getattr(dirs, "progress", None),
         max_steps=recipe.smoke.max_steps,
         logging_steps=1,
         save_strategy="no",

@@ -55,6 +55,14 @@ def _announce(experiment: str, event: str, line: dict) -> None:
         )
 
 
+def _mirror(store, experiment: str, line: dict) -> None:
+    """A person's move into MLflow's registry when the experiment tracks with MLflow (one line either way)."""
+    from regimen.flows.pipeline.tracking import person_moved
+
+    if said := person_moved(store, experiment, line):
+        console.print(said, markup=False, highlight=False)
+
+
 def _api_answers(url: str) -> bool:
     """Whether Prefect's API answers its health check within a few seconds (with the auth string, if set)."""
     import httpx
@@ -112,13 +120,15 @@ def promote(
     from regimen.flows.pipeline.champion import person_promotes
     from regimen.stages.store import Store
 
-    line = person_promotes(Store(store), experiment, version, reason)
+    st = Store(store)
+    line = person_promotes(st, experiment, version, reason)
     console.print(
         f"{experiment}: {line['policy']} is the champion (held-out {line['heldout_accuracy']:.3f}), by a person",
         markup=False,
         highlight=False,
     )
     _announce(experiment, "promoted", line)
+    _mirror(st, experiment, line)
 
 
 def rollback(
@@ -130,13 +140,15 @@ def rollback(
     from regimen.flows.pipeline.champion import person_rolls_back
     from regimen.stages.store import Store
 
-    line = person_rolls_back(Store(store), experiment, reason)
+    st = Store(store)
+    line = person_rolls_back(st, experiment, reason)
     console.print(
         f"{experiment}: rolled back from {line['from']} to {line['policy']} (held-out {line['heldout_accuracy']:.3f})",
         markup=False,
         highlight=False,
     )
     _announce(experiment, "rollback", line)
+    _mirror(st, experiment, line)
 
 
 def export(

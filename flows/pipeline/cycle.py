@@ -11,6 +11,7 @@ chosen where the run starts: the caller's name, else the recipe's `experiment:` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -107,6 +108,7 @@ class Run:
     data: dict[str, Any] = field(default_factory=dict)  # tonight's training data next to its last version
     started_from: dict[str, Any] | None = None  # the policy cycle 1 started from
     challenger: tuple[dict[str, Any], dict[str, Any]] | None = None  # (policy, its evaluation): the last one measured
+    trackers: Any = None  # `tracking:` (flows/pipeline/tracking.py): the run mirrored into MLflow, trackio, ...
 
 
 @task(name="stage", task_run_name="{stage} (cycle {cycle}, round {round})", cache_policy=NO_CACHE, persist_result=False)
@@ -117,7 +119,12 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycl
     logger = get_run_logger()
     store, experiment = run.store, run.experiment
 
+    trackers = run.trackers
+    key = trackers.start(stage, cycle, round, _prefect_tags()) if trackers else None
+
     def progress(event: str, data: dict[str, Any]) -> None:  # the probe curve, live in the UI while GRPO trains
+        if event == "log" and trackers:  # the Trainer's log entries, live in the trackers
+            trackers.log(key, data["entry"], data["step"])
         if event == "probe":
             run.presenter.submit_latest(
                 "curves",
@@ -129,21 +136,30 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict[str, Any], run: Run, cycl
                 key="curves",
             )
 
-    result = execute(
-        StageCall(
-            stage,
-            recipe,
-            inputs,
-            experiment,
-            cycle=cycle,
-            round=round,
-            slot=lambda: machine_slot(f"{experiment}/{stage}", say=logger.warning),
-            progress=progress,
-        ),
-        store,
-    )
+    try:
+        result = execute(
+            StageCall(
+                stage,
+                recipe,
+                inputs,
+                experiment,
+                cycle=cycle,
+                round=round,
+                slot=lambda: machine_slot(f"{experiment}/{stage}", say=logger.warning),
+                progress=progress,
+            ),
+            store,
+        )
+    except BaseException as exc:
+        if trackers:
+            trackers.finish(key, {}, "", failed=f"{type(exc).__name__}: {exc}")
+        raise
     run.presenter.submit(publish, result, store)
     out = summary(result)
+    if trackers:
+        where = store.join(experiment, stage, f"v{result.manifest['version']}")
+        trackers.finish(key, {**out, "fingerprint": result.manifest.get("fingerprint")}, where)
+        out["tracker"] = trackers.links(key)
     return Completed(name="Cached", data=out) if result.reused else out  # how Prefect names a reused result in the UI
 
 
@@ -186,6 +202,8 @@ def record_verdict(
         **decision,
     }
     run.store.ledger.record_decision(run.experiment, record)
+    if run.trackers:
+        run.trackers.verdict(record, step=len(history))
     run.presenter.submit(publish_verdict, run.experiment, record, eval_result["path"])
     return record
 
@@ -298,7 +316,7 @@ def _run_cycles(recipe: Recipe, experiment: str):
         check_name(experiment)  # a deployment's parameter: bad input (exit 2) before anything runs
         preflight(recipe)
         run = Run(Store(recipe.store), presenter, experiment, results)
-        with run.store.lock(experiment):
+        with run.store.lock(experiment), _tracked(recipe, run):
             try:
                 prepare_data(recipe, run)
                 cycles(recipe, run)
@@ -329,6 +347,35 @@ def _run_cycles(recipe: Recipe, experiment: str):
     finally:
         presenter.close(patience=5.0)  # closed above unless the run stopped before taking the lock
     return RunResult(results)
+
+
+@contextlib.contextmanager
+def _tracked(recipe: Recipe, run: Run):
+    """The run's trackers, open while it runs (`tracking:`), closed as it ends (failed or not)."""
+    from regimen.flows.pipeline.tracking import Trackers
+
+    run.trackers = Trackers.open(recipe, run.experiment, run.store, _prefect_tags().get("prefect.flow_run_id"))
+    if run.trackers:
+        from regimen.flows.pipeline.publish import publish_trackers
+
+        run.presenter.submit(publish_trackers, run.experiment, run.trackers.group, run.trackers.links())
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        if run.trackers:
+            run.trackers.close(failed)
+
+
+def _prefect_tags() -> dict[str, str]:
+    """The Prefect flow run this runs in, for the trackers' runs (a link back to the UI)."""
+    try:
+        from prefect.runtime import flow_run
+
+        return {"prefect.flow_run_id": str(flow_run.id)} if flow_run.id else {}
+    except Exception:  # noqa: BLE001 - no Prefect context: nothing to link
+        return {}
 
 
 def retain(recipe: Recipe, run: Run) -> None:
@@ -468,6 +515,11 @@ def crown(recipe: Recipe, run: Run, stopped: str | None) -> None:
             return
         raise
     run.presenter.submit(publish_champion, run.experiment, champion.record(run.store, run.experiment), line)
+    if run.trackers and line.get("event") == "promoted":
+        from regimen.flows.pipeline.tracking import champion_move
+
+        if move := champion_move(run.store, run.experiment, line):
+            run.trackers.champion(move)
 
 
 def cycles(recipe: Recipe, run: Run) -> None:

@@ -206,6 +206,16 @@ def publish_curves(
     )
 
 
+def publish_trackers(experiment: str, group: str, links: list[str]) -> None:
+    """Where this run is in the trackers (`tracking:`): the run group and a link or command per tracker."""
+    lines = "\n".join(f"- {link}" for link in links)
+    create_markdown_artifact(
+        markdown=f"### Trackers: run group `{group}`\n\n{lines}\n",
+        key=artifact_key(experiment, "trackers"),
+        description=f"{experiment}: this run in the trackers",
+    )
+
+
 def champion_table(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The champion history as rows, newest first (the current champion's line is marked)."""
     current = (record.get("champion") or {}).get("policy")

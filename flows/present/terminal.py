@@ -54,6 +54,8 @@ class StageLines(logging.Handler):
         self.console = console
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:  # Prefect's console handler prints warnings already: once is enough
+            return
         try:
             self.console.print(record.getMessage(), markup=False, highlight=False, soft_wrap=True)
         except Exception:  # noqa: BLE001 - the terminal is never worth failing a run

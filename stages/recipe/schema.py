@@ -522,6 +522,15 @@ class AccelerateSection(Section):
         return v
 
 
+TRACKER_OPTIONS = {
+    "mlflow": {"tracking_uri", "experiment_name", "registered_model"},
+    "trackio": {"project", "dir"},
+    "tensorboard": {"dir"},
+    "wandb": {"project", "mode"},
+}
+"""The options `tracking_options` takes per tracker."""
+
+
 class Recipe(Section):
     experiment: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     model: ModelSection = ModelSection()
@@ -552,6 +561,17 @@ class Recipe(Section):
     store: str = "artifacts"
     keep: KeepSection | None = Field(
         None, description="retention: written `store: {url: ..., keep: {last: K, days: D}}` in a recipe"
+    )
+    tracking: list[Literal["mlflow", "trackio", "tensorboard", "wandb"]] = Field(
+        [],
+        description="trackers the run is mirrored to: one run group per run, a run per stage (the store stays the "
+        "source of truth; a tracker that is down never stops training). Each is configured as its users do: its "
+        "environment (MLFLOW_TRACKING_URI, TRACKIO_DIR, WANDB_MODE, ...) or tracking_options",
+    )
+    tracking_options: dict[Literal["mlflow", "trackio", "tensorboard", "wandb"], dict[str, Any]] = Field(
+        {},
+        description="per tracker: mlflow {tracking_uri, experiment_name, registered_model}, trackio {project, dir}, "
+        "tensorboard {dir}, wandb {project, mode}",
     )
     launcher: Literal["inprocess", "accelerate"] = "inprocess"
     accelerate: AccelerateSection = AccelerateSection()
@@ -680,6 +700,7 @@ class Recipe(Section):
                     "not Regimen's environments' episodes (their state, turn limit and episode reward); remove "
                     "distill: or environment:"
                 )
+        self._trackers_fit()
         if self.curriculum.kind == "levels" and not getattr(tasks.TASKS[self.data.task], "LEVELS", False):
             raise ValueError(
                 f"curriculum.kind: levels needs a task that generates problems by level (reasoning_gym); data.task "
@@ -691,6 +712,25 @@ class Recipe(Section):
                 f"{self.data.task!r} has none"
             )
         return self
+
+    def _trackers_fit(self) -> None:
+        """`tracking:` is the way in: a trainer's own `report_to` beside it is refused, options name known fields."""
+        for name, options in self.tracking_options.items():
+            if name not in self.tracking:
+                raise ValueError(f"tracking_options.{name}: {name} is not in tracking: {self.tracking}")
+            unknown = set(options) - TRACKER_OPTIONS[name]
+            if unknown:
+                raise ValueError(
+                    f"tracking_options.{name}: unknown {', '.join(sorted(unknown))} "
+                    f"(known: {', '.join(sorted(TRACKER_OPTIONS[name]))})"
+                )
+        for section in ("sft", "grpo", "distill"):
+            report = (getattr(self, section) or {}).get("report_to")
+            if self.tracking and report not in (None, [], "none", ["none"]):
+                raise ValueError(
+                    f"{section}.report_to: with `tracking:` Regimen mirrors every stage to the trackers itself "
+                    f"(one run group per run); remove {section}.report_to, or add the tracker to tracking"
+                )
 
     def _rewards_fit_the_environment(self, names: list[str]) -> None:
         """`episode` judges Regimen's environments (their `Episode`); `get_reward` calls a TRL-protocol class's own."""

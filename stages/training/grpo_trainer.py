@@ -85,6 +85,7 @@ def build_trainer(
     heldout: dict[str, Any] | None = None,
     curriculum=None,
     rates=None,
+    watch=None,
     **overrides: Any,
 ):
     """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights.
@@ -138,7 +139,7 @@ def build_trainer(
             *(callbacks or []),
         ],
     )
-    return progress.quiet(trainer, stage), fns
+    return progress.quiet(trainer, stage, watch), fns
 
 
 def _training_set(recipe, task, fns, args, recorder, curriculum, rates) -> tuple[Any, list]:

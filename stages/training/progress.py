@@ -57,9 +57,26 @@ class StageProgress(TrainerCallback):
             self.bar = None
 
 
-def quiet(trainer, desc: str):
+class ForwardLogs(TrainerCallback):
+    """Each log entry of the Trainer, as it is written, to whoever watches the stage (`StageDirs.progress`, event
+    `log`): the flow mirrors it into the trackers (`tracking:`). A watcher that fails never stops training."""
+
+    def __init__(self, progress):
+        self.progress = progress
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and state.log_history:
+            try:
+                self.progress("log", {"step": state.global_step, "entry": dict(state.log_history[-1])})
+            except Exception:  # noqa: BLE001 - the trackers' own warning says what failed; training goes on
+                pass
+
+
+def quiet(trainer, desc: str, progress=None):
     """Give `trainer` one progress bar named `desc` in place of transformers' printing callbacks (unless
-    REGIMEN_VERBOSE=1). Returns the trainer."""
+    REGIMEN_VERBOSE=1), and its log entries to `progress` (the stage's watcher) when given. Returns the trainer."""
+    if progress is not None:
+        trainer.add_callback(ForwardLogs(progress))
     if not verbose():
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
