@@ -44,6 +44,15 @@ def weed_binary() -> str | None:
 class S3Server:
     endpoint: str
     log: Path
+    metrics: str | None = None  # Prometheus counters (`SeaweedFS_s3_request_total`): requests counted, not timed
+
+    def requests(self) -> int:
+        """S3 requests the server has answered so far (every operation, every bucket)."""
+        import re
+        import urllib.request
+
+        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
+        return int(sum(float(v) for v in re.findall(r"^SeaweedFS_s3_request_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)))
 
     def env(self, key: str = KEY, secret: str = SECRET, endpoint: str | None = None) -> dict[str, str]:
         """The variables the code under test reads (s3fs/botocore's standard ones)."""
@@ -179,7 +188,7 @@ def weed_server(tmp: Path) -> Iterator[S3Server]:
                     f"weed server did not answer S3 requests within 120 s:\n{log.read_text(errors='replace')[-3000:]}"
                 )
             time.sleep(0.5)
-        yield S3Server(endpoint, log)
+        yield S3Server(endpoint, log, f"http://127.0.0.1:{ports['metrics']}/metrics")
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)

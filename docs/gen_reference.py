@@ -1,0 +1,332 @@
+"""The docs' reference pages, generated from the code so they cannot drift (run by `docs/hooks.py` at every
+`mkdocs build`; `tests/test_docs.py` compares them with what they describe):
+
+- `reference/recipe.md`: every recipe section and field from the pydantic schema (type, default, where the default
+  comes from, bounds, description), each task's `data:` fields, Regimen's own defaults for TRL's sections;
+- `reference/cli.md`: every command of `regimen` with its arguments and options, from typer;
+- `reference/manifest.md`: a version's manifest and its index entry, from the store's schemas;
+- `reference/exit-codes.md`: the exit codes, from Regimen's error classes;
+- `reference/events.md`: the Prefect events Regimen emits, found in the code;
+- `benchmarks/*.md`: each `bench/results/*.jsonl` as a table (every row's date, machine and commit as recorded).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _type(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
+    text = text or str(annotation).replace("typing.", "")
+    for noise in ("regimen.stages.recipe.schema.", "regimen.stages.tasks.", "pydantic.main.", "NoneType"):
+        text = text.replace(noise, "None" if noise == "NoneType" else "")
+    return text.replace("|", "\\|")
+
+
+def _bounds(field) -> str:
+    out = []
+    for m in field.metadata:
+        for name, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
+            if getattr(m, name, None) is not None:
+                out.append(f"{sign} {getattr(m, name)}")
+        if getattr(m, "pattern", None):
+            out.append(f"pattern `{m.pattern}`")
+    return ", ".join(out)
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump(mode="json", by_alias=True) if hasattr(value, "model_dump") else str(value)
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()
+        except TypeError:
+            return "(computed)"
+        value = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+        return f"`{json.dumps(value, default=_plain)}`"
+    value = field.default
+    value = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+    return f"`{json.dumps(value, default=_plain)}`"
+
+
+def _models(annotation: Any) -> list[type]:
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found = []
+    for arg in typing.get_args(annotation):
+        found += _models(arg)
+    return found
+
+
+def recipe_fields() -> dict[str, list[str]]:
+    """Every field a recipe may set, by section (dotted names), as the schema defines them."""
+    from regimen.stages.recipe.schema import Recipe
+    from regimen.stages.tasks.registry import TASKS
+
+    sections: dict[str, list[str]] = {}
+
+    def walk(model, prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            dotted = f"{prefix}{key}"
+            sections.setdefault(prefix.rstrip(".") or "(top)", []).append(dotted)
+            for sub in _models(field.annotation):
+                if sub.__module__.startswith("regimen.stages.tasks"):
+                    continue
+                walk(sub, f"{dotted}.")
+
+    walk(Recipe, "")
+    for task in TASKS.values():
+        for name, field in task.Options.model_fields.items():
+            sections.setdefault(f"data (task: {task.NAME})", []).append(f"data.{field.alias or name}")
+    return sections
+
+
+def recipe_page() -> str:
+    from regimen.stages.recipe import defaults
+    from regimen.stages.recipe.schema import Recipe
+    from regimen.stages.tasks.registry import TASKS
+
+    lines = [
+        "# Recipe reference",
+        "",
+        "Generated from the recipe's pydantic schema (`stages/recipe/schema.py`) at every build: every section and "
+        "field a recipe may set, its type, its default (and where the default comes from), its bounds and what it "
+        "does. `regimen check RECIPE` prints a recipe fully resolved, each value with its source.",
+        "",
+    ]
+
+    def table(model, prefix: str, title: str) -> None:
+        lines.extend([f"## `{title}`", "", (model.__doc__ or "").strip().replace("\n", " "), ""])
+        lines.extend(["| field | type | default | bounds | description |", "|---|---|---|---|---|"])
+        nested = []
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            desc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+            lines.append(
+                f"| `{prefix}{key}` | {_type(field.annotation)} | {_default(field)} (schema) | "
+                f"{_bounds(field)} | {desc} |"
+            )
+            for sub in _models(field.annotation):
+                if not sub.__module__.startswith("regimen.stages.tasks"):
+                    nested.append((sub, f"{prefix}{key}."))
+        lines.append("")
+        for sub, sub_prefix in nested:
+            table(sub, sub_prefix, sub_prefix.rstrip("."))
+
+    table(Recipe, "", "recipe (top level)")
+    lines.extend(["## `data`: one task's fields", "", "`data.task` chooses the task; the rest are that task's."])
+    for task in TASKS.values():
+        lines.append("")
+        table(task.Options, "data.", f"data (task: {task.NAME})")
+    lines.extend(
+        [
+            "## `sft`, `grpo`, `distill`: TRL's own config fields",
+            "",
+            "These sections take the field names of TRL's `SFTConfig`, `GRPOConfig` and `DistillationConfig` and are "
+            "checked against them (a typo is an error; TRL's own validation runs at the door). Defaults are TRL's; "
+            "Regimen differs only here, each with its reason:",
+            "",
+            "| section | field | Regimen's default | why |",
+            "|---|---|---|---|",
+        ]
+    )
+    for section, values in defaults.REGIMEN_DEFAULTS.items():
+        for key, (value, why) in values.items():
+            lines.append(f"| `{section}` | `{key}` | `{json.dumps(value, default=str)}` | {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def cli_commands() -> list[str]:
+    import typer
+
+    from regimen.flows.cli import app
+
+    group = typer.main.get_command(app)
+    names = []
+
+    def walk(cmd, prefix: str) -> None:
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            full = f"{prefix} {name}".strip()
+            if getattr(sub, "commands", None):
+                walk(sub, full)
+            else:
+                names.append(full)
+
+    walk(group, "")
+    return names
+
+
+def cli_page() -> str:
+    import typer
+
+    from regimen.flows.cli import app
+
+    group = typer.main.get_command(app)
+    lines = ["# Command-line reference", "", "Generated from the `regimen` command itself (typer) at every build.", ""]
+
+    def walk(cmd, prefix: str) -> None:
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            full = f"{prefix} {name}".strip()
+            if getattr(sub, "commands", None):
+                walk(sub, full)
+                continue
+            lines.extend([f"## `regimen {full}`", "", (sub.help or "").strip(), ""])
+            lines.extend(["| argument / option | type | default | help |", "|---|---|---|---|"])
+            for p in sub.params:
+                shown = ", ".join(f"`{o}`" for o in p.opts) if p.param_type_name == "option" else f"`{p.name.upper()}`"
+                default = "required" if p.required else f"`{p.default}`"
+                helptext = (getattr(p, "help", "") or "").replace("|", "\\|")
+                kind = getattr(getattr(p, "type", None), "name", "") or ""
+                lines.append(f"| {shown} | {kind} | {default} | {helptext} |")
+            lines.append("")
+
+    walk(group, "")
+    return "\n".join(lines) + "\n"
+
+
+def manifest_page() -> str:
+    from regimen.stages.store import schemas
+    from regimen.stages.store.index import LEFT_OUT
+
+    lines = [
+        "# Manifest and index reference",
+        "",
+        "Generated from the store's schemas (`stages/store/schemas.py`, `stages/store/index.py`).",
+        "",
+        "## `<store>/<experiment>/<stage>/v<N>/manifest.json`",
+        "",
+        "Fields the store reads back (checked strictly; unknown fields are kept, so a newer Regimen's manifests still "
+        "read):",
+        "",
+        "| field | type | required |",
+        "|---|---|---|",
+    ]
+    for name, field in schemas.Manifest.model_fields.items():
+        lines.append(f"| `{name}` | {_type(field.annotation)} | {'yes' if field.is_required() else 'no'} |")
+    lines.extend(
+        [
+            "",
+            "## `<store>/<experiment>/<stage>/index.json`",
+            "",
+            "The stage's index: `schema`, `next` (the next version number), `versions` (one entry per completed "
+            f"version: its manifest without {', '.join(f'`{k}`' for k in LEFT_OUT)}, plus `bytes`, `n_files`, "
+            "`has_model`, `content`), `claims` (numbers a killed writer claimed, swept under the next lease).",
+            "",
+        ]
+    )
+    return "\n".join(lines) + "\n"
+
+
+def exit_codes_page() -> str:
+    from regimen.stages.core import errors
+
+    lines = [
+        "# Exit codes",
+        "",
+        "Generated from Regimen's error classes (`stages/core/errors.py`).",
+        "",
+        "| code | when |",
+        "|---|---|",
+        "| `0` | done (a run whose cycle stalled is done too: its verdict says so) |",
+    ]
+    for cls in (errors.InputError, errors.StageStopped, errors.StoreError):
+        lines.append(f"| `{cls.exit_code}` | `{cls.__name__}`: {' '.join((cls.__doc__ or '').split())} |")
+    lines.append(f"| `130`, `143` | `StageInterrupted`: {' '.join((errors.StageInterrupted.__doc__ or '').split())} |")
+    return "\n".join(lines) + "\n"
+
+
+def events() -> list[tuple[str, str]]:
+    """(event name or template, module) of every `emit_event(event=...)` in flows/."""
+    found = []
+    for path in sorted((ROOT / "flows").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "emit_event":
+                for kw in node.keywords:
+                    if kw.arg == "event":
+                        text = ast.unparse(kw.value).strip("f'\"")
+                        found.append((text, path.relative_to(ROOT).as_posix()))
+    return found
+
+
+def events_page() -> str:
+    lines = [
+        "# Events",
+        "",
+        "Prefect events Regimen emits, found in the code (`emit_event` calls) at every build; an "
+        "operator's automations can react to them.",
+        "",
+        "| event | emitted in |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | `{where}` |" for name, where in events()]
+    return "\n".join(lines) + "\n"
+
+
+def benchmark_pages() -> dict[str, str]:
+    pages = {}
+    for path in sorted((ROOT / "bench" / "results").glob("*.jsonl")):
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        flat = [{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in rows]
+        keys = list(dict.fromkeys(k for r in flat for k in r))
+        first = [k for k in ("date", "machine", "commit") if k in keys]
+        keys = first + [k for k in keys if k not in first]
+        lines = [
+            f"# Benchmark: {path.stem}",
+            "",
+            f"Rendered from `bench/results/{path.name}` at every build "
+            f"({len(rows)} rows; each with the date, machine and commit it recorded where it has them).",
+            "",
+        ]
+        lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        for r in flat:
+            lines.append("| " + " | ".join(str(r.get(k, "")).replace("|", "\\|")[:80] for k in keys) + " |")
+        pages[f"benchmarks/{path.stem}.md"] = "\n".join(lines) + "\n"
+    index = [
+        "# Benchmarks",
+        "",
+        "Each benchmark under `bench/` measures speed, memory or growth as ratios against a "
+        "baseline in the same run and appends its rows to `bench/results/*.jsonl` (committed). The pages below "
+        "are rendered from those files at every build.",
+        "",
+    ]
+    index += [f"- [{Path(rel).stem}]({Path(rel).name})" for rel in sorted(pages)]
+    pages["benchmarks/index.md"] = "\n".join(index) + "\n"
+    return pages
+
+
+def generate(docs: Path = DOCS) -> list[Path]:
+    pages = {
+        "reference/recipe.md": recipe_page(),
+        "reference/cli.md": cli_page(),
+        "reference/manifest.md": manifest_page(),
+        "reference/exit-codes.md": exit_codes_page(),
+        "reference/events.md": events_page(),
+        **benchmark_pages(),
+    }
+    written = []
+    for rel, text in pages.items():
+        target = docs / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+        written.append(target)
+    return written
+
+
+if __name__ == "__main__":
+    for p in generate():
+        print(p.relative_to(ROOT))
