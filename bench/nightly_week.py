@@ -150,14 +150,9 @@ class Week:
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_UI_API_URL=f"{self.url}/api",
         )
-        self.server = subprocess.Popen(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=open(self.base / "server.log", "ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self._wait(lambda: httpx.get(f"{self.api}/health", timeout=2).status_code == 200, 120, "prefect server")
+        from regimen.flows.serving.server import start_server
+
+        self.server, _ = start_server(port, env, self.base / "server.log")
 
     def start_serve(self, **env: str) -> None:
         before = {d["name"]: d["updated"] for d in self.deployments()}

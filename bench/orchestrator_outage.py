@@ -41,26 +41,9 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     e = {k: v for k, v in env().items() if not k.startswith("PREFECT_API")}
     e.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    log = open(home / "server.log", "ab")
-    proc = subprocess.Popen(
-        [str(Path(PY).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=e,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    import httpx
+    from regimen.flows.serving.server import start_server as start
 
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit("prefect server did not become healthy")
+    return start(port, e, home / "server.log")
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -34,15 +34,10 @@ KEY_METRICS = (
 
 
 def config_section(recipe) -> dict[str, Any]:
-    from regimen.stages.rewards import identity as rewards_identity
-    from regimen.stages.tasks.registry import identity
+    from regimen.stages.training.grpo_trainer import config_section as shared
 
     return {
-        "data": identity(recipe.data),
-        "rewards": rewards_identity(recipe.rewards),
-        "grpo": recipe.grpo,
-        "peft": recipe.peft,
-        "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
+        **shared(recipe),
         "probe": {
             **recipe.probe.model_dump(mode="json"),
             "target": recipe.cycle.target if recipe.probe.stop_at_target else None,

@@ -18,17 +18,9 @@ KEY_METRICS = ("mean_reward", "max_reward_std", "max_abs_loss")
 
 
 def config_section(recipe) -> dict[str, Any]:
-    from regimen.stages.rewards import identity as rewards_identity
-    from regimen.stages.tasks.registry import identity
+    from regimen.stages.training.grpo_trainer import config_section as shared
 
-    return {
-        "data": identity(recipe.data),
-        "rewards": rewards_identity(recipe.rewards),
-        "grpo": recipe.grpo,
-        "peft": recipe.peft,
-        "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
-        "smoke": recipe.smoke.model_dump(mode="json"),
-    }
+    return {**shared(recipe), "smoke": recipe.smoke.model_dump(mode="json")}
 
 
 def verdict(logs: list[dict[str, Any]]) -> str | None:

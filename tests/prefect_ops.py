@@ -184,27 +184,14 @@ def prefect_server_in(home: Path, **settings: str) -> Iterator[Server]:
     )
     log = home / "server.log"
     t0 = time.monotonic()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    from regimen.flows.serving.server import start_server
+
+    try:
+        proc, _ = start_server(port, env, log, timeout_s=90)
+    except RuntimeError as exc:
+        raise AssertionError(str(exc)) from None
     http = httpx.Client(auth=tuple(AUTH.split(":", 1)), timeout=30)
     try:
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"prefect server exited with {proc.returncode}:\n{tail(log)}")
-            try:
-                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() - t0 > 90:
-                raise AssertionError(f"prefect server not healthy after 90s:\n{tail(log)}")
-            time.sleep(0.25)
         yield Server(url=url, home=home, proc=proc, log=log, http=http, started_s=time.monotonic() - t0)
     finally:
         http.close()

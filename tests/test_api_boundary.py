@@ -224,22 +224,9 @@ def test_serve_outlives_its_server_and_serves_again_when_it_is_back(tmp_path):
         env.update(
             PREFECT_HOME=str(home), PREFECT_SERVER_API_AUTH_STRING=AUTH, PREFECT_SERVER_ANALYTICS_ENABLED="false"
         )
-        proc = subprocess.Popen(
-            [bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=open(home / "server.log", "ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise AssertionError(tail(home / "server.log"))
+        from regimen.flows.serving.server import start_server as start
+
+        return start(port, env, home / "server.log")[0]
 
     proc = start_server()
     server = Server(
@@ -281,23 +268,9 @@ def _own_server(home: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    proc = subprocess.Popen(
-        [bin_path("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=open(home / "server.log", "ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(tail(home / "server.log"))
+    from regimen.flows.serving.server import start_server
+
+    return start_server(port, env, home / "server.log")
 
 
 @pytest.mark.parametrize("signal_after", [False, True])

@@ -69,15 +69,15 @@ def _print_run(outcome, started: float) -> None:
         console.print(f"verdict: [bold]{last_eval['verdict']}[/] — {last_eval['decision']['reason']}")
 
 
-def resolve(config: str, set_: list[str] | None, store: str | None):
-    """The recipe, validated and resolved once (exit 2 on bad input). The experiment is not part of it: the
-    commands hand it to the flow as data of the run."""
+def resolve(config: str, set_: list[str] | None, store: str | None, data: dict | None = None):
+    """The recipe, validated and resolved once (exit 2 on bad input); `data` is its YAML when the command read it
+    already (parsed once). The experiment is not part of it: the commands hand it to the flow as data of the run."""
     from regimen.stages.recipe import load_recipe, parse_set
 
     overrides = parse_set(set_ or [])
     if store:
         overrides["store"] = store
-    return load_recipe(config, overrides)
+    return load_recipe(config, overrides, data=data)
 
 
 VerboseOpt = Annotated[
@@ -99,7 +99,7 @@ def run(
     from regimen.stages.recipe import parse_set, read_yaml
 
     parse_set(set_ or [])
-    read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
+    data = read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
     if experiment:
         from regimen.stages.store import check_name
 
@@ -108,7 +108,7 @@ def run(
     from regimen.flows.serving.server import api_for_this_run
 
     with api_for_this_run() as api_ready:  # a temporary server boots while the recipe is validated
-        recipe = resolve(config, set_, store)  # validated and resolved once: exit 2, nothing written
+        recipe = resolve(config, set_, store, data)  # validated and resolved once: exit 2, nothing written
         experiment = experiment or recipe.experiment  # else the recipe's own `experiment:`
         from regimen.flows.pipeline.cycle import RunResult, regimen_cycle_recipe
 

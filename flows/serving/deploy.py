@@ -231,16 +231,17 @@ def serve_deployments(
 def _serve_holding(flow, config, store, cron, timezone, allow, configs_dir, limits, lease, err) -> None:
     import asyncio
 
-    from regimen.stages.recipe import load_recipe
+    from regimen.stages.recipe import load_recipe, read_yaml
 
+    data = read_yaml(config)  # parsed once: validated as given, then within the operator's limits
     # a bad recipe is refused here (exit 2), not at 2 am
-    recipe = load_recipe(config, {"store": store} if store else {})
+    recipe = load_recipe(config, {"store": store} if store else {}, data=data)
     check_schedule(cron, timezone)
     name = operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
     from regimen.flows.serving.boundary import operator_limits
 
     # the served recipe itself keeps inside the limits
-    load_recipe(config, {"store": recipe.store, **operator_limits()})
+    load_recipe(config, {"store": recipe.store, **operator_limits()}, data=data)
     if allow:
         err.print(f"UI runs may also set: {', '.join(allow)}", markup=False, highlight=False)
     paused = nightly_paused_by_a_person()

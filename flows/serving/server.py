@@ -29,6 +29,50 @@ from pathlib import Path
 HEALTH_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
 
 
+def wait_until_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float, tail=lambda: "") -> None:
+    """Poll `<url>/health` (the API's URL, ending in /api) until it answers 200. RuntimeError with the server's
+    output (`tail()`) when its process exits or the time runs out. The one wait the CLI, the tests and the
+    benchmarks use."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the Prefect server exited with code {proc.returncode}: {tail()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Prefect server did not answer within {timeout_s:.0f} s: {tail()}")
+        time.sleep(0.1)
+
+
+def start_server(port: int, env: dict[str, str], log: Path, timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
+    """`prefect server start` on 127.0.0.1:`port` in a session of its own (its output appended to `log`), waited
+    for: (its process, the API's URL). For the tests and benchmarks that need a server of their own."""
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "prefect"),
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/api"
+    wait_until_healthy(url, proc, timeout_s, lambda: Path(log).read_text(errors="replace")[-3000:])
+    return proc, url
+
+
 class TemporaryServer:
     """A started child server: its URL, and `ready()` to wait until it answers."""
 
@@ -55,24 +99,7 @@ class TemporaryServer:
 
     def ready(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
         """Wait until the API answers `/health` (raises RuntimeError with the server's output if it died)."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the temporary Prefect server exited with code {self.proc.returncode}: {self.tail()}"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the temporary Prefect server did not answer within {timeout_s:.0f} s: {self.tail()}"
-                )
-            time.sleep(0.05)
+        wait_until_healthy(self.url, self.proc, timeout_s, self.tail)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -197,12 +197,17 @@ def recipe_from_dict(data: dict[str, Any], source: str = "<dict>", *, check_trl:
 
 
 def load_recipe(
-    path: str | Path, overrides: dict[str, Any] | list[str] | None = None, *, check_trl: bool = True
+    path: str | Path,
+    overrides: dict[str, Any] | list[str] | None = None,
+    *,
+    check_trl: bool = True,
+    data: dict[str, Any] | None = None,
 ) -> Recipe:
-    """Read, override, validate and resolve a recipe; any problem is an InputError naming the field or line."""
+    """Read, override, validate and resolve a recipe; any problem is an InputError naming the field or line.
+    `data`: the recipe's YAML already read (`read_yaml(path)`), so a command parses it once."""
     if isinstance(overrides, list):
         overrides = parse_set(overrides)
-    data = apply_overrides(read_yaml(path), overrides or {})
+    data = apply_overrides(data if data is not None else read_yaml(path), overrides or {})
     return recipe_from_dict(data, str(path), check_trl=check_trl)
 
 

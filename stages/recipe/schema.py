@@ -662,10 +662,6 @@ class Recipe(Section):
     def _rules(self) -> Recipe:
         """Regimen's own rules; TRL's (group sizes, batch divisibility, ...) run when the configs are built
         (`recipe/trl.py`, at the door: `load_recipe`)."""
-        if self.grpo["beta"] <= 0:
-            raise ValueError(
-                "grpo.beta must be > 0: Regimen's GRPO stage always trains with a KL penalty that limits drift"
-            )
         from regimen.stages.rewards import check_specs
 
         names = check_specs(self.rewards)

@@ -2,10 +2,9 @@
 the stage in a staging folder and commit it as a new version (or record a failed attempt).
 
 The fingerprint (`core/fingerprint.py`) is computed once per stage call by the caller or here; it is how a
-re-triggered flow (UI retry, CLI rerun, nightly run) resumes without redoing finished stages, and it
-doubles as Prefect's task cache key. A version whose files no longer match their digests is reported
-and never reused: the stage runs again.
-"""
+re-triggered flow (UI retry, CLI rerun, nightly run) resumes without redoing finished stages (the store decides
+reuse, never Prefect's task cache: every task runs with `NO_CACHE`). A version whose files no longer match their digests
+is reported and never reused: the stage runs again."""
 
 from __future__ import annotations
 
@@ -235,8 +234,7 @@ def _launch_recorded(
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised as the stage's failure
         detail = (
-            _out_of_space(dirs, handle.workspace.b.cache)
-            or "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            _out_of_space(dirs, handle.cache_dir()) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
         )
         interrupted = interruption(exc)
         if interrupted:

@@ -46,6 +46,10 @@ class StageHandle:
         """The staged folder as this stage's next version."""
         return self.catalog.commit(staging, {**manifest, "experiment": self.experiment, "stage": self.stage})
 
+    def cache_dir(self) -> Path:
+        """This host's cache of the store (where a remote store's copies and the staging folders live)."""
+        return self.workspace.b.cache
+
     def drop_work(self, key: str) -> None:
         """A committed fingerprint's work folder, here and in a remote store's bucket."""
         self.workspace.drop_work(self.experiment, self.stage, key)

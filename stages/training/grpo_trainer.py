@@ -173,6 +173,21 @@ def _training_set(recipe, task, fns, args, recorder, curriculum, rates) -> tuple
     return train, first
 
 
+def config_section(recipe) -> dict[str, Any]:
+    """What GRPO and its smoke test share in their fingerprints: the data, the rewards, TRL's GRPO settings, the
+    adapter and the model's precision (each adds its own part: the smoke test's steps, GRPO's probe and curriculum)."""
+    from regimen.stages.rewards import identity as rewards_identity
+    from regimen.stages.tasks.registry import identity
+
+    return {
+        "data": identity(recipe.data),
+        "rewards": rewards_identity(recipe.rewards),
+        "grpo": recipe.grpo,
+        "peft": recipe.peft,
+        "model": {"dtype": recipe.model.dtype, "merge_lora": recipe.model.merge_lora},
+    }
+
+
 def curve_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     """Summary numbers of the training curve (the first and last logging windows, averages)."""
     logs = [h for h in log_history if "reward" in h]
