@@ -307,7 +307,10 @@ def test_a_reward_that_goes_bad_in_training_names_the_reward_row_and_step(tmp_pa
     assert r.returncode == 2, r.stderr
     last = _last_line(r.stderr)
     assert (
-        "reward 'string_in_training'" in last and "row 0" in last and "'0.5'" in last and "at training step 1" in last
+        "reward 'rewards_for_tests.string_in_training'" in last
+        and "row 0" in last
+        and "'0.5'" in last
+        and "at training step 1" in last
     ), r.stderr
     assert "could not convert" not in r.stderr and "Traceback" not in r.stderr
 

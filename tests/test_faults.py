@@ -41,11 +41,11 @@ def intact(store: Path) -> None:
 @pytest.mark.parametrize(
     "reward, needles",
     [
-        ("nan_reward", ["'nan_reward'", "row 0", "nan"]),
-        ("inf_reward", ["'inf_reward'", "row 3", "inf"]),
-        ("string_reward", ["'string_reward'", "row 0", "'1.0'", "str"]),
-        ("short_reward", ["'short_reward'", "returned 1 values for 4"]),
-        ("raising_reward", ["'raising_reward'", "ZeroDivisionError", "the reward's own bug"]),
+        ("nan_reward", ["'rewards_for_tests.nan_reward'", "row 0", "nan"]),
+        ("inf_reward", ["'rewards_for_tests.inf_reward'", "row 3", "inf"]),
+        ("string_reward", ["'rewards_for_tests.string_reward'", "row 0", "'1.0'", "str"]),
+        ("short_reward", ["'rewards_for_tests.short_reward'", "returned 1 values for 4"]),
+        ("raising_reward", ["'rewards_for_tests.raising_reward'", "ZeroDivisionError", "the reward's own bug"]),
     ],
 )
 def test_a_bad_reward_is_refused_before_anything_trains(reward, needles, tmp_path, capsys):

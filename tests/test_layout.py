@@ -554,10 +554,6 @@ LIBRARIES = ("prefect", "transformers", "trl", "datasets", "accelerate", "peft",
 # for an underscored attribute is taken to be a library's private API, which changes without notice.
 OURS = {
     ("stages/recipe/__init__.py", "recipe._raw"): "Recipe (stages/recipe/schema.py) keeps what the recipe itself set",
-    (
-        "stages/training/trajectories.py",
-        "recorder._add",
-    ): "the Recorder's own method, called from the reward wrapper it made",
 }
 DOCUMENTED = {"_fields", "_asdict", "_replace", "_make", "_field_defaults"}
 """Names with an underscore that are documented public API (named tuples'), not anybody's privates."""

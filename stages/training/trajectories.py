@@ -61,53 +61,35 @@ def read(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-class Recorder:
-    """Wraps reward functions so the batches TRL scores during GRPO are kept as trajectories.
+def checked(name: str, fn, step) -> Any:
+    """`fn` whose every batch of values is checked as TRL needs them (one real number or None per completion): a bad
+    value names the reward, the row, the value and the training step (`step()`), at every step, not only at the door."""
 
-    TRL calls each reward function in turn on the same batch; the first wrapper opens a batch record
-    and each adds its values. Only a bounded sample of batches is kept (first ones and the latest).
-    """
+    def call(prompts, completions, **kwargs):
+        from regimen.stages.core.errors import InputError
+        from regimen.stages.rewards.registry import check_values
+
+        try:
+            return check_values(name, fn(prompts=prompts, completions=completions, **kwargs), len(completions))
+        except InputError as exc:
+            raise InputError(f"{exc} (at training step {max(step(), 1)})") from None
+
+    return call
+
+
+class Sampler:
+    """A bounded sample of the batches TRL scores (the first ones and the latest), kept as trajectories. TRL calls
+    each reward in turn on the same batch: the first reward's call opens a batch record, each adds its values."""
 
     def __init__(self, keep_first: int = 2, keep_last: int = 2, rows_per_batch: int = 32):
         self.keep_first, self.keep_last, self.rows_per_batch = keep_first, keep_last, rows_per_batch
         self.batches: list[dict[str, Any]] = []
-        self.step = 0
-        self.order: list[str] = []
-        self.listeners: list[Any] = []  # called with (kwargs, [values per reward]) once every reward scored a batch
-        self.expected = 0
-        self._full: dict[str, Any] = {"id": None, "values": {}}
 
-    def listen(self, fn, rewards: int) -> None:
-        """Hear each whole batch the trainer scores: `fn(kwargs, values)`, values in the rewards' order."""
-        self.listeners.append(fn)
-        self.expected = rewards
-
-    def wrap(self, name: str, fn):
-        recorder = self
-        self.order.append(name)  # TRL calls the rewards in this order: the first one opens each batch
-
-        def wrapped(prompts, completions, **kwargs):
-            from regimen.stages.core.errors import InputError
-            from regimen.stages.rewards.registry import check_values
-
-            # at every step, not only at the preflight: a bad value names the reward, the row and the value
-            try:
-                values = check_values(name, fn(prompts=prompts, completions=completions, **kwargs), len(completions))
-            except InputError as exc:
-                raise InputError(f"{exc} (at training step {max(recorder.step, 1)})") from None
-            recorder._add(name, prompts, completions, values, kwargs)
-            recorder.hear(name, completions, values, kwargs)
-            return values
-
-        wrapped.__name__ = name  # TRL logs rewards/<name>/...: the report name, as everywhere else
-        wrapped.gameable = getattr(fn, "gameable", False)  # type: ignore[attr-defined]
-        return wrapped
-
-    def _add(self, name, prompts, completions, values, kwargs) -> None:
+    def add(self, first: bool, step: int, name, prompts, completions, values, kwargs) -> None:
         n = self.rows_per_batch
-        if not self.batches or name == self.order[0]:  # (not by id(): CPython reuses a freed list's id)
+        if not self.batches or first:  # (not by id(): CPython reuses a freed list's id)
             batch = {
-                "step": self.step,
+                "step": step,
                 "prompts": list(prompts[:n]),
                 "completions": list(completions[:n]),
                 "answer": list(kwargs.get("answer", [None] * len(prompts))[:n]),
@@ -122,18 +104,6 @@ class Recorder:
                 del self.batches[self.keep_first]
         self.batches[-1]["rewards"][name] = [None if v is None else float(v) for v in values[:n]]
 
-    def hear(self, name, completions, values, kwargs) -> None:
-        if not self.listeners:
-            return
-        if name == self.order[0]:
-            self._full = {"id": None, "values": {}}
-        self._full["values"][name] = list(values)
-        if len(self._full["values"]) == self.expected:
-            columns = list(self._full["values"].values())
-            self._full = {"id": None, "values": {}}
-            for fn in self.listeners:
-                fn(kwargs, columns)
-
     def rows(self) -> list[dict[str, Any]]:
         out = []
         for b in self.batches:
@@ -143,3 +113,61 @@ class Recorder:
                 b["prompts"], b["completions"], b["rewards"], step=[b["step"]] * k, answer=b["answer"], **extra
             )
         return out
+
+
+class Listeners:
+    """Whoever hears each whole batch the trainer scores (the curriculum, pass rates): once every reward has scored
+    it, `fn(kwargs, values)` with the values in the rewards' order."""
+
+    def __init__(self):
+        self.fns: list[Any] = []
+        self.expected = 0
+        self.values: dict[str, list[Any]] = {}
+
+    def add(self, fn, rewards: int) -> None:
+        self.fns.append(fn)
+        self.expected = rewards
+
+    def hear(self, first: bool, name, values, kwargs) -> None:
+        if not self.fns:
+            return
+        if first:
+            self.values = {}
+        self.values[name] = list(values)
+        if len(self.values) == self.expected:
+            columns, self.values = list(self.values.values()), {}
+            for fn in self.fns:
+                fn(kwargs, columns)
+
+
+class Recorder:
+    """The reward functions GRPO gets: each checked (`checked`), its batches sampled as trajectories (`Sampler`)
+    and heard by the curriculum (`Listeners`), three small pieces joined here."""
+
+    def __init__(self, keep_first: int = 2, keep_last: int = 2, rows_per_batch: int = 32):
+        self.sampler = Sampler(keep_first, keep_last, rows_per_batch)
+        self.listeners = Listeners()
+        self.step = 0
+        self.order: list[str] = []
+
+    def listen(self, fn, rewards: int) -> None:
+        """Hear each whole batch the trainer scores: `fn(kwargs, values)`, values in the rewards' order."""
+        self.listeners.add(fn, rewards)
+
+    def wrap(self, name: str, fn):
+        self.order.append(name)  # TRL calls the rewards in this order: the first one opens each batch
+        check = checked(name, fn, lambda: self.step)
+
+        def wrapped(prompts, completions, **kwargs):
+            values = check(prompts, completions, **kwargs)
+            first = name == self.order[0]
+            self.sampler.add(first, self.step, name, prompts, completions, values, kwargs)
+            self.listeners.hear(first, name, values, kwargs)
+            return values
+
+        wrapped.__name__ = name  # TRL logs rewards/<name>/...: the report name, as everywhere else
+        wrapped.gameable = getattr(fn, "gameable", False)  # type: ignore[attr-defined]
+        return wrapped
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.sampler.rows()
