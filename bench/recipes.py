@@ -40,6 +40,10 @@ TINY = (
     "hackable",
     "tiny-code-hackable",
     "tiny-distill",
+    "rg-chain-sum",
+    "rg-letter-counting",
+    "rg-spell-backward",
+    "rg-mixture",
 )
 
 
@@ -55,6 +59,14 @@ def improves(rows):
         ok,
         f"eval - sft median {_median(gains) if gains else float('nan'):+.3f}; exits {sorted({r['rc'] for r in rows})}",
     )
+
+
+def improves_on_every_run(rows):
+    """reasoning-gym recipes: every run exits 0 and GRPO's held-out accuracy (by the task's own scorer) is above
+    SFT's on every run, not only on the median."""
+    gains = [None if r["eval"] is None or r["sft"] is None else round(r["eval"] - r["sft"], 3) for r in rows]
+    ok = all(r["rc"] == 0 for r in rows) and all(g is not None and g > 0 for g in gains)
+    return ok, f"eval - sft {gains}; exits {sorted({r['rc'] for r in rows})}"
 
 
 def trains_through_tools(rows):
@@ -102,6 +114,10 @@ PURPOSE = {
     "hackable": stopped_by_the_guard,
     "tiny-code-hackable": stopped_by_the_guard,
     "tiny-distill": distils,
+    "rg-chain-sum": improves_on_every_run,
+    "rg-letter-counting": improves_on_every_run,
+    "rg-spell-backward": improves_on_every_run,
+    "rg-mixture": improves_on_every_run,
 }
 
 

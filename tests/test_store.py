@@ -4,6 +4,7 @@ are reused by fingerprint; failed attempts are kept beside them; one run per exp
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -334,3 +335,71 @@ def test_latest_policy_takes_the_intact_version_with_the_weights_that_were_evalu
     (store.local_path(versions[0]) / "model" / "w.bin").write_text("damaged")
     found = latest_policy(store, "exp", "eval", ("grpo",))
     assert found["version"] == 2 and found["content"] == ref["content"]
+
+
+def test_a_checkpoint_upload_is_retried_with_backoff_and_a_later_one_catches_the_store_up(
+    tmp_path, monkeypatch, caplog
+):
+    """Issue 42: the bucket refuses uploads for a while: each checkpoint is tried three times (1 s, 2 s apart), a
+    checkpoint that never got there is said, and the next one that does says the store caught up."""
+    import logging
+
+    from regimen.stages.store import work as mirror
+    from regimen.stages.training import checkpoints
+
+    calls: list[str] = []
+    failing = {"left": 5}
+
+    def push(work, ckpt, marker, keep):
+        calls.append(ckpt.name)
+        if failing["left"] > 0:
+            failing["left"] -= 1
+            raise OSError("503 Slow Down")
+        return True
+
+    monkeypatch.setattr(mirror, "push", push)
+    slept: list[float] = []
+    with caplog.at_level(logging.WARNING, logger="regimen.training"):
+        checkpoints._push(tmp_path, tmp_path / "checkpoint-10", 2, pause=slept.append)  # 3 tries, all refused
+        checkpoints._push(tmp_path, tmp_path / "checkpoint-20", 2, pause=slept.append)  # refused twice, then in
+    assert calls == ["checkpoint-10"] * 3 + ["checkpoint-20"] * 3 and slept == [1, 2, 1, 2]
+    text = caplog.text
+    assert "could not upload checkpoint-10 to the store after 3 tries" in text
+    assert "the store caught up: checkpoint-20 is there (the upload of checkpoint-10 had failed)" in text
+
+
+def test_a_commit_the_store_refuses_records_the_attempt_and_says_what_it_left(tmp_path, monkeypatch):
+    """A store that refuses the commit (a bucket down, full, or its key revoked): the stop keeps the attempt (here
+    in the store's failed attempts), says the stage had finished and what it left, and no version appears."""
+    from regimen.stages.core.errors import StoreError
+    from regimen.stages.run import runner
+
+    store = Store(tmp_path / "store")
+    handle = store.stage("exp", "sft")
+    staging = stage_files(store)
+
+    def refuse(staging, manifest):
+        raise StoreError("s3://bucket/r: the credentials were refused while uploading (InvalidAccessKeyId)")
+
+    monkeypatch.setattr(handle.catalog, "commit", refuse)
+    dirs = SimpleNamespace(out=staging, checkpoints=tmp_path / "work")
+    with pytest.raises(StoreError) as info:
+        runner._commit(handle, dirs, {**manifest(key="k"), "started_at": "now"})
+    message = str(info.value)
+    assert "credentials were refused" in message and "the stage had finished" in message and "left nothing" in message
+    [failed] = store.ledger.failures("exp", "sft")
+    assert failed["error"].startswith("commit refused:") and store.versions("exp", "sft") == []
+
+
+def test_an_attempt_the_store_could_not_take_is_recorded_there_when_it_answers_again(tmp_path, monkeypatch):
+    from regimen.stages.run import runner
+
+    monkeypatch.setenv("REGIMEN_CACHE", str(tmp_path / "cache"))
+    kept = runner._record_elsewhere({"experiment": "exp", "stage": "sft", "fingerprint": "k"}, "the bucket was down")
+    runner._record_elsewhere({"experiment": "exp-2", "stage": "sft", "fingerprint": "k"}, "another experiment's")
+    store = Store(tmp_path / "store")
+    with store.lock("exp"):
+        pass
+    [failed] = store.ledger.failures("exp", "sft")
+    assert failed["error"] == "the bucket was down" and failed["recorded_late"] is True
+    assert not Path(kept).exists() and len(list((tmp_path / "cache" / "unrecorded").glob("*.json"))) == 1

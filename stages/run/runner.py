@@ -212,9 +212,25 @@ def _run(
     if output.status != "completed":
         _record_failure(handle, dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
         raise StageStopped(stage, output.diagnosis or "the stage reported failure")
-    committed = handle.commit(dirs.out, manifest)
+    committed = _commit(handle, dirs, manifest)
     handle.drop_work(fp)  # checkpoints are only for resuming (here and in a remote store's bucket)
     return StageResult(committed, False, wall, handle.local_path(committed), damaged or None)
+
+
+def _commit(handle: StageHandle, dirs: StageDirs, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The version committed; when the store refuses (a bucket down, full, or its credentials revoked mid-run), the
+    attempt is recorded (in the store, else on this host: `_record_failure`) and the stop says what the run left."""
+    from regimen.stages.core.errors import StoreError
+
+    try:
+        return handle.commit(dirs.out, manifest)
+    except StoreError as exc:
+        left = handle.left_behind(manifest["stage"])
+        _record_failure(handle, None, {**manifest, "finished_at": now_iso()}, f"commit refused: {exc}")
+        raise StoreError(
+            f"{exc}; the stage had finished, its outputs stay on this host ({dirs.out}); in the store it left {left}; "
+            "a rerun trains the stage again (or resumes it from its last checkpoint)"
+        ) from None
 
 
 def _launch_recorded(

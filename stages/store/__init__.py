@@ -40,7 +40,8 @@ works through one `StageHandle` (`handle.py`: `store.stage(experiment, stage)`).
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,11 @@ class Store:
         """A local folder for the experiment's presentation files (`plots`, `sweeps/<tag>`), links refused."""
         return self.workspace.experiment_dir(experiment, *sub)
 
-    def lock(self, experiment: str) -> AbstractContextManager[None]:
-        """One run per experiment at a time, on this machine and across machines sharing the store."""
-        return self.workspace.lock(experiment, taken=lambda: self.catalog.sweep_claims(experiment))
+    @contextmanager
+    def lock(self, experiment: str) -> Iterator[None]:
+        """One run per experiment at a time, on this machine and across machines sharing the store. Once held: a
+        bucket's claims left by killed writers are swept, and failed attempts this host could not record in the
+        store (it was down) are recorded there now."""
+        with self.workspace.lock(experiment, taken=lambda: self.catalog.sweep_claims(experiment)):
+            self.ledger.recover_unrecorded(experiment)
+            yield

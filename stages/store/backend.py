@@ -26,6 +26,8 @@ from regimen.stages.store import files, schemas, work
 from regimen.stages.store.lock import exclusive_create, probe_conditional_create
 
 MANIFEST = "manifest.json"
+DOOR = ("listing the bucket", "probing conditional writes")
+"""What the store is doing when a refusal means the run has written nothing yet (checks at the door)."""
 CLAIM = ".claim"  # made first in a remote v<N>/ (exclusive create) and kept: the number is taken for good
 _PROBED: set[str] = set()  # remote stores whose conditional create was checked in this process
 _REACHED: set[str] = set()  # remote stores answered once in this process
@@ -107,10 +109,10 @@ class Backend:
         response = getattr(cause, "response", None) or getattr(exc, "response", None)
         code = str(((response or {}).get("Error") or {}).get("Code", "")) if isinstance(response, dict) else ""
         text = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        # at the door (before the run writes anything) nothing was written; later, the caller says what was
+        nothing = "; nothing was written" if doing in DOOR else ""
         if code in ("NoSuchBucket",) or (isinstance(exc, FileNotFoundError) and "bucket" in text.lower()):
-            return InputError(
-                f"{where}: the bucket does not exist (create it, or correct `store:`); nothing was written"
-            )
+            return InputError(f"{where}: the bucket does not exist (create it, or correct `store:`){nothing}")
         if (
             code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken")
             or isinstance(exc, PermissionError)
@@ -118,7 +120,8 @@ class Backend:
         ):
             return InputError(
                 f"{where}: the credentials were refused while {doing} ({text}); check AWS_ACCESS_KEY_ID and "
-                f"AWS_SECRET_ACCESS_KEY; nothing was written"
+                f"AWS_SECRET_ACCESS_KEY (the key {os.environ.get('AWS_ACCESS_KEY_ID', '(unset)')[:8]}... was refused)"
+                f"{nothing}"
             )
         if names & {
             "EndpointConnectionError",
@@ -129,7 +132,7 @@ class Backend:
         } or isinstance(exc, (ConnectionError, TimeoutError)):
             return StoreError(
                 f"{where}: the endpoint cannot be reached while {doing} ({type(exc).__name__}); check AWS_ENDPOINT_URL "
-                f"and the network; nothing was written"
+                f"and the network{nothing}"
             )
         return StoreError(f"{where}: {doing} failed: {type(exc).__name__}: {text}")
 

@@ -251,6 +251,24 @@ class Catalog:
                 self.b.fs, f"{target}/{CLAIM}", json.dumps({"by": f"pid {os.getpid()}", "at": now_iso()}).encode()
             )
 
+    def left_behind(self, experiment: str, stage: str) -> str:
+        """Claimed version folders past the index without a manifest, and their files, in words (for a stop's
+        message); "nothing" when there are none or the store cannot be asked."""
+        if self.b.local:
+            return "nothing (a local commit is one rename)"
+        try:
+            n = self.index.read(experiment, stage)["next"]
+            found = []
+            while self.b.fs.exists(f"{self.b.version_path(experiment, stage, n)}/{CLAIM}"):
+                files = self.b.fs.find(self.b.version_path(experiment, stage, n))
+                found.append(f"v{n}: a claim and {len(files) - 1} file(s)")
+                n += 1
+        except Exception:  # noqa: BLE001 - the store is what failed: say we cannot tell
+            return (
+                "whatever the failed upload had written (the store cannot be asked now); the next run's lease sweeps it"
+            )
+        return (", ".join(found) + ", swept by the next run's lease") if found else "nothing"
+
     def sweep_claims(self, experiment: str) -> None:
         """Claimed version folders that never got their manifest (a writer killed mid-upload), removed under the
         experiment's lease (no other writer of this experiment runs). Only the numbers past each stage's index are

@@ -46,6 +46,11 @@ class StageHandle:
         """The staged folder as this stage's next version."""
         return self.catalog.commit(staging, {**manifest, "experiment": self.experiment, "stage": self.stage})
 
+    def left_behind(self, stage: str) -> str:
+        """What a commit that failed midway left in the store: the claims and files past the stage's index (a
+        remote store's claimed folder with some files; a local commit is one rename: nothing)."""
+        return self.catalog.left_behind(self.experiment, stage)
+
     def cache_dir(self) -> Path:
         """This host's cache of the store (where a remote store's copies and the staging folders live)."""
         return self.workspace.b.cache

@@ -216,6 +216,24 @@ class Ledger:
                 return len(entries), r
         return len(entries), None
 
+    def recover_unrecorded(self, experiment: str) -> int:
+        """Failed attempts of `experiment` this host kept in `$REGIMEN_CACHE/unrecorded` because the store refused
+        them (down, full, its key revoked), recorded in the store now that it answers; how many. Best effort: a
+        store still refusing leaves them where they are."""
+        base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "unrecorded"
+        moved = 0
+        for path in sorted(base.glob(f"{check_name(experiment)}-*.json")):
+            try:
+                record = json.loads(path.read_text())
+                if record.get("experiment") != experiment or not isinstance(record.get("stage"), str):
+                    continue
+                self.record_failure(None, {**record, "recorded_late": True}, str(record.get("error", "")))
+                path.unlink()
+                moved += 1
+            except (OSError, ValueError, StoreError):
+                break
+        return moved
+
     def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
         entries = sorted(self.b.entries(self.b.join(check_name(experiment), stage, "failed")))
         return [

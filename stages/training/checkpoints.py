@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -53,17 +54,38 @@ class MarkComplete(TrainerCallback):
         return control
 
 
-def _push(work: Path, ckpt: Path, keep: int | None) -> None:
-    """Upload a marked checkpoint to the store's bucket (when the work folder is mirrored there). A failed
-    upload is logged, never the training's failure: this host can still resume; others cannot, and say so."""
+UPLOAD_TRIES = 3
+_BEHIND: dict[str, str] = {}  # work folder -> the checkpoint whose upload failed (the bucket is behind this host)
+
+
+def _push(work: Path, ckpt: Path, keep: int | None, *, pause=time.sleep) -> None:
+    """Upload a marked checkpoint to the store's bucket (when the work folder is mirrored there), retried with
+    backoff (1 s, 2 s). A failed upload is logged, never the training's failure: this host can still resume; others
+    cannot until a later checkpoint reaches the bucket, which catches it up (resuming reads the newest complete
+    checkpoint), and that is said too."""
     from regimen.stages.store import work as mirror
 
-    try:
-        mirror.push(work, ckpt, MARKER, keep)
-    except Exception as exc:  # noqa: BLE001 - training goes on; the checkpoint is kept locally
-        logging.getLogger("regimen.training").error(
-            "could not upload %s to the store (%s); another host could not resume from it", ckpt.name, str(exc)[:200]
-        )
+    say = logging.getLogger("regimen.training")
+    for attempt in range(UPLOAD_TRIES):
+        try:
+            pushed = mirror.push(work, ckpt, MARKER, keep)
+        except Exception as exc:  # noqa: BLE001 - training goes on; the checkpoint is kept locally
+            if attempt + 1 < UPLOAD_TRIES:
+                say.warning("upload of %s to the store failed (%s); retrying", ckpt.name, str(exc)[:160])
+                pause(2**attempt)
+                continue
+            _BEHIND[str(work)] = ckpt.name
+            say.error(
+                "could not upload %s to the store after %d tries (%s); another host could not resume from it until a "
+                "later checkpoint reaches the store",
+                ckpt.name,
+                UPLOAD_TRIES,
+                str(exc)[:200],
+            )
+            return
+        if pushed and (behind := _BEHIND.pop(str(work), None)):
+            say.warning("the store caught up: %s is there (the upload of %s had failed)", ckpt.name, behind)
+        return
 
 
 def fetch_remote(output_dir: Path) -> int | None:
