@@ -55,7 +55,9 @@ def test_a_checkpoint_ceiling_caps_what_the_trainer_keeps(tmp_path):
         ).save_total_limit
         == 2
     )
-    assert for_stage(load_recipe(TINY, {}), "grpo", tmp_path).save_total_limit is None
+    from regimen.stages.recipe.trl import DEFAULT_CHECKPOINTS
+
+    assert for_stage(load_recipe(TINY, {}), "grpo", tmp_path).save_total_limit == DEFAULT_CHECKPOINTS  # as serve
     # the ceiling never enters a fingerprint: it refuses or stops a run, it never changes what it computes
     from regimen.stages.run.runner import stage_key
 

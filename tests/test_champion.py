@@ -104,8 +104,8 @@ def test_the_frozen_set_is_written_once_and_data_versions_count_what_is_new(tmp_
     assert manifest["by"] == "person" and manifest["reason"] == "new set"
 
 
-def test_the_readme_automation_is_one_prefect_accepts():
-    """The automation the README documents for `regimen.model.kept` is valid for Prefect's own model."""
+def test_the_documented_automation_is_one_prefect_accepts():
+    """The automation the nightly how-to documents for `regimen.model.kept` is valid for Prefect's own model."""
     import re
     import uuid
     from pathlib import Path
@@ -113,9 +113,9 @@ def test_the_readme_automation_is_one_prefect_accepts():
     import yaml
     from prefect.events.schemas.automations import AutomationCore
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = re.search(r"cat > kept.yaml <<'YAML'\n(.*?)\n\s*YAML\n", readme, re.S)
-    assert block, "the README's automation example is gone"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "nightly.md").read_text()
+    block = re.search(r"cat > kept.yaml <<'YAML'\n(.*?)\n\s*YAML\n", page, re.S)
+    assert block, "the nightly how-to's automation example is gone"
     text = "\n".join(line[2:] for line in block.group(1).splitlines()).replace(
         "<your notification block's id>", str(uuid.uuid4())
     )
