@@ -445,3 +445,78 @@ def test_a_worker_host_killed_mid_grpo_has_its_run_done_on_the_other_host_from_t
         f"Running again on host {info['other']} {info['to_running_again_s']:.0f} s later and resumed from step "
         f"{grpo['resumed_from_step']}; states: {' > '.join(info['states'])}"
     )
+
+
+PAUSED = "paused-host"
+
+
+@pytest.fixture(scope="module")
+def host_paused(server, s3_server, pool):
+    """Issue 42: a worker host frozen (SIGSTOP, as a paused VM) mid-GRPO past its lease; the automation reschedules
+    the run and the other host completes it; then the frozen host wakes up (SIGCONT) and runs to its end."""
+    tmp, bucket = pool["tmp"], pool["bucket"]
+    fs = s3_server.client()
+    hosts = {
+        name: worker(host_env(server, s3_server, tmp, f"p{name}"), f"paused-{name}", tmp / f"paused-worker-{name}.log")
+        for name in ("a", "b")
+    }
+    info: dict = {"tmp": tmp}
+
+    def ckpts() -> list[str]:
+        return fs.glob(f"{bucket}/r/{PAUSED}/grpo/work/*/checkpoint-*/*")
+
+    try:
+        r = server.create_run(
+            "on-demand",
+            {
+                "config": "tiny.yaml",
+                "experiment": PAUSED,
+                "overrides": {"grpo.max_steps": MAX_STEPS, "grpo.save_steps": SAVE_STEPS},
+            },
+        )
+        assert r.status_code == 201, r.text
+        run_id = info["run_id"] = r.json()["id"]
+        t0 = time.monotonic()
+        while not ckpts():
+            assert server.run(run_id)["state"]["type"] not in TERMINAL, server.run(run_id)["state"]
+            assert time.monotonic() - t0 < 400, "no GRPO checkpoint in the bucket after 400 s"
+            time.sleep(0.05)
+        frozen = next(name for name, proc in hosts.items() if len(tree(proc.pid)) > 1)
+        procs = tree(hosts[frozen].pid)
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        other = "b" if frozen == "a" else "a"
+        info["completed"] = server.wait_run(run_id, timeout=900, logs=[tmp / f"paused-worker-{other}.log"])
+        info["states_at_completion"] = states(server, run_id)
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.NoSuchProcess:
+                pass
+        flow_procs = [p for p in procs if p.pid != hosts[frozen].pid]
+        deadline = time.monotonic() + 600
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in flow_procs):
+            assert time.monotonic() < deadline, "the woken host's flow run did not end within 600 s"
+            time.sleep(1)
+        time.sleep(5)  # whatever it would still report reaches the server
+        info["final"] = server.run(run_id)
+        info["states"] = states(server, run_id)
+        info["frozen_log"] = (tmp / f"paused-worker-{frozen}.log").read_text(errors="replace")
+    finally:
+        for proc in hosts.values():
+            stop(proc)
+    info["grpo_versions"] = fs.glob(f"{bucket}/r/{PAUSED}/grpo/v*/manifest.json")
+    return info
+
+
+@pytest.mark.slow
+def test_a_host_paused_past_its_lease_leaves_the_other_hosts_completed_state_alone(host_paused):
+    info = host_paused
+    assert info["completed"]["state"]["type"] == "COMPLETED", info["completed"]["state"]
+    assert info["final"]["state"]["type"] == "COMPLETED", (info["final"]["state"], info["states"])
+    assert info["states"] == info["states_at_completion"], info["states"]  # the woken host wrote no state
+    assert "taken over by another host" in info["frozen_log"] or "took the run over" in info["frozen_log"], info[
+        "frozen_log"
+    ][-3000:]
+    assert "RunResult cannot be resolved" not in info["frozen_log"]
+    assert len(info["grpo_versions"]) == 1  # the other host's GRPO; the woken one committed nothing

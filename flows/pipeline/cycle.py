@@ -303,10 +303,39 @@ def run_cycles(recipe: Recipe, experiment: str | None = None):
 
     with orchestrator.watching():
         outcome = _run_cycles(recipe, experiment or recipe.experiment)
+    if getattr(outcome, "type", None) is not None and _taken_over(experiment or recipe.experiment):
+        from prefect.exceptions import Abort
+
+        log.warning(
+            "this host lost the experiment's lease (it was paused or cut off) and another host took the run over: "
+            "nothing of this attempt was committed, and the run's state is the other host's"
+        )
+        raise Abort("the run was taken over by another host; this attempt leaves its state alone")
     result = outcome.data if hasattr(outcome, "data") and isinstance(outcome.data, RunResult) else outcome
     if isinstance(result, RunResult):
         orchestrator.finish(result)
     return outcome
+
+
+def _taken_over(experiment: str) -> bool:
+    """Whether this attempt lost the experiment's lease and the flow run is another attempt's now: the server's run
+    count moved past ours (a lost host's run scheduled again and started elsewhere), or its state is final while we
+    still run. Such an attempt must not write the run's final state (Failed over the other host's Completed)."""
+    from regimen.stages.store.lock import lease_lost_here
+
+    if not lease_lost_here(experiment):
+        return False
+    try:
+        from prefect import get_client
+        from prefect.runtime import flow_run
+
+        if not flow_run.id:
+            return False
+        with get_client(sync_client=True) as client:
+            now = client.read_flow_run(flow_run.id)
+        return (now.run_count or 0) > (flow_run.run_count or 0) or bool(now.state and now.state.is_final())
+    except Exception:  # noqa: BLE001 - the API cannot tell: end as this attempt did
+        return False
 
 
 def _run_cycles(recipe: Recipe, experiment: str):

@@ -163,6 +163,11 @@ def lost_lease(url: str, experiment: str) -> threading.Event:
     return _LOST.setdefault((url, experiment), threading.Event())
 
 
+def lease_lost_here(experiment: str) -> bool:
+    """Whether this process lost the experiment's lease in any store (read without opening a store)."""
+    return any(event.is_set() for (_, name), event in list(_LOST.items()) if name == experiment)
+
+
 def _refused_by_condition(exc: BaseException) -> bool:
     """Whether `exc` is a server's answer that the key exists (412 PreconditionFailed, 409
     ConditionalRequestConflict)."""
