@@ -41,7 +41,7 @@ TINY = (
     "tiny-code-hackable",
     "tiny-distill",
     "rg-chain-sum",
-    "rg-letter-counting",
+    "rg-word-reversal",
     "rg-spell-backward",
     "rg-mixture",
 )
@@ -115,7 +115,7 @@ PURPOSE = {
     "tiny-code-hackable": stopped_by_the_guard,
     "tiny-distill": distils,
     "rg-chain-sum": improves_on_every_run,
-    "rg-letter-counting": improves_on_every_run,
+    "rg-word-reversal": improves_on_every_run,
     "rg-spell-backward": improves_on_every_run,
     "rg-mixture": improves_on_every_run,
 }
