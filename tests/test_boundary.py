@@ -304,6 +304,8 @@ def test_a_reward_that_goes_bad_in_training_names_the_reward_row_and_step(tmp_pa
         store,
         "--set",
         "rewards=[{name: 'rewards_for_tests:string_in_training'}]",
+        "--set",
+        "dry_run.gameable=warn",  # it pays every answer 0.5 in the dry run (the audit says so); it goes bad later
         env={"PYTHONPATH": str(ROOT / "tests")},
     )
     assert r.returncode == 2, r.stderr

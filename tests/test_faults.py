@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,7 +204,11 @@ def test_a_full_disk_is_one_line_exit_1_and_the_real_error_is_kept(tmp_path, cap
         assert code == 1, (out, err)
         assert "no space left on the device" in err and "Traceback" not in err
         last = err.strip().splitlines()[-1]  # above it: the trainers' progress bars, as in any run
-        assert last.startswith("stopped: sft: no space left on the device") and err.count("no space left") == 1, err
+        assert last.startswith("stopped: sft: no space left on the device") and err.count("stopped:") == 1, err
+        # the failed attempt could not be written into the full store: it is kept on this host, and says why
+        kept = re.search(r"could not record the failed attempt of sft in the store .*; recorded in (\S+?\.json)", err)
+        assert kept, err
+        assert "o space left" in json.loads(Path(kept.group(1)).read_text())["error"]
     finally:
         subprocess.run(["umount", "-l", str(store)])
 

@@ -98,6 +98,7 @@ HACKABLE_TINY = [
     "probe.steps=5",
     "probe.prompts=40",
     "grpo.logging_steps=5",
+    "dry_run.gameable=warn",  # the audit names digits gameable; trained on anyway, for the guard
 ]
 
 

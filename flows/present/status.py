@@ -23,6 +23,9 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
     rows = [heldout_row(store, experiment)]
     for stage in registry.NAMES:
         versions, malformed, drift = _versions(store, experiment, stage, check)
+        if not check and versions and store.catalog.manifest(experiment, stage, versions[-1]["version"]) is None:
+            # the index names a version whose manifest is gone or damaged: read this stage's manifests instead
+            versions, malformed, drift = _versions(store, experiment, stage, True)
         n_failed, last_fail = store.ledger.last_failure(experiment, stage)
         running = store.workspace.running_info(experiment, stage)
         damaged = [

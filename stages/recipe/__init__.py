@@ -180,7 +180,7 @@ def trl_check(recipe: Recipe) -> None:
 
 def raw_of(recipe: Recipe) -> dict[str, Any]:
     """The mapping the recipe was validated from (after overrides): what the recipe itself set."""
-    return copy.deepcopy(recipe._raw or recipe.model_dump(mode="json"))
+    return copy.deepcopy(recipe._raw or recipe.model_dump(mode="json", by_alias=True))
 
 
 def recipe_from_dict(data: dict[str, Any], source: str = "<dict>", *, check_trl: bool = False) -> Recipe:
@@ -218,7 +218,7 @@ def load_recipe(
 def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
     """The resolved recipe as YAML, each value commented `# recipe`, `# Regimen: why` or `# TRL default`."""
     raw = raw_of(recipe)
-    dumped = recipe.model_dump(mode="json")
+    dumped = recipe.model_dump(mode="json", by_alias=True)
     lines: list[str] = []
 
     def emit(indent: int, key: str, value: Any, origin: str) -> None:

@@ -135,7 +135,7 @@ def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any
         json.dumps(
             {
                 "stage": stage,
-                "recipe": recipe.model_dump(mode="json"),
+                "recipe": recipe.model_dump(mode="json", by_alias=True),
                 "inputs": inputs,
                 "out": str(dirs.out),
                 "checkpoints": str(work),
