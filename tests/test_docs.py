@@ -36,6 +36,36 @@ def test_every_docs_page_link_resolves():
     assert broken == []
 
 
+# what a recipe snippet in the docs may lean on without it existing here: a user's own files and modules
+PLACEHOLDER = re.compile(r"data_files '[^']+' does not exist|No module named 'mypkg'")
+
+
+def _yaml_snippets() -> list[tuple[str, str]]:
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return [
+        (f"{page.relative_to(ROOT)}#{i}", block)
+        for page in pages
+        for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S))
+    ]
+
+
+@pytest.mark.parametrize("where, block", _yaml_snippets(), ids=lambda v: v if "#" in str(v) else "")
+def test_every_recipe_snippet_in_the_docs_is_a_recipe_the_schema_accepts(where, block):
+    """A snippet's sections, laid over the default recipe, validate: a renamed or misspelt field in the docs fails
+    here (only a user's own files and modules may be missing)."""
+    import yaml
+
+    from regimen.stages.core.errors import InputError
+    from regimen.stages.recipe import read_yaml, recipe_from_dict
+
+    snippet = yaml.safe_load(block)
+    assert isinstance(snippet, dict), where
+    try:
+        recipe_from_dict({**read_yaml(ROOT / "configs" / "default.yaml"), **snippet}, where)
+    except InputError as exc:
+        assert PLACEHOLDER.search(str(exc)), f"{where}: {exc}"
+
+
 def test_the_committed_reference_is_what_the_code_generates():
     """Generated at every `mkdocs build` and committed (README links into it): a stale page is a failure here."""
     import gen_reference

@@ -197,3 +197,26 @@ def test_tracking_is_the_way_in_and_report_to_beside_it_is_refused():
         load_recipe(str(TINY), {"tracking": ["mlflow"], "grpo.report_to": ["tensorboard"]}, check_trl=False)
     with pytest.raises(InputError, match="tracking_options.trackio: trackio is not in tracking"):
         load_recipe(str(TINY), {"tracking": ["mlflow"], "tracking_options": {"trackio": {}}}, check_trl=False)
+
+
+def test_a_process_running_a_second_recipe_writes_its_trackio_runs_into_that_recipes_folder(tmp_path):
+    """trackio reads its folder once, at import: a served worker that runs a second recipe with another
+    `tracking_options.trackio.dir` must not write into the first one's folder (a fresh process, so that the
+    import happens here)."""
+    import subprocess
+    import sys
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    script = f"""
+import os
+os.environ["TRACKIO_DIR"] = {str(first)!r}
+import trackio  # loaded for the first recipe
+from regimen.flows.pipeline.tracking import Trackio
+t = Trackio({{"dir": {str(second)!r}}}, "exp", "g1", {{}})
+t.start("k", "sft c1.0", {{}})
+t.log("k", {{"loss": 1.0}}, 1)
+t.finish("k", {{}}, False)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (second / "regimen-exp.db").is_file() and not (first / "regimen-exp.db").exists()

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,25 @@ class TensorBoard:
         pass
 
 
+def _trackio_at(directory: Path) -> None:
+    """Point an already-imported trackio at `directory`. trackio reads TRACKIO_DIR once, at its first import, and
+    its modules keep copies of the paths made from it (TRACKIO_DIR, MEDIA_DIR, ARTIFACTS_DIR); a process that runs
+    several recipes (a served worker, the tests) would write a later recipe's runs into the first one's folder. No
+    trackio API sets the folder after import, so those copies are rebound here, in every loaded trackio module."""
+    import trackio.utils as utils
+
+    if utils.TRACKIO_DIR == directory:
+        return
+    new = {"TRACKIO_DIR": directory, "MEDIA_DIR": directory / "media", "ARTIFACTS_DIR": directory / "artifacts"}
+    old = {name: getattr(utils, name) for name in new if hasattr(utils, name)}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "trackio" or name.startswith("trackio.")):
+            continue
+        for attr, value in old.items():
+            if getattr(module, attr, None) == value:
+                setattr(module, attr, new[attr])
+
+
 class Trackio:
     name = "trackio"
 
@@ -173,6 +193,9 @@ class Trackio:
         if options.get("dir"):
             os.environ["TRACKIO_DIR"] = str(options["dir"])
         import trackio
+
+        if os.environ.get("TRACKIO_DIR"):
+            _trackio_at(Path(os.environ["TRACKIO_DIR"]))
 
         self.trackio, self.group, self.tags = trackio, group, tags
         self.project = options.get("project") or os.environ.get("TRACKIO_PROJECT") or f"regimen-{experiment}"
