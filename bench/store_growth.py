@@ -45,6 +45,8 @@ def replicate(src: Path, n: int, put) -> None:
         if not path.is_file():
             continue
         rel = path.relative_to(src).as_posix()
+        if path.name.endswith(".lock"):
+            continue  # a local store's filelocks (empty files): not the experiment's records
         parts = rel.split("/")
         if len(parts) >= 3 and parts[1] == "v1" and parts[0] not in ("heldout", "data"):
             for v in range(1, n + 1):

@@ -224,6 +224,25 @@ def test_two_processes_deciding_at_once_leave_one_consistent_champion_json(s3_se
     assert not s3_server.client().exists(f"{bucket}/r/exp/.records.lock")
 
 
+def test_an_unreadable_record_lock_is_aged_by_its_write_time_and_taken_over_when_expired(
+    s3_env, bucket, tmp_path, monkeypatch
+):
+    """An empty `.records.lock` (what a local store's filelock leaves behind, copied into a bucket; or a lock
+    another tool wrote): a writer waits while it is younger than the lock's time to live, then takes it over;
+    it never stays locked forever."""
+    monkeypatch.setenv("REGIMEN_RECORD_LOCK_TTL_S", "3")
+    url = f"s3://{bucket}/r"
+    store = Store(url, cache_dir=tmp_path / "a")
+    store.ledger.update("exp", "champion.json", lambda cur: {"history": ["a"]})
+    s3_env.client().pipe_file(f"{bucket}/r/exp/.records.lock", b"")
+    started = time.monotonic()
+    rec = store.ledger.update("exp", "champion.json", lambda cur: {"history": [*cur["history"], "b"]})
+    waited = time.monotonic() - started
+    assert rec["history"] == ["a", "b"] and rec["revision"] == 2
+    assert waited > 1.5, waited  # a fresh one was respected: it waited for its age, then took it over
+    assert not s3_env.client().exists(f"{bucket}/r/exp/.records.lock")
+
+
 # -- the bad cases: one line naming the bucket and the endpoint, nothing written -----------------------------
 
 

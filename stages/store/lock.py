@@ -381,17 +381,20 @@ def _take_record_lock(fs, path: str, token: str, wait_s: float, ttl_s: float) ->
         ):
             return
         try:
-            current = json.loads(fs.cat_file(path))
+            raw = fs.cat_file(path)
         except FileNotFoundError:
             continue
-        except Exception:  # noqa: BLE001 - unreadable: written by nobody we know; wait for it to expire by age
-            current = {"expires": _now() + 1, "owner": "an unreadable lock"}
+        try:
+            current = json.loads(raw)
+            float(current.get("expires", 0))
+        except Exception:  # noqa: BLE001 - unreadable (empty, cut short, another tool's): it expires by its age
+            current = {"expires": _modified(fs, path) + ttl_s, "owner": "an unreadable lock (aged by its write time)"}
         if float(current.get("expires", 0)) < _now():
             log.warning("taking over an expired record lock of %s (%s)", path, current.get("owner"))
             try:
-                if json.loads(fs.cat_file(path)).get("token") == current.get("token"):
+                if fs.cat_file(path) == raw:  # still the lock judged expired (not a new holder's)
                     fs.rm_file(path)
-            except (FileNotFoundError, ValueError):
+            except FileNotFoundError:
                 pass
             continue
         if _now() > deadline:
@@ -400,6 +403,22 @@ def _take_record_lock(fs, path: str, token: str, wait_s: float, ttl_s: float) ->
                 "try again"
             )
         time.sleep(0.2)
+
+
+def _modified(fs, path: str) -> float:
+    """When `path` was last written, in seconds since the epoch (the store's own clock: S3's LastModified, a
+    file's mtime); now when the store does not say."""
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return _now()
+    for key in ("LastModified", "mtime", "last_modified", "created"):
+        value = info.get(key)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, (int, float)):
+            return float(value)
+    return _now()
 
 
 def _renew_record_lock(fs, path: str, token: str, ttl_s: float, stop: threading.Event) -> None:
