@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY, run_cli
+from conftest import ROOT, TINY, run_cli
 
 from regimen.stages.core.errors import InputError
 from regimen.stages.recipe import load_recipe, parse_set
@@ -194,3 +194,14 @@ def test_no_means_the_string_no_for_trl_strategies(tmp_path):
     assert load_recipe(TINY, ["grpo.save_strategy=no"]).grpo["save_strategy"] == "no"
     # YAML's bare `no`
     assert load_recipe(tiny_with(tmp_path, sft={"save_strategy": False})).sft["save_strategy"] == "no"
+
+
+def test_a_reward_renamed_with_as_survives_the_recipes_own_dump_and_its_explanation():
+    """The launch spec (`accelerate launch`) and `regimen check` carry the recipe as a dict: a reward's `as:` must
+    come back as `as` (the field is `as_` in Python), or every rank refuses the spec."""
+    from regimen.stages.recipe import explain, load_recipe, recipe_from_dict
+
+    recipe = load_recipe(ROOT / "configs" / "default.yaml", ["rewards=[{name: answer, as: acc}]"], check_trl=False)
+    again = recipe_from_dict(recipe.model_dump(mode="json", by_alias=True), "launch spec")
+    assert [r.key for r in again.rewards] == ["acc"]
+    assert "as: acc" in explain(recipe)

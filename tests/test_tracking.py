@@ -216,7 +216,12 @@ t = Trackio({{"dir": {str(second)!r}}}, "exp", "g1", {{}})
 t.start("k", "sft c1.0", {{}})
 t.log("k", {{"loss": 1.0}}, 1)
 t.finish("k", {{}}, False)
+t = Trackio({{}}, "later", "g2", {{}})  # a later recipe without a folder of its own: the process's TRACKIO_DIR
+t.start("k", "sft c1.0", {{}})
+t.log("k", {{"loss": 1.0}}, 1)
+t.finish("k", {{}}, False)
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (second / "regimen-exp.db").is_file() and not (first / "regimen-exp.db").exists()
+    assert (first / "regimen-later.db").is_file() and not (second / "regimen-later.db").exists()

@@ -167,11 +167,15 @@ class TensorBoard:
         pass
 
 
+_TRACKIO_DIR_AT_START = os.environ.get("TRACKIO_DIR")
+
+
 def _trackio_at(directory: Path) -> None:
     """Point an already-imported trackio at `directory`. trackio reads TRACKIO_DIR once, at its first import, and
     its modules keep copies of the paths made from it (TRACKIO_DIR, MEDIA_DIR, ARTIFACTS_DIR); a process that runs
     several recipes (a served worker, the tests) would write a later recipe's runs into the first one's folder. No
-    trackio API sets the folder after import, so those copies are rebound here, in every loaded trackio module."""
+    trackio API sets the folder after import, so those copies are rebound here, in every loaded trackio module.
+    The folder is the process's: two recipes tracked at once in one process share the later one's."""
     import trackio.utils as utils
 
     if utils.TRACKIO_DIR == directory:
@@ -190,12 +194,12 @@ class Trackio:
     name = "trackio"
 
     def __init__(self, options: dict[str, Any], experiment: str, group: str, tags: dict[str, str]):
-        if options.get("dir"):
-            os.environ["TRACKIO_DIR"] = str(options["dir"])
         import trackio
+        from trackio.utils import HF_HOME
 
-        if os.environ.get("TRACKIO_DIR"):
-            _trackio_at(Path(os.environ["TRACKIO_DIR"]))
+        # this recipe's folder: its own option, else the process's TRACKIO_DIR as it started, else trackio's default
+        # (never an earlier recipe's option: one process may run several recipes, one after another)
+        _trackio_at(Path(options.get("dir") or _TRACKIO_DIR_AT_START or Path(HF_HOME) / "trackio"))
 
         self.trackio, self.group, self.tags = trackio, group, tags
         self.project = options.get("project") or os.environ.get("TRACKIO_PROJECT") or f"regimen-{experiment}"

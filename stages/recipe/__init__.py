@@ -165,7 +165,7 @@ def _allowed_fields(loc: tuple, err: dict[str, Any]) -> list[str]:
             model = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
             if model is None:
                 return []
-    return list(model.model_fields)
+    return [f.alias or name for name, f in model.model_fields.items()]  # as written in a recipe (`as`, not `as_`)
 
 
 def trl_check(recipe: Recipe) -> None:

@@ -123,7 +123,7 @@ class StageIndex:
                 if manifest["status"] == "completed" and number not in removing:  # a killed gc's plan stands
                     index["versions"][str(number)] = summary(manifest)
                 index["next"] = max(index["next"], number + 1)
-            elif manifest is not None or self._exists(f"{entry}/{MANIFEST}") or self._exists(f"{entry}/{TOMBSTONE}"):
+            elif manifest is not None or self._exists(f"{entry}/{TOMBSTONE}") or self._exists(f"{entry}/{MANIFEST}"):
                 index["next"] = max(index["next"], number + 1)  # a damaged version or a tombstone keeps its number
             elif not self.b.local and self._exists(f"{entry}/{CLAIM}"):
                 index.setdefault("claims", []).append(number)  # a killed writer's: swept under the next lease

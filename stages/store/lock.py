@@ -36,8 +36,10 @@ machine take turns instead of oversubscribing its cores: the second one waits an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -386,7 +388,8 @@ def _take_record_lock(fs, path: str, token: str, wait_s: float, ttl_s: float) ->
             continue
         try:
             current = json.loads(raw)
-            float(current.get("expires", 0))
+            if not math.isfinite(float(current.get("expires", 0))):
+                raise ValueError("expires is not a finite time")
         except Exception:  # noqa: BLE001 - unreadable (empty, cut short, another tool's): it expires by its age
             current = {"expires": _modified(fs, path) + ttl_s, "owner": "an unreadable lock (aged by its write time)"}
         if float(current.get("expires", 0)) < _now():
@@ -406,18 +409,24 @@ def _take_record_lock(fs, path: str, token: str, wait_s: float, ttl_s: float) ->
 
 
 def _modified(fs, path: str) -> float:
-    """When `path` was last written, in seconds since the epoch (the store's own clock: S3's LastModified, a
-    file's mtime); now when the store does not say."""
+    """When `path` was last written, in seconds since the epoch, by the store's clock (S3's LastModified, a file's
+    mtime; a datetime without a zone is UTC), compared by the caller with this host's clock: a host whose clock
+    runs ahead takes an unreadable lock over that much sooner. Now when the store does not say."""
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(path)  # a listing cached earlier may not hold the lock, or hold an older one
     try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        return _now()
-    for key in ("LastModified", "mtime", "last_modified", "created"):
-        value = info.get(key)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-        if isinstance(value, (int, float)):
-            return float(value)
+        value = fs.modified(path)
+    except Exception:  # noqa: BLE001 - not every fsspec backend implements it: read its info instead
+        try:
+            info = fs.info(path)
+        except Exception:  # noqa: BLE001 - gone meanwhile, or the store cannot say
+            return _now()
+        value = next((info[k] for k in ("LastModified", "mtime", "last_modified", "created") if info.get(k)), None)
+    if isinstance(value, datetime):
+        value = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return value.timestamp()
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
     return _now()
 
 
