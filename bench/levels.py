@@ -58,6 +58,8 @@ def arm(store: str, seed: int, mode: str, top: int, task: str, steps: int, targe
         "--set",
         f"grpo.max_steps={steps}",
         "--set",
+        "grpo.max_completion_length=12",  # the recipe's 6 tokens fit 5 letters: the top level's words are longer
+        "--set",
         "probe.stop_at_target=false",
         "--set",
         f"cycle.target={target}",
