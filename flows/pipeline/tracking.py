@@ -167,9 +167,6 @@ class TensorBoard:
         pass
 
 
-_TRACKIO_DIR_AT_START = os.environ.get("TRACKIO_DIR")
-
-
 def _trackio_at(directory: Path) -> None:
     """Point an already-imported trackio at `directory`. trackio reads TRACKIO_DIR once, at its first import, and
     its modules keep copies of the paths made from it (TRACKIO_DIR, MEDIA_DIR, ARTIFACTS_DIR); a process that runs
@@ -197,9 +194,9 @@ class Trackio:
         import trackio
         from trackio.utils import HF_HOME
 
-        # this recipe's folder: its own option, else the process's TRACKIO_DIR as it started, else trackio's default
+        # this recipe's folder: its own option, else TRACKIO_DIR as the environment says now, else trackio's default
         # (never an earlier recipe's option: one process may run several recipes, one after another)
-        _trackio_at(Path(options.get("dir") or _TRACKIO_DIR_AT_START or Path(HF_HOME) / "trackio"))
+        _trackio_at(Path(options.get("dir") or os.environ.get("TRACKIO_DIR") or Path(HF_HOME) / "trackio"))
 
         self.trackio, self.group, self.tags = trackio, group, tags
         self.project = options.get("project") or os.environ.get("TRACKIO_PROJECT") or f"regimen-{experiment}"

@@ -62,16 +62,15 @@ def make_plots(store: Store, experiment: str, target: float | None = None) -> li
     out_dir = store.experiment_dir(experiment, "plots")
     made = []
     grpo_runs = {}
-    for stage in registry.in_role("train"):
-        for m in store.versions(experiment, stage):
-            log = plots.read_log(store.local_path(m) / "train_log.jsonl")
-            if log:
-                grpo_runs[f"{stage} v{m['version']} (c{m.get('cycle')}.{m.get('round')})"] = log
+    # the newest four training runs only: their files are read (in a bucket, fetched), the rest of the history is not
+    trained = [m for stage in registry.in_role("train") for m in store.versions(experiment, stage)]
+    for m in sorted(trained, key=lambda m: str(m.get("finished_at", "")))[-4:]:
+        log = plots.read_log(store.local_path(m) / "train_log.jsonl")
+        if log:
+            grpo_runs[f"{m['stage']} v{m['version']} (c{m.get('cycle')}.{m.get('round')})"] = log
     if grpo_runs:
         made.append(
-            plots.training_curves(
-                dict(list(grpo_runs.items())[-4:]), out_dir / "grpo_curves.png", f"{experiment}: GRPO training curves"
-            )
+            plots.training_curves(grpo_runs, out_dir / "grpo_curves.png", f"{experiment}: GRPO training curves")
         )
     points = [p for p in history(store, experiment) if p["heldout_accuracy"] is not None]
     if points:

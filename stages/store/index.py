@@ -81,9 +81,24 @@ class StageIndex:
                     self.path(experiment, stage),
                 )
             return self.rebuild(experiment, stage)
-        if self._roll_forward(experiment, stage, raw):
+        moved = self._roll_forward(experiment, stage, raw)
+        if self._settle_claims(experiment, stage, raw) or moved:
             self.write(experiment, stage, raw)
         return raw
+
+    def _settle_claims(self, experiment: str, stage: str, index: dict[str, Any]) -> bool:
+        """Claims the index holds whose manifest has since been written: versions now. Two writers committing at
+        once (no lease between them) can each roll forward past the other's number while it is still a claim; the
+        claim is looked at again on every read until it is a version or swept (claims are rare: one read each)."""
+        settled = False
+        for n in list(index.get("claims", [])):
+            manifest = self.b.read_json(f"{self.b.version_path(experiment, stage, n)}/{MANIFEST}")
+            if well_formed(manifest) and manifest["version"] == n and manifest["stage"] == stage:
+                if manifest["status"] == "completed":
+                    index["versions"][str(n)] = summary(manifest)
+                index["claims"] = [c for c in index["claims"] if c != n]
+                settled = True
+        return settled
 
     def _roll_forward(self, experiment: str, stage: str, index: dict[str, Any]) -> bool:
         moved, n, skipped, claims = False, index["next"], 0, []
