@@ -119,7 +119,14 @@ def nights(tmp: Path, count: int, keep: bool) -> dict:
         if keep:
             args += ["--set", "store.keep.last=2"]
         regimen(*args, check=False)
-        sizes.append(sum(p.stat().st_size for p in (store / EXP).rglob("*") if p.is_file() and "/work/" not in str(p)))
+        exp_dir = store / EXP
+        sizes.append(  # what the night kept: versions and records, not the Trainer's work folders
+            sum(
+                p.stat().st_size
+                for p in exp_dir.rglob("*")
+                if p.is_file() and "work" not in p.relative_to(exp_dir).parts
+            )
+        )
     added = [b - a for a, b in zip([0, *sizes], sizes)]
     models = sum(1 for _ in (store / EXP).glob("*/v*/model"))
     return {"bytes_per_night": added, "total": sizes[-1], "model_versions_kept": models}

@@ -330,13 +330,27 @@ def worker(env: dict, name: str, log: Path) -> subprocess.Popen:
         )
 
 
-def checkpoints(fs, bucket: str) -> list[int]:
+def checkpoints(fs, bucket: str, experiment: str = EXP) -> list[int]:
     from regimen.stages.training.checkpoints import MARKER
 
     return sorted(
         int(re.search(r"checkpoint-(\d+)/", k).group(1))
-        for k in fs.glob("/".join([bucket, "r", EXP, "grpo", "work", "*", "checkpoint-*", MARKER]))
+        for k in fs.glob("/".join([bucket, "r", experiment, "grpo", "work", "*", "checkpoint-*", MARKER]))
     )
+
+
+def start_tiny_run(server, experiment: str) -> str:
+    """The pool's on-demand deployment run with the tiny recipe, GRPO long enough to be caught mid-way: its id."""
+    r = server.create_run(
+        "on-demand",
+        {
+            "config": "tiny.yaml",
+            "experiment": experiment,
+            "overrides": {"grpo.max_steps": MAX_STEPS, "grpo.save_steps": SAVE_STEPS},
+        },
+    )
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -364,16 +378,7 @@ def host_lost(server, s3_server, pool):
     logs = [tmp / "worker-a.log", tmp / "worker-b.log"]
     info: dict = {"tmp": tmp}
     try:
-        r = server.create_run(
-            "on-demand",
-            {
-                "config": "tiny.yaml",
-                "experiment": EXP,
-                "overrides": {"grpo.max_steps": MAX_STEPS, "grpo.save_steps": SAVE_STEPS},
-            },
-        )
-        assert r.status_code == 201, r.text
-        run_id = info["run_id"] = r.json()["id"]
+        run_id = info["run_id"] = start_tiny_run(server, EXP)
         t0 = time.monotonic()
         while not checkpoints(fs, bucket):  # mid-GRPO, with a checkpoint in the bucket
             run = server.run(run_id)
@@ -462,22 +467,10 @@ def host_paused(server, s3_server, pool):
     }
     info: dict = {"tmp": tmp}
 
-    def ckpts() -> list[str]:
-        return fs.glob(f"{bucket}/r/{PAUSED}/grpo/work/*/checkpoint-*/*")
-
     try:
-        r = server.create_run(
-            "on-demand",
-            {
-                "config": "tiny.yaml",
-                "experiment": PAUSED,
-                "overrides": {"grpo.max_steps": MAX_STEPS, "grpo.save_steps": SAVE_STEPS},
-            },
-        )
-        assert r.status_code == 201, r.text
-        run_id = info["run_id"] = r.json()["id"]
+        run_id = info["run_id"] = start_tiny_run(server, PAUSED)
         t0 = time.monotonic()
-        while not ckpts():
+        while not checkpoints(fs, bucket, PAUSED):
             assert server.run(run_id)["state"]["type"] not in TERMINAL, server.run(run_id)["state"]
             assert time.monotonic() - t0 < 400, "no GRPO checkpoint in the bucket after 400 s"
             time.sleep(0.05)
