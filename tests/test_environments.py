@@ -460,3 +460,28 @@ def test_a_trl_protocol_environment_runs_through_the_gated_cycle(tmp_path):
     ]
     assert any(t.get("call") == "probe" for r in grpo_rows for t in r["episode"]["turns"])  # GRPO's episodes call it
     assert all(set(r["rewards"]) == {"final_answer", "get_reward"} for r in grpo_rows)  # each counted once
+
+
+class StringReward:
+    """Written to TRL's protocol (nothing of Regimen): get_reward() answers text."""
+
+    def reset(self, **row):
+        return None
+
+    def get_reward(self):
+        return "1.0"
+
+
+@pytest.mark.parametrize("value", ["1.0", b"1", [1.0], True])
+def test_a_get_reward_that_is_not_a_number_is_refused_with_one_line(value):
+    """Issue 51: "1.0" from get_reward() was taken as 1.0, while the docs say a string is refused."""
+    from regimen.stages.environments.registry import adapted
+    from regimen.stages.rewards import get_reward
+
+    cls = type("Answers", (StringReward,), {"get_reward": lambda self: value})
+    env = adapted(cls)()
+    with pytest.raises(InputError, match=r"Answers.get_reward\(\) returned .* it must return a number") as caught:
+        get_reward("get_reward")(None, ["x"], environments=[env])
+    assert "\n" not in str(caught.value)
+    ok = adapted(type("Fine", (StringReward,), {"get_reward": lambda self: 1}))()
+    assert get_reward("get_reward")(None, ["x"], environments=[ok]) == [1.0]

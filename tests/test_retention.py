@@ -202,3 +202,114 @@ def test_gc_of_a_bucket_store_with_its_index(s3_env, bucket, tmp_path):
     fresh = Store(url, cache_dir=tmp_path / "fresh")
     assert policy_from_ref(fresh, EXP, {"stage": "grpo", "fingerprint": "fp3"})["version"] == 3
     assert [e["version"] for e in fresh.versions(EXP, "grpo")] == scanned(fresh, "grpo")
+
+
+def promoting_nights(root, nights: int = 4, *, champions: int = 1) -> Store:
+    """Nights whose GRPO beats the champion each time (each promotes), each SFT trained from the champion (its inputs
+    hold a policy and the held-out set, as a nightly SFT's do) and a gc after each (`--keep-last 1`)."""
+    st = Store(root)
+    heldout = data_records.freeze(
+        st, EXP, [{"prompt": f"what is {i}+{i}?", "answer": str(2 * i)} for i in range(N)], by="flow", reason="first"
+    )
+    data_records.record_training_data(st, EXP, [{"prompt": f"q{i}", "answer": "1"} for i in range(30)], 0)
+    start = {"stage": "base", "fingerprint": "base"}
+    for i in range(1, nights + 1):
+        sft = commit(st, "sft", f"sft{i}", inputs={"policy": start, "heldout": dict(heldout)})
+        grpo = commit(st, "grpo", f"fp{i}", inputs={"policy": ref(st, sft)})
+        staging = st.staging_dir(EXP, "eval")
+        correct = [1] * (5 * i - 4) + [0] * (N - 5 * i + 4)
+        (staging / "correct.json").write_text(json.dumps(correct))
+        st.commit(
+            staging,
+            {
+                "experiment": EXP,
+                "stage": "eval",
+                "fingerprint": f"ev{i}",
+                "metrics": {"heldout_accuracy": sum(correct) / N},
+                "inputs": {"policy": ref(st, grpo), "heldout": dict(heldout)},
+            },
+        )
+        assert conclude(st, i)["event"] == "promoted"
+        start = ref(st, grpo)
+        collect(st, EXP, last=1, days=None, champions=champions)
+    return st
+
+
+def held(st: Store, stage: str) -> list[int]:
+    return [e["version"] for e in st.versions(EXP, stage)]
+
+
+def test_a_nightly_sft_from_the_champion_is_not_an_evaluation_and_only_k_earlier_champions_stay(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 51: an SFT whose inputs hold a policy and the held-out set was taken for an evaluation of the champion
+    (every night's SFT stayed), and every earlier champion stayed a root. Now only `keep.champions` earlier
+    champions stay restorable: after four promoting nights with `--keep-last 1` and one earlier champion kept, each
+    stage holds the champion's and the rollback target's versions and no more."""
+    store = tmp_path / "store"
+    st = promoting_nights(store, 4, champions=1)
+    # the champion (grpo v4) and the rollback target (v3), each with its own round (its SFT, its evaluation); the
+    # policy each round started from is an earlier night's result, kept by its own standing (v2: none)
+    assert held(st, "sft") == [3, 4] and held(st, "grpo") == [3, 4] and held(st, "eval") == [3, 4]
+    code, out, err = run_cli(["rollback", EXP, "--store", str(store), "--reason", "one back"], capsys)
+    assert code == 0 and "to grpo v3" in out, (out, err)
+    from regimen.flows.cli.models import console
+
+    monkeypatch.setattr(console, "width", 400)  # the history table's rows unwrapped
+    code, out, _ = run_cli(["champion", EXP, "--store", str(store)], capsys)
+    assert code == 0 and "grpo v1 (removed by gc)" in out and "grpo v3 (removed" not in out, out
+
+
+def test_a_rollback_past_the_retention_depth_is_refused_with_one_line(tmp_path, capsys):
+    store = tmp_path / "store"
+    st = promoting_nights(store, 3, champions=0)
+    assert held(st, "grpo") == [3]  # no earlier champion kept: grpo v2, the rollback target, went
+    code, out, err = run_cli(["rollback", EXP, "--store", str(store)], capsys)
+    assert code == 2 and "grpo v2 was removed by retention (store.keep.champions" in err, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_recipe_and_the_command_line_keep_two_earlier_champions_by_default():
+    from regimen.stages.recipe.schema import KeepSection
+    from regimen.stages.store.retention import DEFAULT_CHAMPIONS
+
+    assert KeepSection(last=1).champions == DEFAULT_CHAMPIONS == 2
+    import inspect
+
+    from regimen.flows.cli.store import gc
+
+    assert inspect.signature(gc).parameters["keep_champions"].default == DEFAULT_CHAMPIONS
+
+
+def test_an_evaluation_is_known_by_its_role_not_by_its_inputs():
+    from regimen.stages.store.retention import is_evaluation
+
+    shape = {"inputs": {"policy": {"stage": "grpo", "version": 1}, "heldout": {"stage": "heldout", "version": 1}}}
+    assert is_evaluation({**shape, "role": "judge"}) and not is_evaluation({**shape, "role": "teach"})
+    assert not is_evaluation({**shape, "has_model": True})  # written before roles: a model means it trained
+    assert is_evaluation({**shape, "has_model": False}) and not is_evaluation({"inputs": {}, "has_model": False})
+
+
+@pytest.mark.parametrize("step", ["planned", "unindexed", "manifest"])
+def test_after_a_killed_gc_a_dry_run_lists_its_plan_and_status_check_rebuilds_nothing(step, tmp_path, capsys):
+    """Issue 51: after a gc killed between its plan and its removals, `gc --dry-run` said "would remove 0" and
+    `status --check` said the (correct) index had been rebuilt."""
+    store = tmp_path / "store"
+    st = experiment(store)
+    expected = {(r["stage"], r["version"]) for r in plan(st, EXP, last=1, days=None, roots=roots(st, EXP))["remove"]}
+    r = subprocess.run(
+        [sys.executable, "-c", GC, str(store), EXP], env={**os.environ, "REGIMEN_KILL": f"gc@{step}"}, timeout=300
+    )
+    assert r.returncode == -9
+    before = {s: (store / EXP / s / INDEX).read_bytes() for s in ("sft", "grpo", "eval")}
+    code, out, _ = run_cli(["status", EXP, "--store", str(store), "--check"], capsys)
+    assert code == 0 and "index differed" not in out and "rebuilt" not in out, out
+    assert "a stopped gc planned to remove" in out, out
+    assert {s: (store / EXP / s / INDEX).read_bytes() for s in before} == before  # nothing was rewritten
+    code, out, _ = run_cli(["gc", EXP, "--keep-last", "5", "--dry-run", "--store", str(store)], capsys)
+    assert code == 0 and f"would remove {len(expected)} version(s)" in out, out
+    assert out.count("planned by a gc that was stopped") == len(expected), out
+    code, out, _ = run_cli(["gc", EXP, "--keep-last", "5", "--store", str(store)], capsys)
+    assert code == 0 and "removed 0 version(s)" in out and "a gc stopped earlier had planned" in out, out
+    for stage, version in expected:
+        assert sorted(p.name for p in (store / EXP / stage / f"v{version}").iterdir()) == [TOMBSTONE]

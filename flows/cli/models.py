@@ -99,7 +99,16 @@ def champion(experiment: Annotated[str, typer.Argument(help="experiment name")],
         )
     else:
         console.print(f"{experiment} has no champion yet", markup=False)
-    rows = champion_table(rec)
+    from regimen.stages.store.retention import removed
+
+    gone = {
+        str(h.get("policy"))
+        for h in rec.get("history", [])
+        if isinstance(ref := h.get("policy_ref"), dict)
+        and isinstance(ref.get("version"), int)
+        and removed(st, experiment, str(ref.get("stage")), ref["version"])
+    }
+    rows = champion_table(rec, gone)
     if rows:
         table = Table(title="history (newest first)")
         cols = ["when", "event", "by", "policy", "held-out", "champion then", "held-out set", "reason"]

@@ -27,13 +27,20 @@ def gc(
     keep_days: Annotated[
         float | None, typer.Option("--keep-days", min=0, help="keep versions finished within D days")
     ] = None,
+    keep_champions: Annotated[
+        int,
+        typer.Option(
+            "--keep-champions", min=0, help="earlier champions that stay restorable by rollback (store.keep.champions)"
+        ),
+    ] = 2,  # retention.DEFAULT_CHAMPIONS and store.keep.champions' default (a test holds them equal)
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="say what would be removed and the bytes; remove nothing")
     ] = False,
     store: StoreOpt = "artifacts",
 ) -> None:
-    """Remove versions an operator's policy no longer keeps. Never removed: the champion's lineage, rollback targets,
-    the records (held-out sets, data versions), anything a running stage holds."""
+    """Remove versions an operator's policy no longer keeps. Never removed: the champion's lineage, the last
+    --keep-champions earlier champions (rollback targets), the records (held-out sets, data versions), anything a
+    running stage holds. A gc stopped after planning is finished first (a dry run lists what it will remove)."""
     from regimen.stages.store import Store, check_name
     from regimen.stages.store.retention import collect
 
@@ -44,16 +51,22 @@ def gc(
     if not st.workspace.has_experiment(experiment):
         raise InputError(f"gc: no experiment {experiment!r} in store {store}")
     if dry_run:
-        report = collect(st, experiment, last=keep_last, days=keep_days, dry_run=True)
+        report = collect(st, experiment, last=keep_last, days=keep_days, champions=keep_champions, dry_run=True)
     else:
         with st.lock(experiment):  # no run of it meanwhile: a run's commit and gc never race on an index
-            report = collect(st, experiment, last=keep_last, days=keep_days)
+            report = collect(st, experiment, last=keep_last, days=keep_days, champions=keep_champions)
     table = Table(title=f"{experiment}: {'would remove' if dry_run else 'removed'} {len(report['remove'])} version(s)")
-    for col in ("stage", "version", "size"):
+    for col in ("stage", "version", "size", "why"):
         table.add_column(col)
     for r in report["remove"]:
-        table.add_row(r["stage"], f"v{r['version']}", _gb(r["bytes"]))
+        why = "planned by a gc that was stopped" if r.get("pending") else "not kept by the policy"
+        table.add_row(r["stage"], f"v{r['version']}", _gb(r["bytes"]), why)
     console.print(table)
+    if report.get("pending"):
+        console.print(
+            f"{report['pending']} version(s) are in the plan of a gc that was stopped: the next gc removes them first",
+            markup=False,
+        )
     for reason, kept in report["kept"].items():
         shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
         console.print(f"kept ({reason}): {shown}", markup=False, highlight=False)

@@ -20,6 +20,7 @@ from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.decide import promotion as rule
 from regimen.stages.records import datasets as data_records
 from regimen.stages.store import StaleRecord, Store, now_iso
+from regimen.stages.store.retention import removed
 
 log = logging.getLogger("regimen.run")
 
@@ -257,6 +258,12 @@ def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, A
                 f"roll back to"
             )
         target = earlier[-1]
+        ref = target["policy_ref"]
+        if isinstance(ref.get("version"), int) and removed(store, experiment, str(ref["stage"]), ref["version"]):
+            raise InputError(
+                f"experiment {experiment!r}: {target['policy']} was removed by retention (store.keep.champions sets "
+                f"how many earlier champions stay restorable); promote a version that is kept with `regimen promote`"
+            )
         heldout = data_records.current(store, experiment)
         policy = policy_version(
             store, experiment, f"{target['policy_ref']['stage']}/v{target['policy_ref']['version']}"

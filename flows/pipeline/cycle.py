@@ -415,7 +415,9 @@ def retain(recipe: Recipe, run: Run) -> None:
     from regimen.stages.store.retention import collect
 
     try:
-        done = collect(run.store, run.experiment, last=recipe.keep.last, days=recipe.keep.days)
+        done = collect(
+            run.store, run.experiment, last=recipe.keep.last, days=recipe.keep.days, champions=recipe.keep.champions
+        )
     except RegimenError as exc:
         log.warning("retention (store.keep) did not run: %s", exc)
         return

@@ -216,19 +216,21 @@ def publish_trackers(experiment: str, group: str, links: list[str]) -> None:
     )
 
 
-def champion_table(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The champion history as rows, newest first (the current champion's line is marked)."""
+def champion_table(record: dict[str, Any], gone: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The champion history as rows, newest first (the current champion's line is marked; a policy in `gone`,
+    removed by retention, says so)."""
     current = (record.get("champion") or {}).get("policy")
     rows = []
     for h in reversed(record.get("history", [])):
         figures = h.get("figures") or {}
         champ = figures.get("champion") or {}
+        policy = h.get("policy", "-")
         rows.append(
             {
                 "when": str(h.get("at", ""))[:19],
                 "event": h["event"],
                 "by": h.get("by"),
-                "policy": h.get("policy", "-"),
+                "policy": f"{policy} (removed by gc)" if policy in gone else policy,
                 "held-out": rounded(h.get("heldout_accuracy")),
                 "interval 95%": h.get("interval_95"),
                 "champion then": f"{champ.get('policy')} {rounded(champ.get('heldout_accuracy'))}" if champ else "-",

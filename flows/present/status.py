@@ -19,8 +19,11 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
     store = Store(store_url)
     if not store.workspace.has_experiment(experiment):
         raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
+    from regimen.stages.store.retention import pending_versions
+
     verdicts = store.ledger.verdicts_by_eval(experiment)
     rows = [heldout_row(store, experiment)]
+    leaving = pending_versions(store, experiment)
     for stage in registry.NAMES:
         versions, malformed, drift = _versions(store, experiment, stage, check)
         if not check and versions and store.catalog.manifest(experiment, stage, versions[-1]["version"]) is None:
@@ -54,6 +57,8 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
             detail.append("malformed manifest(s): " + ", ".join(malformed))
         if drift:
             detail.append(f"index differed from the manifests ({drift}): rebuilt")
+        if gone := sorted(v for s, v in leaving if s == stage):
+            detail.append(f"a stopped gc planned to remove {', '.join(f'v{v}' for v in gone)}: the next gc ends it")
         if state in ("failed", "interrupted") and last_fail:
             detail.append(str(last_fail.get("error", ""))[:160])
         if running and running.get("malformed"):
@@ -83,19 +88,25 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
 
 
 def _versions(store: Store, experiment: str, stage: str, check: bool) -> tuple[list[dict[str, Any]], list[str], str]:
-    """The stage's versions: from its index; with `check`, from the manifests, the index rebuilt if it differed."""
+    """The stage's versions: from its index; with `check`, from the manifests (less a stopped gc's plan, which the
+    index rightly leaves out), the index rebuilt if it differed, and the drift reported only when it changed."""
+    from regimen.stages.store.retention import pending_versions
+
     if not check:
         return store.versions(experiment, stage), [], ""
-    listed = {m["version"] for m in store.versions(experiment, stage)}
+    leaving = {v for s, v in pending_versions(store, experiment) if s == stage}  # a stopped gc's plan: not versions
+    listed = {m["version"] for m in store.versions(experiment, stage)} - leaving  # (the next gc unlists them)
     versions, malformed = store.catalog.scan(experiment, stage)
+    versions = [m for m in versions if m["version"] not in leaving]
     found = {m["version"] for m in versions}
     drift = ""
     if listed != found:
-        drift = ", ".join(
-            [f"v{v} listed, not a version" for v in sorted(listed - found)]
-            + [f"v{v} missing from it" for v in sorted(found - listed)]
-        )
-        store.catalog.index.rebuild(experiment, stage)
+        rebuilt = {int(v) for v in store.catalog.index.rebuild(experiment, stage)["versions"]}
+        if rebuilt != listed:  # "rebuilt" only when the rebuild changed what the index lists
+            drift = ", ".join(
+                [f"v{v} listed, not a version" for v in sorted(listed - rebuilt)]
+                + [f"v{v} missing from it" for v in sorted(rebuilt - listed)]
+            )
     return versions, malformed, drift
 
 

@@ -335,11 +335,18 @@ class EnvironmentSection(Section):
 
 class KeepSection(Section):
     """Retention (`store.keep` in the recipe; `stages/store/retention.py`): what `regimen gc` keeps of each stage,
-    run after every run that sets it. The champion's lineage, rollback targets, the records and what a running
-    stage holds are kept whatever it says."""
+    run after every run that sets it. The champion's lineage, the last `champions` earlier champions (rollback
+    targets), the records and what a running stage holds are kept whatever it says."""
 
     last: int | None = Field(None, ge=1, le=10**6, description="the last K versions of each stage")
     days: float | None = Field(None, ge=0, le=10**5, description="versions finished within D days")
+    champions: int = Field(
+        2,
+        ge=0,
+        le=10**4,
+        description="earlier champions that stay restorable by `regimen rollback` (their lineage kept); older ones "
+        "go like anything else, their history lines stay",
+    )
 
     @model_validator(mode="after")
     def _something(self) -> KeepSection:

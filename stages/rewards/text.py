@@ -100,8 +100,24 @@ def get_reward_(
     out: list[float | None] = []
     for env in environments:
         own = ENVIRONMENT_REWARDS.get(type(env))
-        out.append(None if own is None else float(own(env)))
+        out.append(None if own is None else _a_number(type(env).__name__, own(env)))
     return out
+
+
+def _a_number(cls: str, value: Any) -> float | None:
+    """`get_reward()`'s value as TRL takes it: a real number (int or float, not a bool) or None. A string such as
+    "1.0" is refused rather than parsed: TRL would put it in a tensor and fail later, far from the class."""
+    if value is None:
+        return None
+    numeric = isinstance(value, (int, float)) or (
+        hasattr(value, "__float__") and type(value).__module__ in ("numpy", "torch")
+    )
+    if isinstance(value, bool) or not numeric:
+        raise InputError(
+            f"environment: {cls}.get_reward() returned {type(value).__name__} {str(value)[:40]!r}; it must return a "
+            "number (int or float) or None"
+        )
+    return float(value)
 
 
 @register("episode")

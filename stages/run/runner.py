@@ -117,6 +117,7 @@ class StageCall:
         return {
             "experiment": self.experiment,
             "stage": self.stage,
+            "role": registry.get(self.stage).ROLE,  # what retention keeps an evaluation by (not its inputs' shape)
             "cycle": self.cycle,
             "round": self.round,
             "fingerprint": fp,

@@ -3,9 +3,12 @@
 The policy (`store.keep: {last: K, days: D}`, or `regimen gc --keep-last K --keep-days D`) keeps, per stage, its
 last K versions and those finished within D days. Whatever the policy, these are never removed:
 - `roots` the caller names with their lineage: the champion (and the evaluation that crowned it, what it was
-  trained from), every earlier champion a rollback can return to and its evaluation, the policy `start_from:
-  latest` would take; the lineage is every version their manifests' inputs name, transitively (read from the
-  stages' indexes: no manifest is read);
+  trained from), the earlier champions a rollback can return to (`store.keep.champions`, default 2) and their
+  evaluations, the policy `start_from: latest` would take; the lineage is every version their manifests' inputs
+  name, transitively, back to (not including) the measured policy (an evaluated one: an earlier night's result) its
+  round started from (read from the stages' indexes: no manifest is read). Older champions go like
+  anything else (their lines stay in champion.json's history; a rollback to one is refused with one line). An
+  evaluation is a version of the `judge` stage, by the role its manifest records, not by the shape of its inputs;
 - the experiment's records: every version of the frozen held-out sets and of the data versions;
 - anything a running stage holds (its running marker's inputs);
 - versions of another experiment (a plan is one experiment's).
@@ -64,15 +67,26 @@ def plan(
     stages = [s for s in stages_of(store, experiment)]
     entries = {s: {e["version"]: e for e in store.versions(experiment, s)} for s in stages}
     why: dict[tuple[str, int], str] = {}
+    followed: set[tuple[str, int]] = set()
+    measured = {
+        found[0]
+        for stage in stages
+        for e in entries[stage].values()
+        if is_evaluation(e) and (found := refs_in((e.get("inputs") or {}).get("policy")))
+    }
 
     def protect(ref: tuple[str, int], reason: str) -> None:
+        """`ref` and its lineage: what it was made from, transitively, back to the measured policy its round started
+        from (an earlier night's result, kept or not by its own standing as a root): without that stop a nightly
+        that trains from the champion would keep every night before it."""
         todo = [ref]
         while todo:
-            stage, version = todo.pop()
-            if (stage, version) in why or version not in entries.get(stage, {}):
+            stage, version = here = todo.pop()
+            if here in followed or version not in entries.get(stage, {}):
                 continue
-            why[(stage, version)] = reason
-            todo += refs_in(entries[stage][version].get("inputs"))
+            why.setdefault(here, reason)
+            followed.add(here)
+            todo += [r for r in refs_in(entries[stage][version].get("inputs")) if r not in measured]
 
     for ref in roots:
         protect(ref, "the champion's lineage, a rollback target or the latest policy")
@@ -211,37 +225,131 @@ def pending_versions(store, experiment: str) -> set[tuple[str, int]]:
     return {(r["stage"], r["version"]) for r in found.get("remove", []) if isinstance(r, dict)}
 
 
-def roots(store, experiment: str) -> list[tuple[str, int]]:
+DEFAULT_CHAMPIONS = 2
+"""Earlier champions a rollback can return to, unless the operator says otherwise (`store.keep.champions`)."""
+
+
+def is_evaluation(entry: dict[str, Any]) -> bool:
+    """An evaluation is a version of the stage whose role is `judge` (recorded in its manifest by the runner). A
+    version written before the role was recorded is one when it measured a policy on a held-out set and holds no
+    model: a stage that trains from a policy (a nightly SFT from the champion) writes a model, an evaluation never."""
+    if "role" in entry:
+        return entry.get("role") == "judge"
+    return {"policy", "heldout"} <= set(entry.get("inputs") or {}) and not entry.get("has_model", True)
+
+
+def champions_kept(record: Any, depth: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the champion's line and the `depth` earlier champions' newest lines, newest first; the older champions'
+    lines) from champion.json. Earlier champions are the distinct policies promoted or rolled back to."""
+    if not isinstance(record, dict):
+        return [], []
+    current = record.get("champion") if isinstance(record.get("champion"), dict) else None
+    seen: list[tuple[str, Any]] = []
+    kept: list[dict[str, Any]] = [current] if current else []
+    if current and isinstance(current.get("policy_ref"), dict):
+        seen.append(_policy_key(current["policy_ref"]))
+    older: list[dict[str, Any]] = []
+    for line in reversed([h for h in record.get("history") or [] if isinstance(h, dict)]):
+        if line.get("event") not in ("promoted", "rolled-back") or not isinstance(line.get("policy_ref"), dict):
+            continue
+        key = _policy_key(line["policy_ref"])
+        if key in seen:
+            continue
+        seen.append(key)
+        (kept if len(kept) <= depth - (0 if current else 1) else older).append(line)
+    return kept, older
+
+
+def _policy_key(ref: dict[str, Any]) -> tuple[str, Any]:
+    return (str(ref.get("stage")), ref.get("version"))
+
+
+def roots(store, experiment: str, champions: int = DEFAULT_CHAMPIONS) -> list[tuple[str, int]]:
     """What the records keep alive: the champion (its policy, what it was trained from, the evaluation that crowned
-    it), every earlier champion a rollback can return to (its policy and evaluations), and the newest evaluation's
-    policy (`cycle.start_from: latest`). Read from champion.json and the stages' indexes."""
+    it), the `champions` earlier champions a rollback can return to (each with its evaluations), and the newest
+    evaluation with the policy it measured (`cycle.start_from: latest`). Older champions are not roots: their
+    lineage goes like anything else, and their history lines stay. Read from champion.json and the indexes."""
     record = store.ledger.read(experiment, "champion.json")
+    lines, _older = champions_kept(record, champions)
     out: list[tuple[str, int]] = []
-    evals: set[int] = set()
-    if isinstance(record, dict):
-        for line in [record.get("champion") or {}, *(record.get("history") or [])]:
-            if not isinstance(line, dict) or line.get("event") == "kept":
-                continue
-            out += refs_in({k: line.get(k) for k in ("policy_ref", "trained_from")})
-            if isinstance(line.get("eval_version"), int):
-                evals.add(line["eval_version"])
-    champions = set(out)
+    crowned: set[int] = set()
+    for line in lines:
+        out += refs_in({k: line.get(k) for k in ("policy_ref", "trained_from")})
+        if isinstance(line.get("eval_version"), int):
+            crowned.add(line["eval_version"])
+    kept_policies = {_policy_key(line["policy_ref"]) for line in lines if isinstance(line.get("policy_ref"), dict)}
     for stage in stages_of(store, experiment):
-        judged = [e for e in store.versions(experiment, stage) if {"policy", "heldout"} <= set(e.get("inputs") or {})]
-        for e in judged:
+        evals = [e for e in store.versions(experiment, stage) if is_evaluation(e)]
+        newest_of: dict[tuple[str, Any], int] = {}
+        for e in evals:
             measured = refs_in(e["inputs"]["policy"])[:1]
-            if e["version"] in evals or (measured and measured[0] in champions):
-                out.append((stage, e["version"]))  # the evaluations that crowned a champion, or measured one
-        if judged:
-            out.append((stage, judged[-1]["version"]))  # the newest evaluation and the policy it measured
+            if measured and measured[0] in kept_policies:
+                newest_of[measured[0]] = e["version"]  # what a rollback to it reads
+            if e["version"] in crowned:
+                out.append((stage, e["version"]))
+        out += [(stage, v) for v in newest_of.values()]
+        if evals:
+            out.append((stage, evals[-1]["version"]))  # the newest evaluation and the policy it measured
     return out
 
 
-def collect(store, experiment: str, *, last: int | None, days: float | None, dry_run: bool = False) -> dict[str, Any]:
+def collect(
+    store,
+    experiment: str,
+    *,
+    last: int | None,
+    days: float | None,
+    champions: int = DEFAULT_CHAMPIONS,
+    dry_run: bool = False,
+) -> dict[str, Any]:
     """Resume a killed gc, plan by the policy (`roots` protected), and remove (unless `dry_run`): the plan, with
-    `freed` (bytes removed now) and `resumed` (bytes a pending plan removed first)."""
-    resumed = 0 if dry_run else resume_pending(store, experiment)
-    the_plan = plan(store, experiment, last=last, days=days, roots=roots(store, experiment))
+    `freed` (bytes removed now) and `resumed` (bytes a pending plan removed first). A dry run lists what a pending
+    plan will remove too (`pending`: those entries), since the next gc carries it out before anything else."""
+    if dry_run:
+        the_plan = plan(store, experiment, last=last, days=days, roots=roots(store, experiment, champions))
+        ahead = _pending_left(store, experiment)
+        going = _keys({"remove": ahead})
+        rest = [r for r in the_plan["remove"] if (r["stage"], r["version"]) not in going]
+        the_plan["remove"] = [{**r, "pending": True} for r in ahead] + rest
+        the_plan["bytes"] = sum(int(r.get("bytes") or 0) for r in the_plan["remove"])
+        the_plan["pending"] = len(ahead)
+        the_plan["kept"] = {
+            why: left
+            for why, kept in the_plan["kept"].items()
+            if (left := [k for k in kept if k not in {f"{stage}/v{version}" for stage, version in going}])
+        }
+        the_plan["resumed"] = the_plan["freed"] = 0
+        return the_plan
+    resumed = resume_pending(store, experiment)
+    the_plan = plan(store, experiment, last=last, days=days, roots=roots(store, experiment, champions))
     the_plan["resumed"] = resumed
-    the_plan["freed"] = 0 if dry_run else remove(store, the_plan)
+    the_plan["freed"] = remove(store, the_plan)
     return the_plan
+
+
+def _keys(the_plan: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(r["stage"], r["version"]) for r in the_plan["remove"]}
+
+
+def _pending_left(store, experiment: str) -> list[dict[str, Any]]:
+    """The entries of a pending plan (a gc killed after planning) that are not removed yet."""
+    b = store.backend
+    found = b.read_json(b.join(experiment, PENDING))
+    if not isinstance(found, dict) or not isinstance(found.get("remove"), list):
+        return []
+    out = []
+    for r in found["remove"]:
+        if not (isinstance(r, dict) and isinstance(r.get("stage"), str) and isinstance(r.get("version"), int)):
+            continue
+        base = b.version_path(experiment, r["stage"], r["version"])
+        if _exists(b, f"{base}/{TOMBSTONE}") and not _exists(b, f"{base}/{MANIFEST}"):
+            continue  # removed already
+        out.append({"stage": r["stage"], "version": r["version"], "bytes": int(r.get("bytes") or 0)})
+    return out
+
+
+def removed(store, experiment: str, stage: str, version: int) -> bool:
+    """Whether gc removed this version (its folder holds a tombstone and no manifest)."""
+    b = store.backend
+    base = b.version_path(experiment, stage, version)
+    return _exists(b, f"{base}/{TOMBSTONE}") and not _exists(b, f"{base}/{MANIFEST}")

@@ -33,6 +33,7 @@ class _Record(BaseModel):
 class Manifest(_Record):
     experiment: StrictStr
     stage: StrictStr
+    role: StrictStr | None = None  # the stage's role in the registry (teach, gate, train, judge); absent before 2026-12
     version: StrictInt = Field(ge=1, le=10**9)
     status: Literal["completed", "failed"]
     fingerprint: StrictStr

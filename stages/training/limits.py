@@ -84,7 +84,9 @@ class RunLimits(TrainerCallback):
         from regimen.stages.store import Store
         from regimen.stages.store.retention import collect
 
-        done = collect(Store(self.recipe.store), self.root.name, last=keep.last, days=keep.days)
+        done = collect(
+            Store(self.recipe.store), self.root.name, last=keep.last, days=keep.days, champions=keep.champions
+        )
         kept = "; ".join(f"{reason}: {len(v)}" for reason, v in done["kept"].items())
         return f"store.keep removed {len(done['remove'])} version(s) ({done['freed'] / 1e9:.3g} GB) and kept {kept}"
 
