@@ -181,9 +181,11 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         stats[f"rewards/{name}/none"] = float(len(vals) - len(scored))
     stats.update({"num_prompts": float(len(rows)), "num_generations": float(group)})
     if envs is not None:
+        from regimen.stages.environments.bounds import counts
         from regimen.stages.training.episodes import tool_errors
 
         stats["tool_errors"] = float(tool_errors(completions))
+        stats.update(counts(completions))  # tool calls past the time limit, replies cut to the size limit
     context: dict[str, list[Any]] = {"total": totals, "group": [i // group for i in range(len(prompts))]}
     if envs is not None:
         context["episode"] = [transcript(c, e) for c, e in zip(completions, columns["environments"])]

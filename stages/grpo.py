@@ -190,6 +190,8 @@ def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[st
             else 0.0,
         }
     )
+    if recipe.environment is not None:  # tool calls past a bound in the steps this process ran (environments/bounds)
+        metrics.update({"tool_timeouts": 0.0, "tool_truncated": 0.0, **built.recorder.tool_bounds})
     if curve:
         metrics["probe_first"] = curve[0]["heldout_accuracy"]
         metrics["probe_last"] = curve[-1]["heldout_accuracy"]

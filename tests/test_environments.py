@@ -485,3 +485,124 @@ def test_a_get_reward_that_is_not_a_number_is_refused_with_one_line(value):
     assert "\n" not in str(caught.value)
     ok = adapted(type("Fine", (StringReward,), {"get_reward": lambda self: 1}))()
     assert get_reward("get_reward")(None, ["x"], environments=[ok]) == [1.0]
+
+
+def _calls(*specs):
+    return [{"function": {"name": name, "arguments": args}} for name, args in specs]
+
+
+def test_a_tool_that_never_returns_floods_or_cannot_be_text_is_answered_and_counted_within_bounds():
+    """Issue 51: a tool that hangs held the episode for good, a 50 MB reply went whole into a tool message, a result
+    whose str() raises crashed the step. Each is now a reply the model sees (an error, or the reply cut with a last
+    line saying so), counted, and the episode goes on."""
+    import time
+
+    import trl_env_hostile
+
+    from regimen.stages.environments import bounds
+    from regimen.stages.environments.registry import factory
+    from regimen.stages.recipe.schema import EnvironmentSection
+    from regimen.stages.training.episodes import _tool_replies
+
+    spec = EnvironmentSection(name="trl_env_hostile:Hostile", tool_timeout_s=0.3, tool_max_chars=1000)
+    env = factory(spec)()
+    env.reset(a=1)
+    t0 = time.monotonic()
+    replies = _tool_replies(
+        env, _calls(("hang", {"x": 1}), ("flood", {"mb": 50}), ("opaque", {}), ("slow", {"x": 1}), ("fine", {"x": 2}))
+    )
+    assert time.monotonic() - t0 < 10  # two calls waited 0.3 s each; nothing waited for the hung ones
+    hang, flood, opaque, slow, fine = (r["content"] for r in replies)
+    assert hang.startswith("{'error': ") and "tool hang timed out after 0.3 s" in hang
+    assert len(flood) < 1200 and flood.startswith("y" * 1000) and "50000000 characters, the first 1000 kept" in flood
+    assert opaque.startswith("{'error': ") and "cannot be turned into text" in opaque and "no text for you" in opaque
+    assert slow.startswith("{'error': ") and "tool slow timed out after 0.3 s" in slow
+    assert fine == "3"
+    completion = [{"role": "assistant", "content": ""}, *replies]
+    assert bounds.counts([completion]) == {"tool_timeouts": 2.0, "tool_truncated": 1.0}
+    assert env.calls == 1  # the hung call is still running (abandoned, not stopped), on this instance
+    trl_env_hostile.RELEASE.set()
+
+
+def test_abandoned_calls_are_capped_so_a_tool_that_always_hangs_costs_a_few_threads():
+    import threading
+
+    import trl_env_hostile
+
+    from regimen.stages.environments import bounds
+    from regimen.stages.environments.registry import factory
+    from regimen.stages.recipe.schema import EnvironmentSection
+
+    trl_env_hostile.RELEASE.clear()
+    env = factory(EnvironmentSection(name="trl_env_hostile:Hostile", tool_timeout_s=0.05))()
+    before = threading.active_count()
+    for _ in range(3 * bounds.MAX_ABANDONED):
+        with pytest.raises(bounds.ToolTimeout, match=r"\(environment.tool_timeout_s\)"):
+            env.hang(x=1)
+    assert threading.active_count() - before <= bounds.MAX_ABANDONED
+    trl_env_hostile.RELEASE.set()
+
+
+def test_wrapped_tools_keep_what_trl_reads_of_them():
+    """TRL lists an environment's tools by inspecting the class and renders them with transformers' schema."""
+    import inspect
+
+    import trl_env_hostile
+    from transformers.utils import get_json_schema
+
+    from regimen.stages.environments.registry import factory
+    from regimen.stages.recipe.schema import EnvironmentSection
+
+    env = factory(EnvironmentSection(name="trl_env_hostile:Hostile"))()
+    plain = trl_env_hostile.Hostile()
+    for name in ("hang", "flood", "fine", "slow"):
+        assert get_json_schema(getattr(env, name)) == get_json_schema(getattr(plain, name)), name
+        assert inspect.signature(getattr(env, name)) == inspect.signature(getattr(plain, name))
+    assert inspect.iscoroutinefunction(type(env).slow)  # TRL runs it on its event loop, as it was
+    names = [n for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction) if not n.startswith("_")]
+    assert sorted(names) == ["fine", "flood", "hang", "opaque", "reset", "slow"]
+
+
+HOSTILE = [
+    "--set",
+    "rewards=[{name: 'trl_env_for_tests:final_answer_is_f', as: final_answer}]",
+    "--set",
+    "eval.metric=final_answer",
+]
+
+
+@pytest.mark.parametrize(
+    "cls, why",
+    [
+        (
+            "BrokenReset",
+            r"BrokenReset.reset failed on the row with prompt '.*': KeyError: 'no such board' "
+            r"\(data: training row 1\)",
+        ),
+        ("NoTools", "NoTools has no tools"),
+    ],
+)
+def test_check_makes_and_resets_the_environment_and_refuses_what_the_run_would(cls, why, tmp_path, capsys):
+    """Issue 51: a class whose reset raises passed `regimen check` (OK, exit 0) and failed at run time with a raw
+    traceback. The door now makes one, resets it on the first training and held-out rows and lists its tools."""
+    import re
+
+    from conftest import run_cli
+
+    args = [str(ROOT / "configs" / "tiny-env.yaml"), "--set", f"environment.name=trl_env_hostile:{cls}", *HOSTILE]
+    code, out, err = run_cli(["check", *args], capsys)
+    assert code == 2 and re.search(why, err) and len(err.strip().splitlines()) == 1, (out, err)
+    assert "OK" not in out
+    store = tmp_path / "store"
+    code, out, err = run_cli(["run", *args, "--store", str(store)], capsys)
+    assert code == 2 and re.search(why, err) and "Traceback" not in err, (out, err)
+    assert not store.exists() or not any(store.iterdir())  # refused at the door: nothing written
+
+
+def test_check_lists_a_working_environments_tools(capsys):
+    from conftest import run_cli
+
+    cfg = str(ROOT / "configs" / "tiny-env.yaml")
+    code, out, err = run_cli(["check", cfg, "--set", "environment.name=trl_env_hostile:Hostile", *HOSTILE], capsys)
+    assert code == 0 and "# environment tools: fine, flood, hang, opaque, slow" in out, (out, err)
+    assert "tool_timeout_s: 30.0" in out and "tool_max_chars: 20000" in out, out

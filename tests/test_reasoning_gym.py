@@ -267,3 +267,18 @@ def test_the_tiny_models_context_must_hold_the_tasks_prompts_named_before_anythi
     assert code == 2 and "model.tiny.max_position_embeddings=48 is too small for this task" in err, err
     assert "set it to at least" in err and "Traceback" not in err
     assert not (store / "rg-tiny").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    "setting, why",
+    [
+        ("data.config.bogus_key=3", "unexpected keyword argument 'bogus_key'"),
+        ("data.config.max_digits=-3", "max_digits must be >= min_digits"),
+        ("data.config.min_digits=5", "max_digits must be >= min_digits"),
+    ],
+)
+def test_check_refuses_a_reasoning_gym_config_the_run_refuses(setting, why, capsys):
+    """Issue 51: `regimen check` said OK (exit 0) to configs the run's preflight refuses."""
+    code, out, err = run_cli(["check", str(ROOT / "configs" / "rg-chain-sum.yaml"), "--set", setting], capsys)
+    assert code == 2 and "data.config of chain_sum" in err and why in err, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "OK" not in out

@@ -190,11 +190,19 @@ def check(
         bool, typer.Option("--all", help="also list every TRL default, not only the key fields")
     ] = False,
 ) -> None:
-    """Validate a recipe and print it fully resolved, each value with where it came from; runs nothing."""
+    """Validate a recipe and print it fully resolved, each value with where it came from; then the run's door checks
+    that need no server (the data loads, each reward is called on a few rows, an environment is made and reset): what
+    the run would refuse, check refuses. Trains nothing, writes nothing."""
     from regimen.stages.recipe import explain, load_recipe
+    from regimen.stages.run.preflight import check as door
 
     recipe = load_recipe(config, set_ or [])
+    summary = door(recipe, offline=True)
     console.print(explain(recipe, all_fields=all_fields), markup=False, highlight=False, soft_wrap=True)
+    for note in summary.get("skipped", []):
+        console.print(f"# not checked here: {note}", markup=False, highlight=False)
+    if summary.get("tools"):
+        console.print(f"# environment tools: {', '.join(summary['tools'])}", markup=False, highlight=False)
     console.print(f"# {config}: OK", markup=False)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regimen.stages.core.errors import InputError
-from regimen.stages.environments import code, probe  # noqa: F401 - they register themselves
+from regimen.stages.environments import bounds, code, probe  # noqa: F401 - they register themselves
 from regimen.stages.environments.base import Environment, registered
 from regimen.stages.rewards.text import ENVIRONMENT_REWARDS
 
@@ -50,26 +50,72 @@ def trl_protocol(cls: type) -> bool:
     return not issubclass(cls, Environment)
 
 
+def adapted(
+    cls: type, timeout_s: float | None = bounds.DEFAULT_TIMEOUT_S, max_chars: int | None = bounds.DEFAULT_MAX_CHARS
+) -> type:
+    """See `_adapted` (one class per class and bounds, however they are passed)."""
+    return _adapted(cls, timeout_s, max_chars)
+
+
 @functools.cache
-def adapted(cls: type) -> type:
-    """A TRL-protocol class as GRPO gets it: the same class, with `get_reward` hidden from TRL's look-up (the
-    recipe's `get_reward` reward calls it instead, through `rewards.text.ENVIRONMENT_REWARDS`)."""
-    own = getattr(cls, "get_reward", None)
-    if not callable(own):
-        return cls
-    made = type(cls.__name__, (cls,), {"get_reward": None, "__module__": cls.__module__, "__doc__": cls.__doc__})
-    ENVIRONMENT_REWARDS[made] = own
+def _adapted(cls: type, timeout_s: float | None, max_chars: int | None) -> type:
+    """The class as GRPO and Regimen's episodes get it: a subclass whose tools run within the bounds
+    (`environments/bounds.py`: a time limit, a size limit, a reply that is text), and, for a TRL-protocol class,
+    `get_reward` hidden from TRL's look-up (the recipe's `get_reward` reward calls it instead, through
+    `rewards.text.ENVIRONMENT_REWARDS`). Names, signatures and docstrings of the tools are kept."""
+    attrs: dict[str, Any] = {
+        **bounds.bounded(cls, timeout_s, max_chars),
+        "__module__": cls.__module__,
+        "__doc__": cls.__doc__,
+        "__qualname__": cls.__qualname__,
+    }
+    attrs["reset"] = _named_reset(cls)
+    own = getattr(cls, "get_reward", None) if trl_protocol(cls) else None
+    if callable(own):
+        attrs["get_reward"] = None
+    made = type(cls.__name__, (cls,), attrs)
+    if callable(own):
+        ENVIRONMENT_REWARDS[made] = own
     return made
+
+
+def _named_reset(cls: type) -> Callable[..., Any]:
+    """`cls.reset`, whose failure names the class and the row (TRL's loop and Regimen's episodes call it with a
+    dataset row; a raw KeyError from deep in a rollout says neither)."""
+    reset = cls.reset
+
+    @functools.wraps(reset)
+    def named(self, **row: Any) -> Any:
+        try:
+            return reset(self, **row)
+        except Exception as exc:  # noqa: BLE001 - the user's class: its error, with where it happened
+            raise InputError(
+                f"environment: {cls.__name__}.reset failed on the row with prompt {shown(row.get('prompt'))}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            ) from None
+
+    return named
+
+
+def shown(prompt: Any) -> str:
+    """A prompt (text or messages) in a few characters, for a message."""
+    text = (
+        str(prompt[-1].get("content", ""))
+        if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict)
+        else str(prompt)
+    )
+    return repr(text[:60] + ("..." if len(text) > 60 else ""))
 
 
 def factory(spec) -> Callable[[], Any]:
     """What `GRPOTrainer(environment_factory=...)` takes: a callable making one instance per rollout."""
     cls = get(spec.name)
+    made = adapted(cls, spec.tool_timeout_s, spec.tool_max_chars)
     if trl_protocol(cls):
         if spec.args:
             raise InputError(
                 f"environment.args: {spec.name} follows TRL's environment_factory protocol (made with no arguments); "
                 "it takes no args"
             )
-        return adapted(cls)
-    return functools.partial(cls, max_turns=spec.max_turns, **spec.args)
+        return made
+    return functools.partial(made, max_turns=spec.max_turns, **spec.args)

@@ -309,6 +309,20 @@ class EnvironmentSection(Section):
     name: str = Field(description="a registered environment (probe, code) or 'pkg.module:Class'")
     max_turns: int = Field(4, ge=1, le=64, description="tool calls per episode at most; the episode ends there")
     args: dict[str, Any] = Field({}, description="the environment's options, e.g. code: {timeout_s: 5}")
+    tool_timeout_s: float | None = Field(
+        30.0,
+        gt=0,
+        le=86_400,
+        description="a tool call's time limit, in every episode (GRPO's rollouts too): past it the model is answered "
+        "{'error': 'tool f timed out ...'} and the step goes on (counted: tool_timeouts); null: no limit",
+    )
+    tool_max_chars: int | None = Field(
+        20_000,
+        ge=100,
+        le=10**8,
+        description="a tool reply's length at most, in characters: a longer one is cut, with a last line saying so "
+        "(counted: tool_truncated); null: no limit",
+    )
 
     @field_validator("name")
     @classmethod

@@ -8,6 +8,8 @@
   exceptions are refused, naming the reward, the row and the value.
 - The embedded model's context fits the task: its longest prompt and what it may generate
   (`model.tiny.max_position_embeddings`, named with a size that fits).
+- An environment (`environment:`) is made as training makes it, reset on the first training and held-out rows, and
+  its tools rendered as the chat template renders them (`training/episodes.try_environment`).
 - A store in a bucket answers as it must, first of all: the bucket exists, the credentials are taken, the
   endpoint answers, and a second conditional create of one key is refused (the experiment's lease and
   the version claims rely on it); each failure is one line naming the bucket and the endpoint.
@@ -33,12 +35,18 @@ def _shown(row: dict[str, Any]) -> str:
     return repr(text[:60] + ("..." if len(text) > 60 else ""))
 
 
-def check(recipe) -> dict[str, Any]:
-    """Raise InputError for the first problem found; returns a short summary of what was checked."""
-    check_store(recipe.store)
+def check(recipe, *, offline: bool = False) -> dict[str, Any]:
+    """Raise InputError for the first problem found; returns a short summary of what was checked. `offline`
+    (`regimen check`): nothing that needs a server or the network (the store, a dataset from the hub), and what was
+    skipped is said in the summary's `skipped`."""
     from regimen.stages.rewards import from_specs, preflight
     from regimen.stages.tasks.registry import load_task
 
+    if offline:
+        if from_hub(recipe.data):
+            return {"skipped": [f"data: {recipe.data.path} is loaded from the hub, which needs the network"]}
+    else:
+        check_store(recipe.store)
     task = load_task(recipe.data)
     if not task.train or not task.heldout:
         raise InputError(
@@ -62,6 +70,11 @@ def check(recipe) -> dict[str, Any]:
                 "(map your column with data.columns, or use teacher.kind: model, self or none)"
             )
     check_context(recipe, task)
+    tools = None
+    if recipe.environment is not None:
+        from regimen.stages.training.episodes import try_environment
+
+        tools = try_environment(recipe, task.train, task.heldout)
     rows = task.train[:ROWS]
     completions = [task.reference(r) or "" for r in rows]
     fns = from_specs(recipe.rewards)
@@ -70,7 +83,10 @@ def check(recipe) -> dict[str, Any]:
         "train_rows": len(task.train),
         "heldout_rows": len(task.heldout),
         "rewards": {k: v for k, v in values.items()},
+        "skipped": ["store: not reached (a check runs nothing remote)"] if offline and "://" in recipe.store else [],
     }
+    if tools is not None:
+        summary["tools"] = tools
     for name, fn in fns.items():
         if callable(door := getattr(fn, "door", None)):  # a reward's own checks on every row (unit_tests: code_rows.py)
             where = [f"data: training row {i}" for i in range(1, len(task.train) + 1)] + [
@@ -94,6 +110,17 @@ def check(recipe) -> dict[str, Any]:
                     _few(report["pays_some"]),
                 )
     return summary
+
+
+def from_hub(data) -> bool:
+    """Whether the recipe's data comes from the hub (an `hf` task whose path and files are not local)."""
+    if getattr(data, "task", None) != "hf":
+        return False
+    from pathlib import Path
+
+    from regimen.stages.tasks.hf import _local_paths
+
+    return not ([f for f in _local_paths(data.data_files) if "://" not in f] or Path(data.path).exists())
 
 
 def check_context(recipe, task) -> None:

@@ -12,6 +12,8 @@ episode, see `stages/environments`); an answer without a tool call ends it; so d
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from typing import Any
 
 
@@ -179,6 +181,8 @@ def _tool_replies(env, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if name in tools and isinstance(args, dict):
             try:
                 result = tools[name](**args)
+                if inspect.iscoroutine(result):  # an `async def` tool: TRL runs it on its event loop, here on one
+                    result = asyncio.run(result)
             except Exception as exc:  # noqa: BLE001 - a tool that raises answers the model, as TRL's loop does
                 result = {"error": str(exc)}
         else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
@@ -220,3 +224,43 @@ def transcript(completion: Any, env: Any | None = None) -> dict[str, Any]:
     if env is not None and callable(getattr(getattr(env, "episode", None), "record", None)):
         out["episode"] = env.episode.record()
     return out
+
+
+def try_environment(recipe, train: list[dict[str, Any]], heldout: list[dict[str, Any]]) -> list[str]:
+    """The door's try of the recipe's environment, before anything trains: one instance made as training makes them,
+    reset on the first training row and on the first held-out row, and its tools rendered as the chat template will
+    render them (transformers' `get_json_schema`, which TRL uses: a tool without a docstring for an argument fails
+    there). InputError naming the class, the row and the error; the tools' names when it can."""
+    from transformers.utils import get_json_schema
+
+    from regimen.stages.core.errors import InputError
+    from regimen.stages.environments.base import tools_of
+    from regimen.stages.environments.registry import factory
+
+    name = recipe.environment.name
+    try:
+        env = factory(recipe.environment)()
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's class: its error, named
+        raise InputError(f"environment: {name} could not be made: {type(exc).__name__}: {exc}") from None
+    for where, rows in (("training row 1", train), ("held-out row 1", heldout)):
+        if rows:
+            try:
+                _reset(env, chat_rows(rows[:1])[0])
+            except InputError as exc:
+                raise InputError(f"{exc} (data: {where})") from None
+    tools = tools_of(env)
+    if not tools:
+        raise InputError(
+            f"environment: {name} has no tools (public methods other than reset and get_reward): the model would have "
+            "nothing to call"
+        )
+    for tool in tools:
+        try:
+            get_json_schema(tool)
+        except Exception as exc:  # noqa: BLE001 - transformers' DocstringParsingException and kin: named
+            raise InputError(
+                f"environment: {name}: tool {tool.__name__} cannot be shown to the model: {str(exc).splitlines()[0]}"
+            ) from None
+    return [t.__name__ for t in tools]

@@ -61,7 +61,10 @@ def heldout_eval(
         metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
     metrics["heldout_size"] = float(len(rows))
     if envs is not None:
+        from regimen.stages.environments.bounds import counts
+
         metrics["tool_errors"] = float(tool_errors(completions))
+        metrics.update(counts(completions))  # tool calls past the time limit, replies cut to the size limit
     metrics.update(accuracy_by_group(rows, correct))
     rendered = [_rendered(tokenizer, p) for p in prompts]
     context: dict[str, list[Any]] = {

@@ -149,6 +149,7 @@ class Recorder:
         self.listeners = Listeners()
         self.step = 0
         self.order: list[str] = []
+        self.tool_bounds: dict[str, float] = {}  # episodes' tool calls past a bound, over the whole training
 
     def listen(self, fn, rewards: int) -> None:
         """Hear each whole batch the trainer scores: `fn(kwargs, values)`, values in the rewards' order."""
@@ -161,6 +162,8 @@ class Recorder:
         def wrapped(prompts, completions, **kwargs):
             values = check(prompts, completions, **kwargs)
             first = name == self.order[0]
+            if first and kwargs.get("environments") is not None:
+                self._count_tool_bounds(completions, kwargs.get("log_metric"))
             self.sampler.add(first, self.step, name, prompts, completions, values, kwargs)
             self.listeners.hear(first, name, values, kwargs)
             return values
@@ -168,6 +171,16 @@ class Recorder:
         wrapped.__name__ = name  # TRL logs rewards/<name>/...: the report name, as everywhere else
         wrapped.gameable = getattr(fn, "gameable", False)  # type: ignore[attr-defined]
         return wrapped
+
+    def _count_tool_bounds(self, completions: list[Any], log_metric) -> None:
+        """This batch's episodes' tool calls past the time limit and replies cut (`environments/bounds.py`): into
+        TRL's training log through its `log_metric` (per batch, averaged over a logging step) and into the totals."""
+        from regimen.stages.environments.bounds import counts
+
+        for key, n in counts(completions).items():
+            self.tool_bounds[key] = self.tool_bounds.get(key, 0.0) + n
+            if callable(log_metric):
+                log_metric(key, n)
 
     def rows(self) -> list[dict[str, Any]]:
         return self.sampler.rows()

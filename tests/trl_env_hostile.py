@@ -1,0 +1,93 @@
+"""Environment classes written to TRL's `environment_factory` protocol (nothing of Regimen is imported) that an
+attacker or an unlucky user writes: a tool that never returns, one that floods, one whose result cannot be made
+text, an async tool that hangs, a reset that raises, a class with no tools. Used by tests/test_environments.py."""
+
+import asyncio
+import threading
+
+from trl_env_for_tests import HiddenLine
+
+RELEASE = threading.Event()  # set by a test to let the hung calls end (their threads are daemons either way)
+
+
+class Unprintable:
+    def __str__(self):
+        raise RuntimeError("no text for you")
+
+
+class Hostile:
+    """Each tool is one way a tool call goes wrong."""
+
+    def __init__(self):
+        self.row = {}
+        self.calls = 0
+
+    def reset(self, **row):
+        self.row = row
+        return None
+
+    def hang(self, x: int) -> str:
+        """Never return (until the test releases it).
+
+        Args:
+            x: anything
+        """
+        self.calls += 1
+        RELEASE.wait()
+        return "late"
+
+    def flood(self, mb: int) -> str:
+        """Return mb megabytes of text.
+
+        Args:
+            mb: how many megabytes
+        """
+        return "y" * (mb * 1_000_000)
+
+    def opaque(self) -> object:
+        """Return an object whose str() raises."""
+        return Unprintable()
+
+    async def slow(self, x: int) -> str:
+        """An async tool that awaits forever.
+
+        Args:
+            x: anything
+        """
+        await asyncio.sleep(3600)
+        return "late"
+
+    def fine(self, x: int) -> int:
+        """Return x plus one.
+
+        Args:
+            x: a number
+        """
+        return x + 1
+
+
+class HangingLine(HiddenLine):
+    """HiddenLine whose probe never returns: every episode's tool calls time out."""
+
+    def probe(self, x: int) -> str:
+        """Evaluate the hidden function f at x.
+
+        Args:
+            x: the point at which to evaluate f
+        """
+        RELEASE.wait()
+        return "late"
+
+
+class BrokenReset(HiddenLine):
+    """A class whose reset raises on every row."""
+
+    def reset(self, **row):
+        raise KeyError("no such board")
+
+
+class NoTools:
+    """A class with reset and nothing else: the model has no tool to call."""
+
+    def reset(self, **row):
+        return None
