@@ -430,11 +430,18 @@ def test_the_door_refuses_episode_with_a_trl_protocol_class_and_get_reward_witho
 @pytest.mark.slow
 def test_a_trl_protocol_environment_runs_through_the_gated_cycle(tmp_path):
     """SFT on the task's multi-turn traces, the dry run's episodes (and its reward audit), the smoke test and GRPO
-    through TRL's environment_factory, evaluation on held-out episodes: all with the class as written for TRL."""
+    through TRL's environment_factory, evaluation on held-out episodes: all with the class as written for TRL.
+
+    Issue 51: its tool never returns at an odd point (trl_env_hostile.HangingLine), in every episode (the dry run's,
+    GRPO's rollouts through TRL's own tool loop, the evaluation's): the run finishes, and the timeouts are in GRPO's
+    training log, its manifest and the evaluation's metrics."""
+    import trl_env_hostile
     from conftest import run_flow
 
     overrides = {
         **TRL_ENV,
+        "environment": {"name": "trl_env_hostile:HangingLine", "max_turns": 2, "tool_timeout_s": 0.2},
+        "grpo.logging_steps": 1,
         "sft.max_steps": 250,
         "teacher.max_prompts": 1000,
         "data.train_size": 1200,
@@ -450,10 +457,18 @@ def test_a_trl_protocol_environment_runs_through_the_gated_cycle(tmp_path):
         "dry_run.max_frac_zero_std": 1.0,
         "dry_run.num_prompts": 4,
     }
-    results = run_flow(ROOT / "configs" / "tiny-env.yaml", tmp_path, overrides=overrides)
+    try:
+        results = run_flow(ROOT / "configs" / "tiny-env.yaml", tmp_path, overrides=overrides)
+    finally:
+        trl_env_hostile.FOREVER.set()  # the abandoned calls end with the test
     by = {r["stage"]: r for r in results}
     assert {"sft", "reward-dry-run", "grpo-smoke", "grpo", "eval"} <= set(by)
     assert "tool_errors" in by["eval"]["metrics"] and "heldout_reward/get_reward" in by["eval"]["metrics"]
+    assert by["eval"]["metrics"]["tool_timeouts"] > 0, by["eval"]["metrics"]
+    grpo = json.loads((tmp_path / "tiny-env" / "grpo" / "v1" / "manifest.json").read_text())
+    assert grpo["metrics"]["tool_timeouts"] > 0, grpo["metrics"]
+    logged = [json.loads(line) for line in (tmp_path / "tiny-env" / "grpo" / "v1" / "train_log.jsonl").open()]
+    assert any(row.get("tool_timeouts", 0) > 0 for row in logged), logged[:3]
     grpo_rows = [
         json.loads(line)
         for line in (tmp_path / "tiny-env" / "grpo" / "v1" / "trajectories.jsonl").read_text().splitlines()
@@ -507,17 +522,20 @@ def test_a_tool_that_never_returns_floods_or_cannot_be_text_is_answered_and_coun
     spec = EnvironmentSection(name="trl_env_hostile:Hostile", tool_timeout_s=0.3, tool_max_chars=1000)
     env = factory(spec)()
     env.reset(a=1)
+    rollouts = bounds.rollout_counts()
     t0 = time.monotonic()
     replies = _tool_replies(
         env, _calls(("hang", {"x": 1}), ("flood", {"mb": 50}), ("opaque", {}), ("slow", {"x": 1}), ("fine", {"x": 2}))
     )
     assert time.monotonic() - t0 < 10  # two calls waited 0.3 s each; nothing waited for the hung ones
     hang, flood, opaque, slow, fine = (r["content"] for r in replies)
-    assert hang.startswith("{'error': ") and "tool hang timed out after 0.3 s" in hang
-    assert len(flood) < 1200 and flood.startswith("y" * 1000) and "50000000 characters, the first 1000 kept" in flood
+    assert hang == "{'error': 'hang timed out (0.3 s)'}"
+    assert len(flood) < 1100 and flood.startswith("y" * 1000)
+    assert flood.endswith("\n[truncated: 50000000 chars, the first 1000 kept]")
     assert opaque.startswith("{'error': ") and "cannot be turned into text" in opaque and "no text for you" in opaque
-    assert slow.startswith("{'error': ") and "tool slow timed out after 0.3 s" in slow
+    assert slow == "{'error': 'slow timed out (0.3 s)'}"
     assert fine == "3"
+    assert bounds.rollout_counts() == rollouts  # Regimen's own episodes count from their messages instead
     completion = [{"role": "assistant", "content": ""}, *replies]
     assert bounds.counts([completion]) == {"tool_timeouts": 2.0, "tool_truncated": 1.0}
     assert env.calls == 1  # the hung call is still running (abandoned, not stopped), on this instance
@@ -535,11 +553,15 @@ def test_abandoned_calls_are_capped_so_a_tool_that_always_hangs_costs_a_few_thre
 
     trl_env_hostile.RELEASE.clear()
     env = factory(EnvironmentSection(name="trl_env_hostile:Hostile", tool_timeout_s=0.05))()
-    before = threading.active_count()
+    before, counted = threading.active_count(), bounds.rollout_counts()["tool_timeouts"]
     for _ in range(3 * bounds.MAX_ABANDONED):
-        with pytest.raises(bounds.ToolTimeout, match=r"\(environment.tool_timeout_s\)"):
+        with pytest.raises(bounds.ToolTimeout, match=r"^hang timed out \((0.05 s|not run: 8 calls still hang)\)$"):
             env.hang(x=1)
     assert threading.active_count() - before <= bounds.MAX_ABANDONED
+    # calls made outside Regimen's own episodes (as TRL's loop makes them) are counted as rollouts' timeouts
+    assert bounds.rollout_counts()["tool_timeouts"] - counted == 3 * bounds.MAX_ABANDONED
+    other = factory(EnvironmentSection(name="trl_env_hostile:Hostile", tool_timeout_s=0.06))()
+    assert other.fine(x=1) == "2"  # another class's (here: other bounds') calls are not held by these
     trl_env_hostile.RELEASE.set()
 
 

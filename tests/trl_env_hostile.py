@@ -8,6 +8,7 @@ import threading
 from trl_env_for_tests import HiddenLine
 
 RELEASE = threading.Event()  # set by a test to let the hung calls end (their threads are daemons either way)
+FOREVER = threading.Event()  # set only when a test ends
 
 
 class Unprintable:
@@ -67,7 +68,8 @@ class Hostile:
 
 
 class HangingLine(HiddenLine):
-    """HiddenLine whose probe never returns: every episode's tool calls time out."""
+    """HiddenLine whose probe never returns at an odd point (an episode that asks there times out; the others answer,
+    so groups still differ)."""
 
     def probe(self, x: int) -> str:
         """Evaluate the hidden function f at x.
@@ -75,8 +77,9 @@ class HangingLine(HiddenLine):
         Args:
             x: the point at which to evaluate f
         """
-        RELEASE.wait()
-        return "late"
+        if isinstance(x, int) and x % 2:
+            FOREVER.wait()  # the call never returns while the test runs
+        return super().probe(x)
 
 
 class BrokenReset(HiddenLine):

@@ -7,8 +7,9 @@ wrapped, keeping their names, signatures, annotations and docstrings (TRL and th
 the same wrapped class serves Regimen's own episodes (the dry run, the probe, the evaluation). Per call:
 
 - **time** (`environment.tool_timeout_s`): a call still running after the limit is answered with an error the model
-  sees, as TRL answers a tool that raises (`{'error': "tool f timed out after 30 s ..."}`), and the step goes on;
-- **size** (`environment.tool_max_chars`): a longer reply is cut to the limit, with a last line saying so;
+  sees, as TRL answers a tool that raises (`{'error': 'f timed out (30 s)'}`), and the step goes on;
+- **size** (`environment.tool_max_chars`): a longer reply is cut to the limit, with a last line saying so
+  (`[truncated: 5000000 chars, the first 20000 kept]`);
 - **text**: a result whose `str()` raises (or hangs) is an error reply too, not a crash of the step.
 Each is counted from the tool messages (`counts`): `tool_timeouts` and `tool_truncated` in GRPO's training log (via
 TRL's `log_metric`), in its manifest, and in the dry run's and the evaluation's metrics.
@@ -17,10 +18,10 @@ How a call is stopped, and what it costs (written here rather than taken from a 
 in the same process):
 - a **thread** runs each call, and the caller waits for it at most the limit. A Python thread cannot be killed, so a
   call past the limit is abandoned, not stopped: it runs on in the background (a daemon thread: it never holds the
-  process's exit) and may still change its instance later. At most `MAX_ABANDONED` abandoned calls may still be
-  running at once: past that a call is refused at once with the same timeout reply, so a tool that hangs every call
-  costs eight threads, not one per call. The reply's text is made in the thread too, so a `__str__` that hangs is
-  bounded like the call;
+  process's exit) and may still change its instance later. At most `MAX_ABANDONED` abandoned calls of one class
+  may still be running at once: past that its calls are refused at once with a timeout reply, so a tool that hangs
+  every call costs eight threads, not one per call. The reply's text is made in the thread too, so a `__str__` that
+  hangs is bounded like the call;
 - a **subprocess** per call would stop a call for good, but the tool would then run on a copy of the instance:
   rewards that read the environment's attributes after the episode (TRL's 2048 example reads `env.score`) would read
   a state the tool never changed;
@@ -33,19 +34,22 @@ without awaiting cannot be interrupted there either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_CHARS = 20_000
 MAX_ABANDONED = 8
-TIMEOUT_MARK = "(environment.tool_timeout_s)"
-TRUNCATED_MARK = "[truncated by Regimen:"
-_abandoned: list[threading.Thread] = []
+TIMEOUT_MARK = " timed out ("  # in the error reply; short, so that it fits a small completion budget (TRL drops a
+TRUNCATED_MARK = "[truncated: "  # tool reply that would push an episode past max_completion_length)
 _lock = threading.Lock()
+_own_episodes = contextvars.ContextVar("regimen_own_episodes", default=False)
+_rollouts = {"tool_timeouts": 0.0, "tool_truncated": 0.0}
 
 
 class ToolTimeout(Exception):
@@ -57,15 +61,19 @@ class ToolReplyError(Exception):
 
 
 def bounded(cls: type, timeout_s: float | None, max_chars: int | None) -> dict[str, Callable[..., Any]]:
-    """The wrapped tools of `cls` (its public methods but `reset` and `get_reward`, as TRL finds tools), by name."""
+    """The wrapped tools of `cls` (its public methods but `reset` and `get_reward`, as TRL finds tools), by name.
+    The class's abandoned calls are counted together (a class whose tools hang does not stop another's)."""
+    abandoned: list[threading.Thread] = []
     return {
-        name: wrap(fn, timeout_s, max_chars)
+        name: wrap(fn, timeout_s, max_chars, abandoned)
         for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction)
         if name not in ("reset", "get_reward") and not name.startswith("_")
     }
 
 
-def wrap(fn: Callable[..., Any], timeout_s: float | None, max_chars: int | None) -> Callable[..., Any]:
+def wrap(
+    fn: Callable[..., Any], timeout_s: float | None, max_chars: int | None, abandoned: list[threading.Thread]
+) -> Callable[..., Any]:
     """`fn` (a method) called within the bounds; its name, signature, annotations and docstring kept."""
     name = fn.__name__
     if inspect.iscoroutinefunction(fn):
@@ -75,29 +83,33 @@ def wrap(fn: Callable[..., Any], timeout_s: float | None, max_chars: int | None)
             try:
                 result = await asyncio.wait_for(fn(self, *args, **kwargs), timeout_s)
             except TimeoutError:
+                _count("tool_timeouts")
                 raise ToolTimeout(_timed_out(name, timeout_s)) from None
-            return text_of(name, result, max_chars)
+            return _counted(text_of(name, result, max_chars))
 
         return call_async
 
     @functools.wraps(fn)
     def call(self, *args: Any, **kwargs: Any) -> Any:
-        return within(name, lambda: text_of(name, fn(self, *args, **kwargs), max_chars), timeout_s)
+        try:
+            reply = within(name, lambda: text_of(name, fn(self, *args, **kwargs), max_chars), timeout_s, abandoned)
+        except ToolTimeout:
+            _count("tool_timeouts")
+            raise
+        return _counted(reply)
 
     return call
 
 
-def within(name: str, run: Callable[[], Any], timeout_s: float | None) -> Any:
-    """`run()` in a daemon thread, waited for at most `timeout_s` (see the module doc); its value or its exception."""
+def within(name: str, run: Callable[[], Any], timeout_s: float | None, abandoned: list[threading.Thread]) -> Any:
+    """`run()` in a daemon thread, waited for at most `timeout_s` (see the module doc); its value or its exception.
+    `abandoned`: this class's calls that timed out and may still run."""
     if timeout_s is None:
         return run()
     with _lock:
-        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
-        if len(_abandoned) >= MAX_ABANDONED:
-            raise ToolTimeout(
-                f"tool {name} was not called: {len(_abandoned)} earlier calls that timed out are still running "
-                f"{TIMEOUT_MARK}"
-            )
+        abandoned[:] = [t for t in abandoned if t.is_alive()]
+        if len(abandoned) >= MAX_ABANDONED:
+            raise ToolTimeout(f"{name}{TIMEOUT_MARK}not run: {len(abandoned)} calls still hang)")
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -111,7 +123,7 @@ def within(name: str, run: Callable[[], Any], timeout_s: float | None) -> Any:
     thread.join(timeout_s)
     if thread.is_alive():
         with _lock:
-            _abandoned.append(thread)
+            abandoned.append(thread)
         raise ToolTimeout(_timed_out(name, timeout_s))
     if "error" in box:
         raise box["error"]
@@ -119,7 +131,7 @@ def within(name: str, run: Callable[[], Any], timeout_s: float | None) -> Any:
 
 
 def _timed_out(name: str, timeout_s: float | None) -> str:
-    return f"tool {name} timed out after {timeout_s:g} s and was abandoned {TIMEOUT_MARK}"
+    return f"{name}{TIMEOUT_MARK}{timeout_s:g} s)"
 
 
 def text_of(name: str, result: Any, max_chars: int | None) -> Any:
@@ -142,10 +154,38 @@ def text_of(name: str, result: Any, max_chars: int | None) -> Any:
 def _cut(text: str, max_chars: int | None) -> str:
     if max_chars is None or len(text) <= max_chars:
         return text
-    return (
-        f"{text[:max_chars]}\n{TRUNCATED_MARK} {len(text)} characters, the first {max_chars} kept "
-        "(environment.tool_max_chars)]"
-    )
+    return f"{text[:max_chars]}\n{TRUNCATED_MARK}{len(text)} chars, the first {max_chars} kept]"
+
+
+def _counted(reply: Any) -> Any:
+    if isinstance(reply, str) and TRUNCATED_MARK in reply[-80:]:
+        _count("tool_truncated")
+    return reply
+
+
+def _count(key: str) -> None:
+    """A bound hit in GRPO's rollouts (TRL's tool loop), counted here: TRL drops a tool reply that would push an
+    episode past its completion budget, so its messages alone would miss some. Regimen's own episodes count theirs
+    from their messages (`counts`), which they never drop."""
+    if not _own_episodes.get():
+        with _lock:
+            _rollouts[key] += 1
+
+
+def rollout_counts() -> dict[str, float]:
+    """The bounds hit in TRL's rollouts in this process so far (a caller takes differences)."""
+    with _lock:
+        return dict(_rollouts)
+
+
+@contextlib.contextmanager
+def own_episodes() -> Iterator[None]:
+    """Tool calls of Regimen's own episodes (the dry run, the probe, the evaluation): not counted as rollouts."""
+    token = _own_episodes.set(True)
+    try:
+        yield
+    finally:
+        _own_episodes.reset(token)
 
 
 def counts(completions: list[Any]) -> dict[str, float]:

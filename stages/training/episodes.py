@@ -172,25 +172,30 @@ def _reset(env, row: dict[str, Any]) -> list[dict[str, Any]]:
 def _tool_replies(env, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tool messages answering one turn's calls, in order."""
     from regimen.stages.environments.base import tools_of
+    from regimen.stages.environments.bounds import own_episodes
 
     tools = {t.__name__: t for t in tools_of(env)}
     replies = []
-    for call in calls:
-        fn = call.get("function") or {}
-        name, args = fn.get("name"), fn.get("arguments")
-        if name in tools and isinstance(args, dict):
-            try:
-                result = tools[name](**args)
-                if inspect.iscoroutine(result):  # an `async def` tool: TRL runs it on its event loop, here on one
-                    result = asyncio.run(result)
-            except Exception as exc:  # noqa: BLE001 - a tool that raises answers the model, as TRL's loop does
-                result = {"error": str(exc)}
-        else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
-            result = {
-                "error": f"Tool {name} not found." if name not in tools else f"arguments {args!r} are not an object"
-            }
-        replies.append({"role": "tool", "name": str(name), "content": str(result)})
+    with own_episodes():  # counted from these messages (bounds.counts), not as GRPO's rollouts
+        for call in calls:
+            replies.append(_tool_reply(tools, call))
     return replies
+
+
+def _tool_reply(tools: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+    """The tool message answering one call."""
+    fn = call.get("function") or {}
+    name, args = fn.get("name"), fn.get("arguments")
+    if name in tools and isinstance(args, dict):
+        try:
+            result = tools[name](**args)
+            if inspect.iscoroutine(result):  # an `async def` tool: TRL runs it on its event loop, here on one
+                result = asyncio.run(result)
+        except Exception as exc:  # noqa: BLE001 - a tool that raises answers the model, as TRL's loop does
+            result = {"error": str(exc)}
+    else:  # as TRL answers a call to no tool; the `episode` reward counts it as a failed tool
+        result = {"error": f"Tool {name} not found." if name not in tools else f"arguments {args!r} are not an object"}
+    return {"role": "tool", "name": str(name), "content": str(result)}
 
 
 def tool_errors(completions: list[Any]) -> int:

@@ -149,7 +149,8 @@ class Recorder:
         self.listeners = Listeners()
         self.step = 0
         self.order: list[str] = []
-        self.tool_bounds: dict[str, float] = {}  # episodes' tool calls past a bound, over the whole training
+        self.tool_bounds: dict[str, float] = {}  # rollouts' tool calls past a bound, over this process's training
+        self._bounds_seen: dict[str, float] | None = None
 
     def listen(self, fn, rewards: int) -> None:
         """Hear each whole batch the trainer scores: `fn(kwargs, values)`, values in the rewards' order."""
@@ -163,7 +164,7 @@ class Recorder:
             values = check(prompts, completions, **kwargs)
             first = name == self.order[0]
             if first and kwargs.get("environments") is not None:
-                self._count_tool_bounds(completions, kwargs.get("log_metric"))
+                self._count_tool_bounds(kwargs.get("log_metric"))
             self.sampler.add(first, self.step, name, prompts, completions, values, kwargs)
             self.listeners.hear(first, name, values, kwargs)
             return values
@@ -172,12 +173,18 @@ class Recorder:
         wrapped.gameable = getattr(fn, "gameable", False)  # type: ignore[attr-defined]
         return wrapped
 
-    def _count_tool_bounds(self, completions: list[Any], log_metric) -> None:
-        """This batch's episodes' tool calls past the time limit and replies cut (`environments/bounds.py`): into
-        TRL's training log through its `log_metric` (per batch, averaged over a logging step) and into the totals."""
-        from regimen.stages.environments.bounds import counts
+    def _count_tool_bounds(self, log_metric) -> None:
+        """This batch's rollouts' tool calls past the time limit and replies cut (`environments/bounds.py` counts
+        them as TRL's loop makes them): into TRL's training log through its `log_metric` (per batch, averaged over
+        a logging step) and into the totals. The first batch's figure holds what happened before it in this
+        process's training (none, but for a smoke test run in the same process before)."""
+        from regimen.stages.environments.bounds import rollout_counts
 
-        for key, n in counts(completions).items():
+        now = rollout_counts()
+        seen = self._bounds_seen if self._bounds_seen is not None else {k: 0.0 for k in now}
+        self._bounds_seen = now
+        for key, total in now.items():
+            n = total - seen.get(key, 0.0)
             self.tool_bounds[key] = self.tool_bounds.get(key, 0.0) + n
             if callable(log_metric):
                 log_metric(key, n)
