@@ -57,9 +57,9 @@ def held(url: str, extra_env: dict[str, str]) -> dict[str, object]:
     )
     counts = json.loads(r.stdout.strip().splitlines()[-1])
     return {
-        "held": {s: c[0] for s, c in counts.items()},
-        "written": {s: c[1] for s, c in counts.items()},
+        **{f"held_{s}": c[0] for s, c in counts.items()},
         "models_kept": sum(c[2] for c in counts.values()),
+        "written_per_stage": counts["grpo"][1],
     }
 
 
@@ -111,8 +111,8 @@ def arm(kind: str, nights: int, tmp: Path, stamp: dict) -> list[dict]:
             rows.append(row)
             print(
                 f"{kind} night {n}: rc {row['rc']}, promoted: flow {row['flow_promoted']}, "
-                f"person {row['person_promoted']}"
-                f", held {row['held']} of written {row['written']}, models kept {row['models_kept']}",
+                f"person {row['person_promoted']}, held {[row[f'held_{s}'] for s in STAGES]} of "
+                f"{row['written_per_stage']} written per stage, models kept {row['models_kept']}",
                 flush=True,
             )
     finally:
@@ -139,8 +139,7 @@ def main() -> None:
     with RESULTS.open("a") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
-    flat = [{"store": r["store"], "night": r["night"], **{s: r["held"][s] for s in STAGES}} for r in rows]
-    print(table(flat, ["store", "night", *STAGES]))
+    print(table(rows, ["store", "night", *(f"held_{s}" for s in STAGES), "models_kept", "written_per_stage"]))
 
 
 if __name__ == "__main__":

@@ -68,8 +68,10 @@ class Hostile:
 
 
 class HangingLine(HiddenLine):
-    """HiddenLine whose probe never returns at an odd point (an episode that asks there times out; the others answer,
-    so groups still differ)."""
+    """HiddenLine whose probe sleeps at an odd point until the test ends or 10 s pass (50 times a 0.2 s limit: an
+    episode that asks there times out; the others answer, so groups still differ). A probe that never returns at all
+    would hold the class's eight abandoned calls for good, and every later call would be refused: the run would
+    finish, but its smoke test would see no reward variation (tests/test_environments.py covers that cap alone)."""
 
     def probe(self, x: int) -> str:
         """Evaluate the hidden function f at x.
@@ -78,7 +80,7 @@ class HangingLine(HiddenLine):
             x: the point at which to evaluate f
         """
         if isinstance(x, int) and x % 2:
-            FOREVER.wait()  # the call never returns while the test runs
+            FOREVER.wait(10)
         return super().probe(x)
 
 
