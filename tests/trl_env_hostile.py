@@ -68,10 +68,10 @@ class Hostile:
 
 
 class HangingLine(HiddenLine):
-    """HiddenLine whose probe sleeps at an odd point until the test ends or 10 s pass (50 times a 0.2 s limit: an
-    episode that asks there times out; the others answer, so groups still differ). A probe that never returns at all
-    would hold the class's eight abandoned calls for good, and every later call would be refused: the run would
-    finish, but its smoke test would see no reward variation (tests/test_environments.py covers that cap alone)."""
+    """HiddenLine whose probe sleeps 2 s (ten times a 0.2 s limit) at a point x = 1 (mod 4): an episode that asks there
+    times out, the others answer, so groups still differ. A probe that never returns at all would hold the class's
+    eight abandoned calls for good, and every later call would be refused: the run would still finish, but its smoke
+    test would see no reward variation (tests/test_environments.py covers that cap with a tool that never returns)."""
 
     def probe(self, x: int) -> str:
         """Evaluate the hidden function f at x.
@@ -79,8 +79,8 @@ class HangingLine(HiddenLine):
         Args:
             x: the point at which to evaluate f
         """
-        if isinstance(x, int) and x % 2:
-            FOREVER.wait(10)
+        if isinstance(x, int) and x % 4 == 1:
+            FOREVER.wait(2)
         return super().probe(x)
 
 
