@@ -12,8 +12,9 @@ import statistics
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
+from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
-from regimen.stages.rewards.audit import audit, summary
+from regimen.stages.rewards.audit import MAX_ROWS, audit, summary
 from regimen.stages.tasks import shuffled
 from regimen.stages.training import trajectories
 
@@ -96,23 +97,57 @@ def diagnose(stats: dict[str, float], cfg, *, prompts: int, group: int, temperat
     return None
 
 
-def _audit(recipe, fns, rows: list[dict[str, Any]], reference_of) -> dict[str, Any]:
+def _audit(recipe, rows: list[dict[str, Any]], reference_of) -> dict[str, Any]:
     """The reward audit on training rows (said line by line in the log); skipped for episodes."""
     if recipe.environment is not None:
         return {
             "skipped": "episodes: the rewards judge an environment's episodes, made-up text cannot stand in for them",
             "findings": [],
         }
-    report = audit(fns, recipe.reward_weights(), rows, reference_of)
+    cfg = recipe.dry_run
+    multi_line = any("\n" in str(reference_of(r) or "").strip() for r in rows[:MAX_ROWS])
+    report = audit(
+        from_specs(recipe.rewards),  # its own instances: a reward that keeps state is left as GRPO gets it
+        recipe.reward_weights(),
+        rows,
+        reference_of,
+        correct=verdict(recipe),
+        budget=cfg.audit_budget // 10 if multi_line else cfg.audit_budget,
+        material=cfg.audit_material,
+        abstention=cfg.abstention,
+        seed=int(recipe.grpo_value("seed") or 0),
+    )
     for line in summary(report):
         log.info("%s", line)
     return report
 
 
+def verdict(recipe):
+    """The task's own verdict on a completion, for the audit: the metric the evaluation uses (`eval.metric`: a reward
+    scoring at least 1.0, on the audit's own instance) or, for exact_match, the audit's normalised exact match."""
+    metric = recipe.eval.metric
+    if metric == "exact_match":
+        return None
+    fns = from_specs(recipe.rewards)
+    if metric not in fns:
+        return None
+    fn = fns[metric]
+
+    def correct(completion: Any, row: dict[str, Any], reference: str) -> bool:
+        columns = {k: [v] for k, v in row.items() if k not in ("prompt", "completion")}
+        try:
+            value = score({metric: fn}, [row["prompt"]], [completion], columns)[metric][0]
+        except InputError:
+            return False
+        return value is not None and value >= 1.0
+
+    return correct
+
+
 def _gameable_diagnosis(report: dict[str, Any]) -> str:
     """The audit's findings as a stop's diagnosis: each names the reward and what paid, with one example."""
     parts = [
-        f"{f['message']} (e.g. row {f['row']!r}: completion {f['completion']!r} paid {f['value']})"
+        f"{f['message']} (witness: row {f['row']!r}, completion {str(f['completion'])[:200]!r})"
         for f in report["findings"]
     ]
     return (
@@ -134,7 +169,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
     fns = from_specs(recipe.rewards)
-    report = _audit(recipe, fns, shuffled(task.train, seed=seed + 1), task.reference)
+    report = _audit(recipe, shuffled(task.train, seed=seed + 1), task.reference)
     if report["findings"] and cfg.gameable == "stop":  # before any sampling: nothing GRPO would learn is worth it
         return StageOutput(
             {"audit_findings": float(len(report["findings"]))},

@@ -134,6 +134,10 @@ def test_rewards_by_dotted_path_are_named_by_their_path_or_as():
 # -- the audit ------------------------------------------------------------------------------------------------
 
 
+GCD = {"data": {"task": "reasoning_gym", "name": "gcd", "train_size": 200, "heldout_size": 20}}
+BITS = {"data": {"task": "reasoning_gym", "name": "count_bits", "train_size": 200, "heldout_size": 20}}
+
+
 def _audit(config: str, **overrides) -> dict:
     r = load_recipe(config, overrides, check_trl=False)
     task = load_task(r.data)
@@ -145,7 +149,12 @@ def _audit(config: str, **overrides) -> dict:
     [
         ("configs/hackable.yaml", {}, ["digits"]),  # digits pays a wrong answer as much as the right one
         ("configs/tiny-code-hackable.yaml", {}, ["code_block"]),
-        (str(RG), {"rewards": [{"name": "reasoning_gym", "args": {"partial": True}}]}, ["reasoning_gym"]),
+        # chain_sum's partial credit shrinks with the completion's length: a blind list of the answer space earns
+        # under 1% of a right answer (issue 52: the audit asks what a policy without the answer can earn)
+        (str(RG), {"rewards": [{"name": "reasoning_gym", "args": {"partial": True}}]}, []),
+        # gcd's partial credit pays a blind constant half a right answer; count_bits' substring credit a digit run
+        (str(RG), {**GCD, "rewards": [{"name": "reasoning_gym", "args": {"partial": True}}]}, ["reasoning_gym"]),
+        (str(RG), {**BITS, "rewards": [{"name": "reasoning_gym", "args": {"partial": True}}]}, ["reasoning_gym"]),
         (
             str(RG),
             {"rewards": [{"name": "reasoning_gym"}, {"name": "rewards_for_tests:reference_anywhere"}]},
@@ -172,7 +181,7 @@ def test_the_audit_catches_rewards_that_pay_without_the_answer_and_passes_honest
 def test_the_audit_of_a_substring_reward_names_the_list_of_candidates_that_paid():
     report = _audit(str(RG), rewards=[{"name": "reasoning_gym"}, {"name": "rewards_for_tests:reference_anywhere"}])
     [finding] = report["findings"]
-    assert finding["kind"] == "candidates" and "\n" in finding["completion"] and finding["value"] == 1.0
+    assert finding["kind"] == "blind" and len(finding["completion"].split()) > 2 and finding["value"] == 1.0
     assert report["paid"]["wrong"]["rewards_for_tests.reference_anywhere"] == 0.0
 
 
@@ -220,8 +229,8 @@ def test_reward_check_reports_the_audit_on_samples_with_answers(tmp_path, capsys
         )
     )
     code, out, err = run_cli(["reward-check", "--samples", str(samples), "--reward", "digits"], capsys)
-    assert (
-        code == 0 and "reward audit over 4 rows" in out and "GAMEABLE" in out and "cannot tell right from wrong" in out
+    assert (  # a finding fails the check (exit 1), so it can sit in a user's CI
+        code == 1 and "reward audit over 4 rows" in out and "GAMEABLE" in out and "cannot tell right from wrong" in out
     )
     code, out, err = run_cli(["reward-check", "--samples", str(samples), "--reward", "answer", "--json"], capsys)
     report = json.loads(err.strip().splitlines()[-1])["reward_audit"]

@@ -42,7 +42,9 @@ def main() -> None:
     atexit.register(gc.freeze)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's `typer.Exit(n)` comes back as n without standalone mode
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except InputError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(2)

@@ -42,7 +42,8 @@ def reward_check(
     reward: Annotated[list[str] | None, typer.Option("--reward", help="reward name (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per sample")] = False,
 ) -> None:
-    """Score completions with rewards, no model: the dry run of a reward on sample text."""
+    """Score completions with rewards, no model: the dry run of a reward on sample text, and the reward audit over
+    the samples that carry an answer (exit 1 when it finds a gameable reward, so it can sit in CI)."""
     code = main(samples, config, list(reward or []), as_json)
     raise typer.Exit(code)
 
@@ -102,8 +103,9 @@ def resolve_rewards(rewards: list[str], config: str | None) -> tuple[dict[str, R
 
 
 def main(samples: str, config: str | None, rewards: list[str], as_json: bool) -> int:
-    """Score every sample in `samples` with the chosen rewards and print a table or JSON lines.
-    Returns 0; raises InputError (exit 2) on bad input, naming the file, line and field."""
+    """Score every sample in `samples` with the chosen rewards and print a table or JSON lines, then the reward
+    audit over the samples that carry an `answer`. Returns 1 when the audit has a finding, else 0; raises InputError
+    (exit 2) on bad input, naming the file, line and field."""
     path = Path(samples)
     rows = list(read_jsonl(path, required=("completion",)))
     for line_no, row in rows:
@@ -164,18 +166,20 @@ def main(samples: str, config: str | None, rewards: list[str], as_json: bool) ->
             out.flush()
 
     elapsed = time.monotonic() - started
-    report = _audit(fns, weights, [row for _, row in rows])
+    fresh, _ = resolve_rewards(list(rewards or []), config)  # the audit's own instances (a stateful reward's count)
+    report = _audit(fresh, weights, [row for _, row in rows])
+    found = 1 if report is not None and report["findings"] else 0  # a finding fails the check: it can sit in CI
     if as_json:
         print(f"reward-check: scored {len(rows)} samples with {', '.join(fns)} in {elapsed:.2f} s", file=sys.stderr)
         if report is not None:
             print(json.dumps({"reward_audit": report}, default=str), file=sys.stderr)
-        return 0
+        return found
     assert console is not None
     print_report(console, path, rows, fns, values, weights, gameable, elapsed)
     if report is not None:
         for line in summary(report):
             console.print(line, style="bold red" if line.lstrip().startswith("GAMEABLE") else None, soft_wrap=True)
-    return 0
+    return found
 
 
 def _audit(fns: dict[str, RewardFn], weights: dict[str, float] | None, rows: list[dict[str, Any]]) -> dict | None:

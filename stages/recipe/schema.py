@@ -131,8 +131,28 @@ class DryRunSection(Section):
     max_frac_zero_std: float = Field(0.8, ge=0, le=1, description="most groups without variance teach nothing")
     gameable: Literal["stop", "warn"] = Field(
         "stop",
-        description="when the reward audit finds a reward that pays without the answer (made-up completions: the "
-        "empty answer, a list of candidates, a wrong answer as much as the reference): stop before GRPO, or warn",
+        description="when the reward audit finds a reward that pays without the answer (a completion made without "
+        "knowing the answer that earns a material share of the reference's pay, a wrong answer paid as much as the "
+        "reference, a reward whose pay drifts with its calls): stop before GRPO, or warn",
+    )
+    audit_budget: int = Field(
+        2400,
+        ge=0,
+        le=10**7,
+        description="completions the reward audit's search tries (each one call of every reward; 0: the fixed probes "
+        "only); a recipe whose references span lines (programs) searches a tenth of it",
+    )
+    audit_material: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="a finding: an answer-blind completion earning at least this share of the way from a wrong "
+        "answer's pay to the reference's, on the typical row",
+    )
+    abstention: bool = Field(
+        False,
+        description="the recipe wants abstention: a finding whose witness abstains (empty, 'I don't know') is a "
+        "warning, not a stop",
     )
 
 

@@ -1,0 +1,126 @@
+"""The reward audit as an adversary (issue 52): a search for an answer-blind completion the task calls wrong that
+the recipe's rewards pay, with its minimal witness. Rewards written the way people write them (tests/reward_corpus.py,
+nothing of Regimen imported): every gameable one caught, every honest one passed, randomly drawn gameable ones caught
+at least 90% of the time, the same seed the same report, a reward that drifts with its calls named stateful."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import reward_corpus as corpus
+from conftest import ROOT, run_cli
+
+from regimen.stages.recipe import load_recipe
+from regimen.stages.rewards.audit import ABSTAIN, FORMAT, audit
+from regimen.stages.tasks.registry import load_task
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(load_recipe(str(ROOT / "configs" / "default.yaml"), check_trl=False).data)
+
+
+def audited(task, spec, **kw):
+    fns, weights = corpus.instances(spec)
+    return audit(fns, weights, task.train[:40], task.reference, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(corpus.GAMEABLE))
+def test_every_gameable_reward_of_the_corpus_is_caught_with_a_witness(task, name):
+    spec, learns = corpus.GAMEABLE[name]
+    report = audited(task, spec)
+    assert report["findings"], (name, learns, report["paid"])
+    f = report["findings"][0]
+    assert f["message"] and f["row"] and f["kind"] in ("blind", "wrong", "stateful"), f
+    if f["kind"] != "stateful":
+        assert f["completion"] is not None and f["paid"] is not None and f["reference_paid"] is not None, f
+    assert report["search"]["tried"] >= f.get("tried", 0) >= 0
+
+
+@pytest.mark.parametrize("name", sorted(corpus.HONEST))
+def test_every_honest_reward_of_the_corpus_passes(task, name):
+    spec, learns = corpus.HONEST[name]
+    report = audited(task, spec)
+    assert report["findings"] == [], (name, learns, report["findings"])
+    assert report["search"]["tried"] > 1000  # the search ran its budget and found nothing
+
+
+def test_randomly_drawn_gameable_rewards_are_caught_nine_times_in_ten(task):
+    """100 draws over the shapes with random thresholds, positions, separators and bonus sizes; the audit holds no
+    probe for any of them (no '10', no 'over 200 characters', no 'call 200')."""
+    draws = corpus.generated(seed=7, n=100)
+    missed = [(name, line) for name, spec, line in draws if not audited(task, spec)["findings"]]
+    assert len(missed) <= 10, missed
+
+
+def test_the_audit_is_told_no_listed_reward():
+    """The search's fixed building blocks are abstentions and format tokens, never a listed reward's trigger: no
+    constant '10' or '0123456789', no comparison with 200 or 300 (characters, calls)."""
+    import ast
+    import inspect
+
+    from regimen.stages.rewards import audit as module
+
+    tree = ast.parse(inspect.getsource(module))
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not strings & {"10", "0123456789"}
+    compared = {
+        c.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Compare)
+        for c in [n.left, *n.comparators]
+        if isinstance(c, ast.Constant)
+    }
+    assert not compared & {200, 300}, compared
+    assert "I don't know" in ABSTAIN and "</think>" in FORMAT
+
+
+def test_the_same_seed_gives_the_same_report_and_another_seed_searches_elsewhere(task):
+    spec, _ = corpus.GAMEABLE["first_line_numbers"]
+    one, two = audited(task, spec, seed=3), audited(task, spec, seed=3)
+    assert json.dumps(one, sort_keys=True, default=str) == json.dumps(two, sort_keys=True, default=str)
+    honest, _ = corpus.HONEST["exact_match"]
+    assert audited(task, honest, seed=3)["search"] == {**audited(task, honest, seed=3)["search"]}
+
+
+def test_a_reward_that_drifts_with_its_calls_or_its_batch_is_named_stateful(task):
+    def by_batch(prompts, completions, answer=None, **kwargs):
+        """Pays the lone completion (a batch of one), as no batch in training is."""
+        return [1.0 if len(completions) == 1 else corpus._exact(c, a) for c, a in zip(completions, answer)]
+
+    report = audit({"by_batch": by_batch}, {"by_batch": 1.0}, task.train[:40], task.reference, budget=0)
+    assert [f["kind"] for f in report["findings"]] == ["stateful"], report["findings"]
+    assert "not a function of its completion" in report["findings"][0]["message"]
+
+
+def test_an_abstention_finding_is_a_warning_when_the_recipe_wants_abstention(task):
+    spec, _ = corpus.GAMEABLE["plus_minus"]
+    stop = audited(task, spec)
+    assert stop["findings"] and stop["findings"][0]["abstention"]
+    wanted = audited(task, spec, abstention=True)
+    assert wanted["findings"] == [] and wanted["warnings"] and wanted["warnings"][0]["completion"].strip() == ""
+
+
+def test_a_reward_with_no_opinion_on_the_answers_is_searched_alone(task):
+    fns, weights = corpus.instances([(corpus.think_only, 1.0)])
+    report = audit(fns, weights, task.train[:40], task.reference)
+    assert report["gameable"] == ["think_only"] and "</think>" in report["findings"][0]["completion"]
+
+
+def test_reward_check_exits_non_zero_on_a_finding_and_names_the_witness(tmp_path, capsys):
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(
+        "".join(
+            json.dumps({"prompt": f"Q: {i}+{i}=", "completion": str(2 * i), "answer": str(2 * i)}) + "\n"
+            for i in range(12)
+        )
+    )
+    code, out, err = run_cli(
+        ["reward-check", "--samples", str(samples), "--reward", "reward_corpus:first_line_numbers"], capsys
+    )
+    assert code == 1 and "GAMEABLE" in out and "witness" in out, (out, err)
+    code, out, err = run_cli(
+        ["reward-check", "--samples", str(samples), "--reward", "reward_corpus:exact_match"], capsys
+    )
+    assert code == 0 and "GAMEABLE" not in out, (out, err)
