@@ -124,3 +124,24 @@ def test_reward_check_exits_non_zero_on_a_finding_and_names_the_witness(tmp_path
         ["reward-check", "--samples", str(samples), "--reward", "reward_corpus:exact_match"], capsys
     )
     assert code == 0 and "GAMEABLE" not in out, (out, err)
+
+
+@pytest.mark.parametrize("name", ["idk_bonus", "first_line_numbers", "trojan", "think_only", "common_value"])
+def test_the_dry_run_stops_on_them_with_the_witness_in_its_diagnosis_and_its_artifact(name):
+    """As the dry run calls it (`dry_run._audit`, the recipe's own fields and verdict): the diagnosis that stops the
+    run and the Prefect artifact both name the witness."""
+    from regimen.flows.pipeline.publish import audit_markdown
+    from regimen.stages.dry_run import _audit, _gameable_diagnosis
+    from regimen.stages.tasks import shuffled
+
+    rewards = [{"name": f"reward_corpus:{fn.__name__}"} for fn, _ in corpus.GAMEABLE[name][0]]
+    recipe = load_recipe(str(ROOT / "configs" / "default.yaml"), {"rewards": rewards}, check_trl=False)
+    task = load_task(recipe.data)
+    report = _audit(recipe, shuffled(task.train, seed=1), task.reference)
+    assert report["findings"], report
+    diagnosis = _gameable_diagnosis(report)
+    witness = report["findings"][0]["completion"]
+    assert "witness" in diagnosis and "dry_run.gameable: warn" in diagnosis
+    if witness is not None:
+        assert repr(str(witness)[:40])[1:-1][:20] in diagnosis
+        assert "GAMEABLE" in audit_markdown(report, "audit")

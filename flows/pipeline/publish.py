@@ -130,6 +130,16 @@ def trajectories_markdown(path: Path, title: str, limit: int = 12) -> str:
     return f"### {title}\n\n{head}\n" + "\n".join(lines)
 
 
+def audit_markdown(report: dict[str, Any], title: str) -> str:
+    """The reward audit as markdown: what it searched, then each finding with its witness (escaped, in a code span)."""
+    from regimen.stages.rewards.audit import summary
+
+    lines = [f"### {title}", ""]
+    for line in summary(report):
+        lines.append(f"- {cell(line.strip(), width=600)}")
+    return "\n".join(lines) + "\n"
+
+
 def turns_text(episode: dict) -> str:
     """An episode's turns on one line: each tool call with its arguments, what it returned, the answer."""
     parts = []
@@ -170,6 +180,13 @@ def publish(result: StageResult, store) -> None:
         key=artifact_key(base, "folder"),
         description="the version folder (manifest.json, metrics.json, trajectories.jsonl)",
     )
+    report = m.get("reward_audit")
+    if isinstance(report, dict) and not report.get("skipped"):  # the dry run's audit: findings with their witnesses
+        create_markdown_artifact(
+            markdown=audit_markdown(report, f"{m['stage']} v{m['version']}: the reward audit"),
+            key=artifact_key(base, "reward-audit"),
+            description=f"{m['stage']} v{m['version']}: what the reward audit searched and found",
+        )
     if registry.trains(m["stage"]) and (result.path / "train_log.jsonl").exists():
         name = f"{m['stage']} v{m['version']}"
         log = trajectories.read(result.path / "train_log.jsonl")

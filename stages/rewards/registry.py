@@ -77,6 +77,18 @@ def get_reward(name: str, **options: Any) -> RewardFn:
             raise InputError(f"rewards: cannot load reward {name!r}: {exc}") from None
         if not callable(fn):
             raise InputError(f"rewards: {name!r} is not callable")
+        if isinstance(
+            fn, type
+        ):  # a reward class: one instance per use (training's, the audit's), made without arguments
+            try:
+                fn = fn()
+            except Exception as exc:  # noqa: BLE001 - the user's constructor: its error, named
+                raise InputError(
+                    f"rewards: {name!r} is a class; it is made with no arguments, which failed: {type(exc).__name__}: "
+                    f"{exc}"
+                ) from None
+            if not callable(fn):
+                raise InputError(f"rewards: {name!r} is a class whose instances are not callable (no __call__)")
         return fn
     if name not in _REGISTRY:
         raise InputError(
@@ -194,7 +206,9 @@ def identity(specs) -> list[dict[str, Any]]:
 
             fn = get_reward(spec.name)
             try:
-                item["source_sha256"] = file_digest(inspect.getsourcefile(fn) or "")
+                item["source_sha256"] = file_digest(
+                    inspect.getsourcefile(fn if inspect.isroutine(fn) else type(fn)) or ""
+                )
             except (TypeError, OSError):
                 item["source_sha256"] = None
         out.append(item)
