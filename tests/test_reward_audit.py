@@ -126,7 +126,23 @@ def test_reward_check_exits_non_zero_on_a_finding_and_names_the_witness(tmp_path
     assert code == 0 and "GAMEABLE" not in out, (out, err)
 
 
-@pytest.mark.parametrize("name", ["idk_bonus", "first_line_numbers", "trojan", "think_only", "common_value"])
+ISSUE_LIST = [  # the gameable rewards issue 52 lists, each as people wrote them
+    "idk_bonus",
+    "first_line_numbers",
+    "three_lines_numbers",
+    "one_line_anywhere",
+    "first_line_partial",
+    "show_your_work",
+    "long_is_good",
+    "all_ten_digits",
+    "echo_prompt",
+    "common_value",
+    "trojan",
+    "think_only",
+]
+
+
+@pytest.mark.parametrize("name", ISSUE_LIST)
 def test_the_dry_run_stops_on_them_with_the_witness_in_its_diagnosis_and_its_artifact(name):
     """As the dry run calls it (`dry_run._audit`, the recipe's own fields and verdict): the diagnosis that stops the
     run and the Prefect artifact both name the witness."""
