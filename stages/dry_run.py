@@ -12,7 +12,6 @@ import statistics
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
-from regimen.stages.core.errors import InputError
 from regimen.stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
 from regimen.stages.rewards.audit import MAX_ROWS, audit, summary
 from regimen.stages.tasks import shuffled
@@ -137,7 +136,7 @@ def verdict(recipe):
         columns = {k: [v] for k, v in row.items() if k not in ("prompt", "completion")}
         try:
             value = score({metric: fn}, [row["prompt"]], [completion], columns)[metric][0]
-        except InputError:
+        except Exception:  # noqa: BLE001 - a scorer that cannot judge the text does not call it right
             return False
         return value is not None and value >= 1.0
 

@@ -628,3 +628,20 @@ def test_check_lists_a_working_environments_tools(capsys):
     code, out, err = run_cli(["check", cfg, "--set", "environment.name=trl_env_hostile:Hostile", *HOSTILE], capsys)
     assert code == 0 and "# environment tools: fine, flood, hang, opaque, slow" in out, (out, err)
     assert "tool_timeout_s: 30.0" in out and "tool_max_chars: 20000" in out, out
+
+
+def test_a_tools_calls_of_its_own_methods_stay_plain_and_static_tools_work():
+    """A tool calling another public method of its class gets that method's own value (not a bounded call's text),
+    so does reset and get_reward; a static method is a tool as TRL lists it."""
+
+    from regimen.stages.environments.registry import factory
+    from regimen.stages.recipe.schema import EnvironmentSection
+    from regimen.stages.rewards import get_reward
+    from regimen.stages.training.episodes import _tool_replies
+
+    env = factory(EnvironmentSection(name="trl_env_hostile:SelfCalling", tool_timeout_s=1.0))()
+    env.reset(prompt="p")
+    replies = _tool_replies(env, _calls(("add", {"n": 2}), ("add", {"n": 3}), ("double", {"n": 4}), ("score", {})))
+    assert [r["content"] for r in replies] == ["2", "5", "8", "5"]
+    assert env.points == 5 and get_reward("get_reward")(None, ["x"], environments=[env]) == [5.0]
+    assert type(env).double(n=5) == "10"  # called as TRL calls a tool: bounded, its reply text

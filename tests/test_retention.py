@@ -313,3 +313,14 @@ def test_after_a_killed_gc_a_dry_run_lists_its_plan_and_status_check_rebuilds_no
     assert code == 0 and "removed 0 version(s)" in out and "a gc stopped earlier had planned" in out, out
     for stage, version in expected:
         assert sorted(p.name for p in (store / EXP / stage / f"v{version}").iterdir()) == [TOMBSTONE]
+
+
+def test_the_newest_evaluations_policy_stays_when_a_newer_policy_was_never_evaluated(tmp_path):
+    """Review finding: an evaluation's own policy is a measured policy, which the lineage walk does not follow; the
+    policy `cycle.start_from: latest` takes must be a root of its own."""
+    st = experiment(tmp_path / "store")  # champion grpo v3; the newest evaluation (eval v6) measured grpo v6
+    commit(st, "grpo", "fp7", inputs={"policy": ref(st, st.versions(EXP, "sft")[-1])})  # trained, never evaluated
+    the_plan = plan(st, EXP, last=1, days=None, roots=roots(st, EXP))
+    removed = {(r["stage"], r["version"]) for r in the_plan["remove"]}
+    assert ("grpo", 6) not in removed and ("eval", 6) not in removed, the_plan["kept"]
+    assert ("grpo", 7) not in removed  # the last of its stage

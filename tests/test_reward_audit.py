@@ -161,3 +161,24 @@ def test_the_dry_run_stops_on_them_with_the_witness_in_its_diagnosis_and_its_art
     if witness is not None:
         assert repr(str(witness)[:40])[1:-1][:20] in diagnosis
         assert "GAMEABLE" in audit_markdown(report, "audit")
+
+
+def test_a_reward_that_raises_on_some_blind_text_makes_no_finding_of_the_others_alone(task):
+    """Review finding: once a reward raised in the search, later examples were scored without it while the
+    baselines still had it, and a format reward alone looked like it paid without the answer."""
+
+    def fussy(prompts, completions, answer=None, **kwargs):
+        if any(len(c) > 500 for c in completions):
+            raise ValueError("too long to judge")
+        return [corpus._exact(c, a) for c, a in zip(completions, answer)]
+
+    def flat(prompts, completions, **kwargs):
+        return [0.2] * len(completions)
+
+    report = audit({"fussy": fussy, "flat": flat}, {"fussy": 1.0, "flat": 1.0}, task.train[:40], task.reference)
+    assert report["findings"] == [] and "fussy" in report["raised"], report["findings"]
+
+
+def test_a_budget_of_zero_runs_the_fixed_probes_only(task):
+    spec, _ = corpus.HONEST["exact_match"]
+    assert audited(task, spec, budget=0)["search"]["tried"] == 0

@@ -96,3 +96,40 @@ class NoTools:
 
     def reset(self, **row):
         return None
+
+
+class SelfCalling:
+    """Tools that call the class's own public methods, a static tool, and a get_reward built on a tool: a bounded
+    call's inner calls are plain method calls (numbers stay numbers)."""
+
+    def __init__(self):
+        self.points = 0
+
+    def reset(self, **row):
+        self.points = self.score()  # a public method called from reset
+        return None
+
+    def score(self) -> int:
+        """The points so far."""
+        return self.points
+
+    def add(self, n: int) -> int:
+        """Add n points.
+
+        Args:
+            n: points to add
+        """
+        self.points = self.score() + n
+        return self.points
+
+    @staticmethod
+    def double(n: int) -> int:
+        """Twice n.
+
+        Args:
+            n: a number
+        """
+        return 2 * n
+
+    def get_reward(self) -> float:
+        return float(self.score())

@@ -48,6 +48,8 @@ MAX_ABANDONED = 8
 TIMEOUT_MARK = " timed out ("  # in the error reply; short, so that it fits a small completion budget (TRL drops a
 TRUNCATED_MARK = "[truncated: "  # tool reply that would push an episode past max_completion_length)
 _lock = threading.Lock()
+_inside = threading.local()  # set while the class's own code runs (a tool, reset, get_reward): its calls of its own
+# public methods are plain method calls, not tool calls (no thread, no text, no count)
 _own_episodes = contextvars.ContextVar("regimen_own_episodes", default=False)
 _rollouts = {"tool_timeouts": 0.0, "tool_truncated": 0.0}
 
@@ -64,24 +66,57 @@ def bounded(cls: type, timeout_s: float | None, max_chars: int | None) -> dict[s
     """The wrapped tools of `cls` (its public methods but `reset` and `get_reward`, as TRL finds tools), by name.
     The class's abandoned calls are counted together (a class whose tools hang does not stop another's)."""
     abandoned: list[threading.Thread] = []
-    return {
-        name: wrap(fn, timeout_s, max_chars, abandoned)
-        for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction)
-        if name not in ("reset", "get_reward") and not name.startswith("_")
-    }
+    out: dict[str, Any] = {}
+    for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction):
+        if name in ("reset", "get_reward") or name.startswith("_"):
+            continue
+        static = isinstance(inspect.getattr_static(cls, name), staticmethod)
+        made = wrap(fn, timeout_s, max_chars, abandoned, static=static)
+        out[name] = staticmethod(made) if static else made
+    return out
+
+
+@contextlib.contextmanager
+def inside() -> Iterator[None]:
+    """The class's own code runs (reset, get_reward): a public method it calls is a plain method call."""
+    before = getattr(_inside, "active", False)
+    _inside.active = True
+    try:
+        yield
+    finally:
+        _inside.active = before
+
+
+def plain(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (reset, get_reward) run `inside()`."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with inside():
+            return fn(*args, **kwargs)
+
+    return call
 
 
 def wrap(
-    fn: Callable[..., Any], timeout_s: float | None, max_chars: int | None, abandoned: list[threading.Thread]
+    fn: Callable[..., Any],
+    timeout_s: float | None,
+    max_chars: int | None,
+    abandoned: list[threading.Thread],
+    *,
+    static: bool = False,
 ) -> Callable[..., Any]:
-    """`fn` (a method) called within the bounds; its name, signature, annotations and docstring kept."""
+    """`fn` (a method, or a static method's function) called within the bounds; its name, signature, annotations and
+    docstring kept. Called from the class's own code (`_inside`), it is the plain method."""
     name = fn.__name__
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
-        async def call_async(self, *args: Any, **kwargs: Any) -> Any:
+        async def call_async(*args: Any, **kwargs: Any) -> Any:
+            if getattr(_inside, "active", False):
+                return await fn(*args, **kwargs)
             try:
-                result = await asyncio.wait_for(fn(self, *args, **kwargs), timeout_s)
+                result = await asyncio.wait_for(fn(*args, **kwargs), timeout_s)
             except TimeoutError:
                 _count("tool_timeouts")
                 raise ToolTimeout(_timed_out(name, timeout_s)) from None
@@ -89,10 +124,16 @@ def wrap(
 
         return call_async
 
+    def run(args: tuple, kwargs: dict) -> Any:
+        with inside():
+            return text_of(name, fn(*args, **kwargs), max_chars)
+
     @functools.wraps(fn)
-    def call(self, *args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_inside, "active", False):
+            return fn(*args, **kwargs)
         try:
-            reply = within(name, lambda: text_of(name, fn(self, *args, **kwargs), max_chars), timeout_s, abandoned)
+            reply = within(name, lambda: run(args, kwargs), timeout_s, abandoned)
         except ToolTimeout:
             _count("tool_timeouts")
             raise

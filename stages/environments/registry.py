@@ -75,7 +75,7 @@ def _adapted(cls: type, timeout_s: float | None, max_chars: int | None) -> type:
         attrs["get_reward"] = None
     made = type(cls.__name__, (cls,), attrs)
     if callable(own):
-        ENVIRONMENT_REWARDS[made] = own
+        ENVIRONMENT_REWARDS[made] = bounds.plain(own)  # its calls of its own methods are plain calls
     return made
 
 
@@ -87,7 +87,8 @@ def _named_reset(cls: type) -> Callable[..., Any]:
     @functools.wraps(reset)
     def named(self, **row: Any) -> Any:
         try:
-            return reset(self, **row)
+            with bounds.inside():  # its calls of its own methods are plain calls
+                return reset(self, **row)
         except Exception as exc:  # noqa: BLE001 - the user's class: its error, with where it happened
             raise InputError(
                 f"environment: {cls.__name__}.reset failed on the row with prompt {shown(row.get('prompt'))}: "

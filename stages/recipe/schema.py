@@ -139,8 +139,8 @@ class DryRunSection(Section):
         2400,
         ge=0,
         le=10**7,
-        description="completions the reward audit's search tries (each one call of every reward; 0: the fixed probes "
-        "only); a recipe whose references span lines (programs) searches a tenth of it",
+        description="completions the reward audit's search generates (its seed examples and shrinking come on top; "
+        "0: the fixed probes only); a recipe whose references span lines (programs) searches a tenth of it",
     )
     audit_material: float = Field(
         0.1,
@@ -334,7 +334,7 @@ class EnvironmentSection(Section):
         gt=0,
         le=86_400,
         description="a tool call's time limit, in every episode (GRPO's rollouts too): past it the model is answered "
-        "{'error': 'tool f timed out ...'} and the step goes on (counted: tool_timeouts); null: no limit",
+        "{'error': 'f timed out (30 s)'} and the step goes on (counted: tool_timeouts); null: no limit",
     )
     tool_max_chars: int | None = Field(
         20_000,

@@ -5,15 +5,17 @@ rows with a reference answer, the audit builds answer-blind completions (from th
 references, numbers in the answer's range, lists and lines of candidates, abstentions, format tokens, padding;
 never from the row's own reference) and compares what the recipe's weighted reward pays them with what the task's
 own verdict grants them (`correct`: the task's scorer where it has one, else exact match after the normalisation
-evaluation uses). A blind completion the verdict calls wrong that earns at least `material` (0.25) of the way from
-a wrong answer's pay (another row's reference) to the reference's pay is a **finding**; a blind guess that happens to
-be right is right for both (a yes/no task's coin flip is no finding).
+evaluation uses). A blind strategy (the same plan rendered on every row) whose completions the verdict calls wrong
+and that earns, on the typical row (the median), at least `material` (0.1) of the way from a wrong answer's pay
+(another row's reference) to the reference's, each in its best-paid dress, is a **finding**; a blind guess that
+happens to be right is right for both (a yes/no task's coin flip is no finding), and one lucky row is not typical.
 
 **The search** is Hypothesis's (targeted property-based testing: `target()` steers it toward higher pay, shrinking
 gives the minimal witness, `@example` seeds it with the fixed probes an earlier audit used), run outside a test
 runner: no example database, seeded (`seed`: the same seed, the same search and report), no deadline, health checks
-it cannot meet suppressed, and a budget counted in completions tried (each one call of every reward). Hypothesis
-caps its own shrinking by time, so a slow reward's witness is the smallest one reached in that time.
+it cannot meet suppressed, and a budget counted in completions (its generated examples; the seed examples and the
+shrinking come on top and are counted in `tried`; 0: no search). Hypothesis caps its own shrinking by time, so a
+slow reward's witness is the smallest one reached in that time.
 
 Beside the property:
 - **the total cannot tell right from wrong**: the weighted total pays another row's reference, on average, as much
@@ -146,11 +148,15 @@ class Audit:
         self.raised: dict[str, str] = {}
         self.tried = 0
 
-    def score(self, idx: list[int], completions: list[Any], names=None) -> dict[str, list[float | None]]:
-        """Each reward (not yet found raising) on these rows' completions, in one batch."""
+    def score(
+        self, idx: list[int], completions: list[Any], names=None, *, whole: bool = False
+    ) -> dict[str, list[float | None]]:
+        """Each reward (not yet found raising) on these rows' completions, in one batch. `whole` (the search): every
+        named reward or nothing ({} when one raises, noted in `raised`), so an example never loses a reward its
+        baselines had."""
         out: dict[str, list[float | None]] = {}
         for name in names or self.fns:
-            if name in self.raised:
+            if name in self.raised and not whole:
                 continue
             try:
                 out[name] = score(
@@ -160,7 +166,9 @@ class Audit:
                     {k: [v[i] for i in idx] for k, v in self.columns.items()},
                 )[name]
             except InputError as exc:  # it cannot score text it did not expect: said, not judged here
-                self.raised[name] = f"{_clip(completions[0] if completions else '', 60)!r}: {exc}"
+                self.raised.setdefault(name, f"{_clip(completions[0] if completions else '', 60)!r}: {exc}")
+                if whole:
+                    return {}
         return out
 
     def total(self, values: dict[str, list[float | None]], k: int) -> float:
@@ -283,16 +291,16 @@ def _search(a: Audit, values, made, budget: int, seed: int, alone: str | None = 
     from hypothesis.errors import Flaky
 
     rows = [i for i in range(len(a.rows)) if _span(a, values, i, alone) > EPS]
-    if len(rows) < 2:
+    if len(rows) < 2 or budget <= 0:
         return []
     names = [alone] if alone else list(a.training)
 
     def prop(plan: tuple) -> None:
         blind = [_render(plan, a, i) for i in rows]
         a.tried += len(rows)
-        got = a.score(rows, blind, names)
+        got = a.score(rows, blind, names, whole=True)
         if not got:
-            return
+            return  # a reward raised on it: said in the report, no finding made of a partial total
         shares = []
         for k, i in enumerate(rows):
             pay = got[alone][k] if alone else a.total(got, k)
@@ -300,7 +308,9 @@ def _search(a: Audit, values, made, budget: int, seed: int, alone: str | None = 
             if pay is None or math.isnan(pay) or a.correct(blind[k], a.rows[i], a.refs[i]):
                 shares.append(0.0)  # no opinion, or right by the task's own verdict: earned, not gamed
             else:
-                shares.append((pay - wrong) / (ref - wrong))
+                share = (pay - wrong) / (ref - wrong)
+                shares.append(share if math.isfinite(share) else 0.0)
+        shares = [max(-1e6, min(1e6, x)) for x in shares]  # a reward paying 1e308 still steers a finite target
         typical = statistics.median(shares)
         target(statistics.fmean(shares), label="mean share of the reference's pay")
         if typical >= a.material - EPS:

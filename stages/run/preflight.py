@@ -44,7 +44,12 @@ def check(recipe, *, offline: bool = False) -> dict[str, Any]:
 
     if offline:
         if from_hub(recipe.data):
-            return {"skipped": [f"data: {recipe.data.path} is loaded from the hub, which needs the network"]}
+            return {
+                "skipped": [
+                    f"data: {recipe.data.path} is loaded from the hub, which needs the network (so are the rewards' "
+                    "calls on its rows and the environment's resets)"
+                ]
+            }
     else:
         check_store(recipe.store)
     task = load_task(recipe.data)

@@ -288,8 +288,10 @@ def roots(store, experiment: str, champions: int = DEFAULT_CHAMPIONS) -> list[tu
             if e["version"] in crowned:
                 out.append((stage, e["version"]))
         out += [(stage, v) for v in newest_of.values()]
-        if evals:
-            out.append((stage, evals[-1]["version"]))  # the newest evaluation and the policy it measured
+        if evals:  # the newest evaluation and the policy it measured (`cycle.start_from: latest` starts there): a
+            # measured policy is not followed from an evaluation's lineage, so it is a root of its own
+            out.append((stage, evals[-1]["version"]))
+            out += refs_in((evals[-1].get("inputs") or {}).get("policy"))[:1]
     return out
 
 

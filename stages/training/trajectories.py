@@ -150,7 +150,9 @@ class Recorder:
         self.step = 0
         self.order: list[str] = []
         self.tool_bounds: dict[str, float] = {}  # rollouts' tool calls past a bound, over this process's training
-        self._bounds_seen: dict[str, float] | None = None
+        from regimen.stages.environments.bounds import rollout_counts
+
+        self._bounds_seen = rollout_counts()  # what earlier stages of this process counted is theirs
 
     def listen(self, fn, rewards: int) -> None:
         """Hear each whole batch the trainer scores: `fn(kwargs, values)`, values in the rewards' order."""
@@ -176,13 +178,11 @@ class Recorder:
     def _count_tool_bounds(self, log_metric) -> None:
         """This batch's rollouts' tool calls past the time limit and replies cut (`environments/bounds.py` counts
         them as TRL's loop makes them): into TRL's training log through its `log_metric` (per batch, averaged over
-        a logging step) and into the totals. The first batch's figure holds what happened before it in this
-        process's training (none, but for a smoke test run in the same process before)."""
+        a logging step) and into the totals."""
         from regimen.stages.environments.bounds import rollout_counts
 
         now = rollout_counts()
-        seen = self._bounds_seen if self._bounds_seen is not None else {k: 0.0 for k in now}
-        self._bounds_seen = now
+        seen, self._bounds_seen = self._bounds_seen, now
         for key, total in now.items():
             n = total - seen.get(key, 0.0)
             self.tool_bounds[key] = self.tool_bounds.get(key, 0.0) + n
