@@ -215,7 +215,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         stats[f"rewards/{name}/none"] = float(len(vals) - len(scored))
     stats.update({"num_prompts": float(len(rows)), "num_generations": float(group)})
     if envs is not None:
-        from regimen.stages.environments.bounds import counts
+        from regimen.stages.training.episodes import bound_counts as counts
         from regimen.stages.training.episodes import tool_errors
 
         stats["tool_errors"] = float(tool_errors(completions))

@@ -166,7 +166,9 @@ def test_a_recipe_with_only_model_and_data_trains_with_trl_defaults(tmp_path, ca
     assert r.sft_value("max_steps") == -1 and r.grpo_value("num_train_epochs") == 3.0
     assert r.grpo_value("beta") == 0.04  # Regimen's one documented difference: a KL penalty always
     assert r.max_new_tokens() == 512
-    code, out, _ = run_cli(["check", str(recipe)], capsys)
+    code, out, err = run_cli(["check", str(recipe)], capsys)  # the run would refuse it: so does check (issue 51)
+    assert code == 2 and "model.tiny.max_position_embeddings=64 is too small" in err, (out, err)
+    code, out, _ = run_cli(["check", str(recipe), "--set", "model.tiny.max_position_embeddings=544"], capsys)
     assert code == 0
     assert (
         "  learning_rate: 1.0e-06  # TRL default" in out.splitlines()

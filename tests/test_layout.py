@@ -184,6 +184,7 @@ ROOMS: dict[str, Room] = {
             "training",
             "records",
             "registry",
+            "run",
             "present",
             "serving",
             "pipeline",

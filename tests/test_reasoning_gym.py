@@ -13,7 +13,6 @@ from conftest import ROOT, run_cli
 from regimen.stages.core.errors import InputError
 from regimen.stages.recipe import load_recipe
 from regimen.stages.rewards import from_specs, get_reward
-from regimen.stages.rewards.audit import audit
 from regimen.stages.tasks import normalized_prompt, shuffled
 from regimen.stages.tasks.registry import load_task
 
@@ -135,13 +134,16 @@ def test_rewards_by_dotted_path_are_named_by_their_path_or_as():
 
 
 GCD = {"data": {"task": "reasoning_gym", "name": "gcd", "train_size": 200, "heldout_size": 20}}
-BITS = {"data": {"task": "reasoning_gym", "name": "count_bits", "train_size": 200, "heldout_size": 20}}
 
 
 def _audit(config: str, **overrides) -> dict:
+    """The audit as the dry run runs it (the recipe's budget, threshold and verdict)."""
+    from regimen.stages.dry_run import _audit as dry_run_audit
+
     r = load_recipe(config, overrides, check_trl=False)
     task = load_task(r.data)
-    return audit(from_specs(r.rewards), r.reward_weights(), shuffled(task.train, seed=1), task.reference)
+    report = dry_run_audit(r, shuffled(task.train, seed=1), task.reference)
+    return {"gameable": [], **report}
 
 
 @pytest.mark.parametrize(
@@ -152,9 +154,9 @@ def _audit(config: str, **overrides) -> dict:
         # chain_sum's partial credit shrinks with the completion's length: a blind list of the answer space earns
         # under 1% of a right answer (issue 52: the audit asks what a policy without the answer can earn)
         (str(RG), {"rewards": [{"name": "reasoning_gym", "args": {"partial": True}}]}, []),
-        # gcd's partial credit pays a blind constant half a right answer; count_bits' substring credit a digit run
+        # gcd's partial credit pays a blind constant half a right answer (count_bits' substring credit pays a digit
+        # run 0.10 of it, at the threshold: caught or not by the seed, bench/results/reward_audit.jsonl)
         (str(RG), {**GCD, "rewards": [{"name": "reasoning_gym", "args": {"partial": True}}]}, ["reasoning_gym"]),
-        (str(RG), {**BITS, "rewards": [{"name": "reasoning_gym", "args": {"partial": True}}]}, ["reasoning_gym"]),
         (
             str(RG),
             {"rewards": [{"name": "reasoning_gym"}, {"name": "rewards_for_tests:reference_anywhere"}]},
@@ -211,7 +213,8 @@ def test_a_gameable_reward_stops_the_run_at_the_dry_run_naming_the_reward_and_wh
         capsys,
     )
     assert code == 1, (out, err)
-    assert "reward-dry-run" in err and "rewards_for_tests.reference_anywhere" in err and "candidate answers" in err, err
+    assert "reward-dry-run" in err and "rewards_for_tests.reference_anywhere" in err and "witness" in err, err
+    assert "without knowing the answer" in err
     assert "dry_run.gameable: warn" in err and "Traceback" not in err
     from regimen.stages.store import Store
 

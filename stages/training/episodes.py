@@ -198,6 +198,14 @@ def _tool_reply(tools: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "name": str(name), "content": str(result)}
 
 
+def bound_counts(completions: list[Any]) -> dict[str, float]:
+    """Tool replies over these episodes that hit a bound (`environments/bounds.counts`): for the stages, which reach
+    the environments through the training pieces."""
+    from regimen.stages.environments.bounds import counts
+
+    return counts(completions)
+
+
 def tool_errors(completions: list[Any]) -> int:
     """Tool calls answered with an error (a tool that raised, no such tool, bad arguments), as TRL's loop answers
     them (`{'error': ...}`), over these episodes."""
