@@ -333,7 +333,12 @@ def _search(a: Audit, values, made, budget: int, seed: int, alone: str | None = 
             )
 
     test = given(_strategy(a))(prop)
-    seeds = [*SEEDS, *((((" ", (("text", t),)),), ("", 0)) for t in ABSTAIN + FORMAT)]
+    low, high = _answer_range(a)
+    seeds = [
+        *SEEDS,
+        *((((sep, (("range", low, high),)),), ("", 0)) for sep in (" ", "\n")),  # the whole answer space listed
+        *((((" ", (("text", t),)),), ("", 0)) for t in ABSTAIN + FORMAT),
+    ]
     for plan in reversed(seeds):  # the fixed probes, abstentions and format tokens alone: the search's first examples
         test = example(plan)(test)
     test = settings(
@@ -379,8 +384,7 @@ def _strategy(a: Audit):
     from hypothesis import strategies as st
 
     n = len(a.refs)
-    numeric = [v for r in a.refs if (v := _number(r)) is not None]
-    low, high = (int(min(numeric)) - 10, int(max(numeric)) + 10) if numeric else (0, 100)
+    low, high = _answer_range(a)
     words = sorted({w for w in _text(a.prompts[0]).replace("\n", " ").split(" ") if w})[:40] or ["x"]
     multi_line = any("\n" in r.strip() for r in a.refs)
     piece = st.one_of(
@@ -406,6 +410,12 @@ def _strategy(a: Audit):
         constant.map(lambda text: (((" ", (("text", text),)),), ("", 0))),
         st.tuples(st.lists(line, min_size=1, max_size=4).map(tuple), padding),
     )
+
+
+def _answer_range(a: Audit) -> tuple[int, int]:
+    """The integers around the answers where they are numbers (the answer space a list can cover), else 0 to 100."""
+    numeric = [v for r in a.refs if (v := _number(r)) is not None]
+    return (int(min(numeric)) - 10, int(max(numeric)) + 10) if numeric else (0, 100)
 
 
 def _render(plan: tuple, a: Audit, i: int) -> str:
