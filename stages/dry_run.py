@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import time
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
@@ -168,10 +169,12 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
     fns = from_specs(recipe.rewards)
+    began = time.perf_counter()
     report = _audit(recipe, shuffled(task.train, seed=seed + 1), task.reference)
+    audit_s = time.perf_counter() - began  # its share of the dry run's wall time: bench/reward_audit.py reads it
     if report["findings"] and cfg.gameable == "stop":  # before any sampling: nothing GRPO would learn is worth it
         return StageOutput(
-            {"audit_findings": float(len(report["findings"]))},
+            {"audit_findings": float(len(report["findings"])), "audit_s": audit_s},
             status="failed",
             diagnosis=_gameable_diagnosis(report),
             extra={"reward_audit": report},
@@ -226,6 +229,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     trajectories.write(dirs.out, trajectories.rows_from_batch(prompts, completions, per_reward, **context))
     extra: dict[str, Any] = {"reward_audit": report}
     stats["audit_findings"] = float(len(report["findings"]))
+    stats["audit_s"] = audit_s
     warnings = []
     if gameable := gameable_names(fns):
         warnings.append(GAMEABLE_WARNING.format(names=", ".join(gameable)))

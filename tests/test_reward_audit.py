@@ -6,6 +6,7 @@ at least 90% of the time, the same seed the same report, a reward that drifts wi
 from __future__ import annotations
 
 import json
+import operator
 
 import pytest
 import reward_corpus as corpus
@@ -182,3 +183,50 @@ def test_a_reward_that_raises_on_some_blind_text_makes_no_finding_of_the_others_
 def test_a_budget_of_zero_runs_the_fixed_probes_only(task):
     spec, _ = corpus.HONEST["exact_match"]
     assert audited(task, spec, budget=0)["search"]["tried"] == 0
+
+
+def _chat_rows(task, n=40):
+    """The default task's rows as a chat recipe's: the prompt a list of messages (TRL's conversational format)."""
+    return [
+        {**r, "prompt": [{"role": "system", "content": "Answer."}, {"role": "user", "content": r["prompt"]}]}
+        for r in task.train[:n]
+    ]
+
+
+ANSWER = operator.itemgetter("answer")  # the row's answer (the task's solver reads a text prompt)
+
+
+def _content(completion):
+    """open-r1's way of reading a completion: `completion[0]["content"]` (a string would raise TypeError)."""
+    return completion[0]["content"]
+
+
+def open_r1_accuracy(prompts, completions, answer=None, **kwargs):
+    return [corpus._exact(_content(c), a) for c, a in zip(completions, answer)]
+
+
+def open_r1_tag_count(prompts, completions, **kwargs):
+    return [0.25 * sum(t in _content(c) for t in ("<think>", "</think>", "<answer>", "</answer>")) for c in completions]
+
+
+def test_on_a_chat_recipe_the_audit_hands_rewards_the_assistant_messages_trl_hands_them(task):
+    """Completions in the recipe's shape (issue 52 item 1): after a chat prompt, `[{"role": "assistant", ...}]`, as
+    GRPOTrainer passes them; rewards written for it (open-r1's) are scored, not refused, and judged as on text."""
+    rows = _chat_rows(task)
+    seen = []
+
+    def shape_spy(prompts, completions, **kwargs):
+        seen.extend(completions)
+        return open_r1_accuracy(prompts, completions, **kwargs)
+
+    honest = audit({"acc": shape_spy}, {"acc": 1.0}, rows, ANSWER)
+    assert honest["findings"] == [] and honest["raised"] == {}, honest
+    assert seen and all(isinstance(c, list) and c[0]["role"] == "assistant" for c in seen), seen[:3]
+    alone = audit({"tags": open_r1_tag_count}, {"tags": 1.0}, rows, ANSWER)
+    assert alone["gameable"] == ["tags"] and alone["raised"] == {}, alone
+    beside = audit(
+        {"acc": open_r1_accuracy, "tags": open_r1_tag_count}, {"acc": 1.0, "tags": 1.0}, rows, task.reference
+    )
+    assert beside["findings"] == [], beside["findings"]  # a format reward beside correctness: dressed baselines
+    text = audit({"tags": open_r1_tag_count}, {"tags": 1.0}, task.train[:40], ANSWER)
+    assert text["gameable"] == [] and "tags" in text["raised"]  # on text prompts the same reward cannot score text

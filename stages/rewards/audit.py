@@ -162,7 +162,7 @@ class Audit:
                 out[name] = score(
                     {name: self.fns[name]},
                     [self.prompts[i] for i in idx],
-                    completions,
+                    [self.shaped(i, c) for i, c in zip(idx, completions)],
                     {k: [v[i] for i in idx] for k, v in self.columns.items()},
                 )[name]
             except InputError as exc:  # it cannot score text it did not expect: said, not judged here
@@ -170,6 +170,17 @@ class Audit:
                 if whole:
                     return {}
         return out
+
+    def shaped(self, i: int, completion: Any) -> Any:
+        """A completion in TRL's shape for row `i`: text after a text prompt; after a chat prompt (a list of messages)
+        the assistant's message list, `[{"role": "assistant", "content": ...}]`, as GRPOTrainer hands it to rewards."""
+        if isinstance(completion, str) and isinstance(self.prompts[i], list):
+            return [{"role": "assistant", "content": completion}]
+        return completion
+
+    def verdict(self, completion: Any, i: int) -> bool | None:
+        """The task's verdict on a completion for row `i`, in the recipe's shape."""
+        return self.correct(self.shaped(i, completion), self.rows[i], self.refs[i])
 
     def total(self, values: dict[str, list[float | None]], k: int) -> float:
         scored = {n: [values[n][k]] for n in self.training if n in values}
@@ -305,7 +316,7 @@ def _search(a: Audit, values, made, budget: int, seed: int, alone: str | None = 
         for k, i in enumerate(rows):
             pay = got[alone][k] if alone else a.total(got, k)
             wrong, ref = _baseline(a, values, i, alone)
-            if pay is None or math.isnan(pay) or a.correct(blind[k], a.rows[i], a.refs[i]):
+            if pay is None or math.isnan(pay) or a.verdict(blind[k], i):
                 shares.append(0.0)  # no opinion, or right by the task's own verdict: earned, not gamed
             else:
                 share = (pay - wrong) / (ref - wrong)
