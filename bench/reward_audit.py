@@ -9,6 +9,7 @@ No model: rows are generated (8 per reasoning-gym task, its default configuratio
 rows for the corpus). Results go to bench/results/reward_audit.jsonl (date, machine, commit on every row).
 
     .venv/bin/python bench/reward_audit.py [--tasks chain_sum spell_backward ...] [--no-rg]
+    .venv/bin/python bench/reward_audit.py --store STORE   # the audit's share of real dry runs' wall time
 """
 
 from __future__ import annotations
@@ -144,11 +145,45 @@ def corpus() -> list[dict]:
     return out
 
 
+def dry_run_share(store: str, stamp: dict) -> list[dict]:
+    """The audit's share of real dry runs' wall time: every reward-dry-run version of every experiment in `store`
+    (a run's store: `regimen run configs/X.yaml --store S`), its `audit_s` over its `wall_s`."""
+    from regimen.stages.store import Store
+
+    st, out = Store(store), []
+    for exp in sorted(p.name for p in Path(store).iterdir() if p.is_dir() and p.name[:1].isalnum()):
+        for m in st.versions(exp, "reward-dry-run"):
+            audit_s = (m.get("metrics") or {}).get("audit_s")
+            if audit_s is not None and m.get("wall_s"):
+                out.append(
+                    {
+                        "kind": "dry_run_share",
+                        "experiment": exp,
+                        "version": m["version"],
+                        "audit_s": round(audit_s, 2),
+                        "dry_run_s": round(m["wall_s"], 2),
+                        "share": round(audit_s / m["wall_s"], 3),
+                        **stamp,
+                    }
+                )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="*")
     ap.add_argument("--no-rg", action="store_true", help="skip reasoning-gym's tasks")
+    ap.add_argument("--store", help="only: the audit's share of the dry runs' wall time in this run's store")
     args = ap.parse_args()
+    if args.store:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        stamp = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} cores"}
+        rows = dry_run_share(args.store, {**stamp, "commit": commit.stdout.strip()})
+        with RESULTS.open("a") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        print(table(rows, ["experiment", "version", "audit_s", "dry_run_s", "share"]))
+        return
     warnings.filterwarnings("ignore")
     header("the reward audit on reasoning-gym's scorers, the shipped recipes and a corpus of rewards")
     from reasoning_gym.factory import DATASETS

@@ -103,7 +103,9 @@ def _audit(recipe, rows: list[dict[str, Any]], reference_of) -> dict[str, Any]:
         return {
             "skipped": "episodes: the rewards judge an environment's episodes, made-up text cannot stand in for them",
             "findings": [],
+            "seconds": 0.0,
         }
+    began = time.perf_counter()
     cfg = recipe.dry_run
     multi_line = any("\n" in str(reference_of(r) or "").strip() for r in rows[:MAX_ROWS])
     report = audit(
@@ -119,7 +121,7 @@ def _audit(recipe, rows: list[dict[str, Any]], reference_of) -> dict[str, Any]:
     )
     for line in summary(report):
         log.info("%s", line)
-    return report
+    return {**report, "seconds": time.perf_counter() - began}
 
 
 def verdict(recipe):
@@ -161,17 +163,13 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.training.episodes import complete, transcript
     from regimen.stages.training.model import load_policy
 
-    g = recipe.grpo_value
-    cfg = recipe.dry_run
-    group = int(g("num_generations"))
-    seed = int(g("seed") or 0)
-    policy = inputs["policy"]["model"]
+    g, cfg = recipe.grpo_value, recipe.dry_run
+    group, seed = int(g("num_generations")), int(g("seed") or 0)
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
     fns = from_specs(recipe.rewards)
-    began = time.perf_counter()
     report = _audit(recipe, shuffled(task.train, seed=seed + 1), task.reference)
-    audit_s = time.perf_counter() - began  # its share of the dry run's wall time: bench/reward_audit.py reads it
+    audit_s = report.pop("seconds")  # its share of the dry run's wall time: bench/reward_audit.py reads it
     if report["findings"] and cfg.gameable == "stop":  # before any sampling: nothing GRPO would learn is worth it
         return StageOutput(
             {"audit_findings": float(len(report["findings"])), "audit_s": audit_s},
@@ -179,7 +177,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
             diagnosis=_gameable_diagnosis(report),
             extra={"reward_audit": report},
         )
-    model, tokenizer = load_policy(policy, recipe)
+    model, tokenizer = load_policy(inputs["policy"]["model"], recipe)
     samples, envs = complete(
         model,
         tokenizer,
