@@ -15,6 +15,7 @@ NAME = "eval"
 ROLE = "judge"
 TRAINS = False
 KEY_METRICS = ("heldout_accuracy", "heldout_accuracy_unprobed")
+HELDOUT_FILE = "heldout.jsonl"
 
 
 def config_section(recipe, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -62,6 +63,13 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from regimen.stages.training.heldout import spread
 
     trajectories.write(dirs.out, [rows[i] for i in spread(task.heldout, max(recipe.eval.trajectories, 1))])
+    from regimen.stages.decide.reading import flag_counts, flags
+
+    flagged = flags(rows, metric=recipe.eval.metric)  # what looks like a hack, each with its reason
+    metrics.update({f"flags/{k}": float(v) for k, v in flag_counts(flagged).items()})
+    # every held-out row (prompt id, completion, each reward, the task's verdict, its flags): `regimen trajectories`
+    # compares two evaluations row for row
+    trajectories.write(dirs.out / HELDOUT_FILE, [{**t, "flags": f} for t, f in zip(rows, flagged)])
     import json
 
     # each held-out prompt's outcome, in the set's order: the champion's comparison is paired over these

@@ -225,6 +225,8 @@ def write_logs(built: Built, dirs) -> None:
             for h in built.trainer.state.log_history:
                 fh.write(json.dumps(h) + "\n")
         trajectories.write(dirs.out, built.recorder.rows())
+        if built.recorder.groups is not None:
+            built.recorder.groups.write(dirs.out)
         if rates is not None:
             rates.write(dirs.out)
 

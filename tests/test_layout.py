@@ -156,9 +156,9 @@ ROOMS: dict[str, Room] = {
     ),
     "present": Room(
         ["regimen.flows.present"],
-        ["core", "store", "rewards", "recipe", "training", "records", "registry"],
+        ["core", "decide", "store", "rewards", "recipe", "training", "records", "registry"],
         "`flows/present/`",
-        "tables, plots, report, status, what reward-check shows, the terminal",
+        "tables, plots, report, status, what reward-check shows, the terminal, what a round changed (trajectories)",
     ),
     "serving": Room(
         ["regimen.flows.serving"],

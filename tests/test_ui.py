@@ -123,6 +123,15 @@ def test_ui_shows_the_deployments_and_a_completed_runs_metrics(browser_available
     img.wait_for()
     assert page.evaluate("(el) => el.complete && el.naturalWidth", img.element_handle()) > 300
     page.screenshot(path=str(tmp_path / "plot.png"), full_page=True)
+
+    # what each evaluation changed (issue 50): its counts, flags and first flips as markdown the UI renders
+    changes = [a for a in server.artifacts(run["id"], "markdown") if a["key"] == f"{EXPERIMENT}-eval-changes"]
+    newest = max(changes, key=lambda a: a["created"])
+    page.goto(f"{server.url}/artifacts/artifact/{newest['id']}")
+    page.get_by_text("paid_but_wrong", exact=True).first.wait_for()
+    body = page.inner_text("body")
+    assert "What eval v" in body and ("wrong → right" in body or "nothing to compare with" in body), body[:2000]
+    assert "regimen trajectories" in body
     print(f"\nUI: login, deployments and artifact pages in {time.monotonic() - t0:.1f}s; screenshots in {tmp_path}")
     assert (tmp_path / "deployments.png").stat().st_size > 10_000 and (
         tmp_path / "artifact.png"

@@ -3,7 +3,7 @@
 
 # isort: off
 from regimen.flows.cli.app import app, main
-from regimen.flows.cli import run, reward_check, serving, models, store  # noqa: F401 - each registers its commands
+from regimen.flows.cli import run, reward_check, serving, models, store, trajectories  # noqa: F401 - each registers its commands
 # isort: on
 
 __all__ = ["app", "main"]

@@ -187,6 +187,8 @@ def publish(result: StageResult, store) -> None:
             key=artifact_key(base, "reward-audit"),
             description=f"{m['stage']} v{m['version']}: what the reward audit searched and found",
         )
+    if m["stage"] == registry.judge() and not result.reused:  # what this evaluation changed against the one before
+        publish_changes(store, m)
     if registry.trains(m["stage"]) and (result.path / "train_log.jsonl").exists():
         name = f"{m['stage']} v{m['version']}"
         log = trajectories.read(result.path / "train_log.jsonl")
@@ -199,6 +201,21 @@ def publish(result: StageResult, store) -> None:
             f"{name}: training and held-out probe",
             kind="training" if rewarded else "divergence",
         )
+
+
+def publish_changes(store, m: dict[str, Any]) -> None:
+    """After an evaluation: the page of every held-out row against the evaluation before (the experiment's `pages`
+    folder) and, in the UI, its counts, flags and first flips as markdown (a browser will not follow a `file://`
+    link from the UI's http page, so the tables themselves travel, with the page's path and the command)."""
+    from regimen.flows.present import trajectories as present
+
+    v = present.view(store, m["experiment"], m["stage"], m["version"])
+    page = present.write_page(v, store.experiment_dir(m["experiment"], "pages") / f"{m['stage']}_v{m['version']}.html")
+    create_markdown_artifact(
+        markdown=present.markdown(v, str(page.resolve())),
+        key=artifact_key(m["experiment"], m["stage"], "changes"),
+        description=f"{m['stage']} v{m['version']}: the prompts that flipped, and what looks like a hack",
+    )
 
 
 def publish_curves(
@@ -298,6 +315,10 @@ def publish_verdict(experiment: str, record: dict[str, Any], eval_path: str) -> 
         )
     if record["verdict"] == "reward-hacking-suspected":
         md += "\n\n" + hacked_trajectories_markdown(Path(eval_path))
+        md += (
+            f"\n\nEvery held-out row, flagged, beside the evaluation before: `regimen trajectories {experiment}` "
+            f"(the page is in the experiment's `pages` folder; the `{experiment}-eval-changes` artifact has its counts)"
+        )
     create_markdown_artifact(
         markdown=md,
         key=artifact_key(experiment, "verdict"),

@@ -152,6 +152,9 @@ def _training_set(recipe, task, fns, args, recorder, curriculum, rates) -> tuple
 
     weights = [recipe.reward_weights()[name] for name in fns]
     first: list = []
+    # every scored group with its rewards and advantages (groups.jsonl): which groups taught something
+    recorder.groups = trajectories.Groups(weights, args.num_generations, getattr(args, "scale_rewards", "group"))
+    recorder.listen(recorder.groups.listener(recorder), len(fns))
     if curriculum is not None and getattr(curriculum, "controller", None) is not None:  # curriculum.kind: levels
         from regimen.stages.training import levels
 

@@ -67,11 +67,20 @@ def heldout_eval(
         metrics.update(counts(completions))  # tool calls past the time limit, replies cut to the size limit
     metrics.update(accuracy_by_group(rows, correct))
     rendered = [_rendered(tokenizer, p) for p in prompts]
+    from regimen.stages.decide.reading import row_ids
+    from regimen.stages.rewards import weighted_total
+    from regimen.stages.training.pass_rates import prompt_id
+
     context: dict[str, list[Any]] = {
+        "id": row_ids(prompts, prompt_id),  # the row's identity: two evaluations are compared row for row by it
         "answer": [r.get("answer") for r in rows],
         "correct": correct,
+        "total": weighted_total(values, recipe.reward_weights()),  # what the rewards pay, as training weighs them
         "rendered_prompt": rendered,
     }
+    for column, _ in GROUPS:  # a mixture's task, a curriculum level: what the page filters by
+        if any(r.get(column) is not None for r in rows):
+            context[column] = [r.get(column) for r in rows]
     if envs is not None:
         context["episode"] = [transcript(c, e[0]) for c, e in zip(completions, envs)]
     traj = trajectories.rows_from_batch(prompts, completions, values, **context)

@@ -140,6 +140,55 @@ class Listeners:
                 fn(kwargs, columns)
 
 
+GROUPS_FILE = "groups.jsonl"
+
+
+class Groups:
+    """Every group GRPO scored, per step: the prompt's id, each attempt's weighted reward and its advantage (TRL's rule:
+    the reward less the group's mean, over the group's standard deviation with `scale_rewards: group`, the batch's
+    with `batch`, unscaled with `none`), so a person sees which groups taught something (an all-alike group's
+    advantages are all 0). One line per scored batch in `groups.jsonl`."""
+
+    def __init__(self, weights: list[float], group: int, scale: str = "group"):
+        self.weights, self.group, self.scale = weights, max(int(group), 1), str(scale)
+        self.batches: list[dict[str, Any]] = []
+
+    def listener(self, recorder: Recorder):
+        def heard(kwargs: dict[str, Any], values: list[list[float | None]]) -> None:
+            totals = [
+                sum(w * v for w, v in zip(self.weights, col) if v is not None and math.isfinite(v))
+                for col in zip(*values)
+            ]
+            ids = kwargs.get("prompt_id") or [None] * len(totals)
+            batch_std = _std(totals)
+            groups = []
+            for k in range(0, len(totals) - self.group + 1, self.group):
+                g = totals[k : k + self.group]
+                mean = sum(g) / len(g)
+                spread = {"batch": batch_std, "none": 1.0 - 1e-4}.get(self.scale, _std(g))
+                groups.append(
+                    {
+                        "id": ids[k],
+                        "rewards": [round(x, 6) for x in g],
+                        "advantage": [round((x - mean) / (spread + 1e-4), 6) for x in g],
+                        "alike": max(g) - min(g) < 1e-9,
+                    }
+                )
+            self.batches.append({"step": recorder.step, "groups": groups})
+
+        return heard
+
+    def write(self, path: Path) -> None:
+        write(Path(path) / GROUPS_FILE, self.batches)
+
+
+def _std(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    mean = sum(xs) / len(xs)
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))  # torch.std's unbiased estimate, as TRL's
+
+
 class Recorder:
     """The reward functions GRPO gets: each checked (`checked`), its batches sampled as trajectories (`Sampler`)
     and heard by the curriculum (`Listeners`), three small pieces joined here."""
@@ -149,6 +198,7 @@ class Recorder:
         self.listeners = Listeners()
         self.step = 0
         self.order: list[str] = []
+        self.groups: Groups | None = None  # set by the trainer's builder: every scored group, per step
         self.tool_bounds: dict[str, float] = {}  # rollouts' tool calls past a bound, over this process's training
         from regimen.stages.environments.bounds import rollout_counts
 
