@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages import registry
+from regimen.stages.core import signals
 from regimen.stages.core.contract import StageDirs, StageOutput
 from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
 from regimen.stages.core.fingerprint import (
@@ -240,7 +241,10 @@ def _launch_recorded(
     """The stage's output; when it raises, the failed attempt is recorded and the error said as the
     stage's: StageInterrupted (Ctrl-C, SIGTERM, cancel), StageStopped (anything else), SystemExit as is."""
     try:
-        return _launch(call.stage, module, call.recipe, call.inputs, dirs)
+        with signals.noticed():  # a SIGTERM that a finaliser swallowed still stops the stage (core/signals.py)
+            output = _launch(call.stage, module, call.recipe, call.inputs, dirs)
+            signals.deliver()
+        return output
     except RegimenError as exc:
         from regimen.stages.run.launcher import LentToMachineZero
 

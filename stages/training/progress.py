@@ -13,6 +13,8 @@ import os
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
+from regimen.stages.core import signals
+
 SHOWN = ("loss", "reward", "heldout_probe")
 
 
@@ -57,6 +59,15 @@ class StageProgress(TrainerCallback):
             self.bar = None
 
 
+class Signals(TrainerCallback):
+    """After every step, a stop signal whose exception a finaliser swallowed is raised again
+    (`regimen.stages.core.signals`): a SIGTERM always stops training within a step."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        signals.deliver()
+        return control
+
+
 class ForwardLogs(TrainerCallback):
     """Each log entry of the Trainer, as it is written, to whoever watches the stage (`StageDirs.progress`, event
     `log`): the flow mirrors it into the trackers (`tracking:`). A watcher that fails never stops training."""
@@ -74,7 +85,9 @@ class ForwardLogs(TrainerCallback):
 
 def quiet(trainer, desc: str, progress=None):
     """Give `trainer` one progress bar named `desc` in place of transformers' printing callbacks (unless
-    REGIMEN_VERBOSE=1), and its log entries to `progress` (the stage's watcher) when given. Returns the trainer."""
+    REGIMEN_VERBOSE=1), its log entries to `progress` (the stage's watcher) when given, and a stop signal a finaliser
+    swallowed raised after the step it came in. Returns the trainer."""
+    trainer.add_callback(Signals())
     if progress is not None:
         trainer.add_callback(ForwardLogs(progress))
     if not verbose():
