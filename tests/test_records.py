@@ -369,6 +369,7 @@ MISUSE = {  # command -> (args that miss a required argument or None when it has
     "check": ([], ["tests/tiny.yaml", "--set"]),
     "reward-check": ([], ["--samples"]),
     "status": ([], ["x", "--store"]),
+    "trajectories": ([], ["x", "--limit", "many"]),
     "sweep": ([], ["tests/tiny.yaml", "--store"]),
     "report": ([], ["x", "--store"]),
     "serve": ([], ["configs/default.yaml", "--max-steps", "-3"]),
