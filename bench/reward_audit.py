@@ -55,6 +55,7 @@ def _finding(report: dict) -> dict:
 def audit_task(name: str) -> dict:
     from regimen.stages.rewards import get_reward
     from regimen.stages.rewards.audit import audit
+    from regimen.stages.rewards.scoring import passes
 
     try:
         rows = rg_rows(name)
@@ -64,7 +65,7 @@ def audit_task(name: str) -> dict:
     full = get_reward("reasoning_gym")
 
     def verdict(completion, row, reference):
-        return (full(None, [completion], **{k: [v] for k, v in row.items() if k != "prompt"})[0] or 0.0) >= 1.0
+        return passes(full(None, [completion], **{k: [v] for k, v in row.items() if k != "prompt"})[0]) == 1.0
 
     for partial in (False, True):
         fns = {"reasoning_gym": get_reward("reasoning_gym", partial=partial)}

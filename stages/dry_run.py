@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
-from regimen.stages.rewards import GAMEABLE_WARNING, from_specs, gameable_names, score, weighted_total
+from regimen.stages.rewards import GAMEABLE_WARNING, Scorer, columns, gameable_names
 from regimen.stages.rewards.audit import MAX_ROWS, audit, summary
 from regimen.stages.tasks import shuffled
 from regimen.stages.training import trajectories
@@ -108,12 +108,13 @@ def _audit(recipe, rows: list[dict[str, Any]], reference_of) -> dict[str, Any]:
     began = time.perf_counter()
     cfg = recipe.dry_run
     multi_line = any("\n" in str(reference_of(r) or "").strip() for r in rows[:MAX_ROWS])
+    scorer = Scorer(recipe)  # its own instances: a reward that keeps state is left as GRPO gets it
     report = audit(
-        from_specs(recipe.rewards),  # its own instances: a reward that keeps state is left as GRPO gets it
-        recipe.reward_weights(),
+        scorer.fns,
+        scorer.weights,
         rows,
         reference_of,
-        correct=verdict(recipe),
+        correct=scorer.verdict(),
         budget=cfg.audit_budget // 10 if multi_line else cfg.audit_budget,
         material=cfg.audit_material,
         abstention=cfg.abstention,
@@ -122,28 +123,6 @@ def _audit(recipe, rows: list[dict[str, Any]], reference_of) -> dict[str, Any]:
     for line in summary(report):
         log.info("%s", line)
     return {**report, "seconds": time.perf_counter() - began}
-
-
-def verdict(recipe):
-    """The task's own verdict on a completion, for the audit: the metric the evaluation uses (`eval.metric`: a reward
-    scoring at least 1.0, on the audit's own instance) or, for exact_match, the audit's normalised exact match."""
-    metric = recipe.eval.metric
-    if metric == "exact_match":
-        return None
-    fns = from_specs(recipe.rewards)
-    if metric not in fns:
-        return None
-    fn = fns[metric]
-
-    def correct(completion: Any, row: dict[str, Any], reference: str) -> bool:
-        columns = {k: [v] for k, v in row.items() if k not in ("prompt", "completion")}
-        try:
-            value = score({metric: fn}, [row["prompt"]], [completion], columns)[metric][0]
-        except Exception:  # noqa: BLE001 - a scorer that cannot judge the text does not call it right
-            return False
-        return value is not None and value >= 1.0
-
-    return correct
 
 
 def _gameable_diagnosis(report: dict[str, Any]) -> str:
@@ -167,7 +146,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     group, seed = int(g("num_generations")), int(g("seed") or 0)
     task = load_task(recipe.data, inputs.get("heldout"))
     rows = shuffled(task.train, seed=seed)[: cfg.num_prompts]
-    fns = from_specs(recipe.rewards)
+    scorer = Scorer(recipe)
+    fns = scorer.fns
     report = _audit(recipe, shuffled(task.train, seed=seed + 1), task.reference)
     audit_s = report.pop("seconds")  # its share of the dry run's wall time: bench/reward_audit.py reads it
     if report["findings"] and cfg.gameable == "stop":  # before any sampling: nothing GRPO would learn is worth it
@@ -199,11 +179,11 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     )
     prompts = [r["prompt"] for r in rows for _ in range(group)]
     completions = [c for s in samples for c in s]
-    columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k not in ("prompt", "completion")}
+    cols = columns(rows, repeat=group)
     if envs is not None:  # episodes: the policy's own, each scored by its environment
-        columns["environments"] = [e for es in envs for e in es]
-    per_reward = score(fns, prompts, completions, columns)
-    totals = weighted_total(per_reward, recipe.reward_weights())
+        cols["environments"] = [e for es in envs for e in es]
+    scores = scorer(prompts, completions, cols)
+    per_reward, totals = scores.values, scores.totals
     stats = group_stats(totals, group)
     from regimen.stages.training.pass_rates import PassRates, prompt_id
 
@@ -223,7 +203,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         stats.update(counts(completions))  # tool calls past the time limit, replies cut to the size limit
     context: dict[str, list[Any]] = {"total": totals, "group": [i // group for i in range(len(prompts))]}
     if envs is not None:
-        context["episode"] = [transcript(c, e) for c, e in zip(completions, columns["environments"])]
+        context["episode"] = [transcript(c, e) for c, e in zip(completions, cols["environments"])]
     trajectories.write(dirs.out, trajectories.rows_from_batch(prompts, completions, per_reward, **context))
     extra: dict[str, Any] = {"reward_audit": report}
     stats["audit_findings"] = float(len(report["findings"]))

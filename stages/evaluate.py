@@ -65,7 +65,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     trajectories.write(dirs.out, [rows[i] for i in spread(task.heldout, max(recipe.eval.trajectories, 1))])
     from regimen.stages.decide.reading import flag_counts, flags
 
-    flagged = flags(rows, metric=recipe.eval.metric)  # what looks like a hack, each with its reason
+    flagged = flags(rows)  # what looks like a hack, each with its reason
     metrics.update({f"flags/{k}": float(v) for k, v in flag_counts(flagged).items()})
     # every held-out row (prompt id, completion, each reward, the task's verdict, its flags): `regimen trajectories`
     # compares two evaluations row for row

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
+from regimen.stages.training import sampler
 
 NAME = "grpo"
 ROLE = "train"
@@ -45,15 +46,8 @@ def config_section(recipe) -> dict[str, Any]:
             "metric": recipe.eval.metric,
             "max_new_tokens": recipe.max_new_tokens(),
         },
-        "curriculum": recipe.curriculum.model_dump(mode="json") if curriculum_on(recipe) else None,
+        "curriculum": sampler.config(recipe),
     }
-
-
-def curriculum_on(recipe) -> bool:
-    """The curriculum runs in one process only (see `training/curriculum.py`), and over a number of steps:
-    its endless stream has no epochs."""
-    on = recipe.curriculum.enabled or recipe.curriculum.kind == "levels"
-    return on and recipe.num_processes() == 1 and (recipe.grpo_value("max_steps") or -1) > 0
 
 
 def barrier(trainer) -> None:
@@ -71,9 +65,7 @@ class Built:
     fns: list[Any]  # the reward functions, as TRL calls them
     probe: Any  # training/probe.HeldoutProbe: the held-out curve, the guard, the best-probing policy
     recorder: Any  # training/trajectories.Recorder: the batches TRL scored
-    pacing: Any  # training/curriculum.Curriculum, or None
-    seen: Any  # training/pass_rates.PassRates read from the inputs, or None
-    one_process: bool
+    sampler: Any  # training/sampler.Sampler: how GRPO picks its prompts (a curriculum's stream, or the rows)
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
@@ -110,39 +102,22 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
     )
     seen = PassRates.read((inputs.get("pass_rates") or {}).get("path"))  # the dry run's (or the round before's) table
     train_rows = task.train
-    if recipe.environment is not None:
+    if recipe.environment is not None:  # TRL's tool loop works on conversations
         from regimen.stages.training.episodes import chat_rows
 
         train_rows = chat_rows(train_rows)
-    pacing = make_curriculum(recipe, task, train_rows, seen) if curriculum_on(recipe) else None
-    # pass rates from the trainer's rewards need whole groups: one process sees them
-    one_process = recipe.num_processes() == 1
+    prompts = sampler.build(recipe, task, train_rows, seen, recorder)
     trainer, fns = build_trainer(
         recipe,
         policy,
         dirs.checkpoints,
         recorder,
         callbacks=[probe],
-        heldout=inputs.get("heldout"),
-        curriculum=pacing,
-        rates=None if pacing or not one_process else seen,
+        sampler=prompts,
         watch=getattr(dirs, "progress", None),
     )
     probe.trainer = trainer
-    return Built(trainer, fns, probe, recorder, pacing, seen, one_process)
-
-
-def make_curriculum(recipe, task, train_rows, seen):
-    """The pass-rate curriculum over the training rows, or (`kind: levels`) the stream of generated prompts."""
-    seed = int(recipe.grpo_value("seed") or 0)
-    if recipe.curriculum.kind == "levels":
-        from regimen.stages.tasks.registry import TASKS
-        from regimen.stages.training.levels import LevelsCurriculum
-
-        return LevelsCurriculum(TASKS[recipe.data.task], recipe.data, recipe.curriculum.levels, seed, task.heldout)
-    from regimen.stages.training.curriculum import Curriculum
-
-    return Curriculum(train_rows, recipe.curriculum, seed=seed, rates=seen)
+    return Built(trainer, fns, probe, recorder, prompts)
 
 
 def train(built: Built, dirs) -> tuple[int, float]:
@@ -168,7 +143,7 @@ def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[st
     from regimen.stages.training.grpo_trainer import curve_metrics
     from regimen.stages.training.probe import HeldoutProbe
 
-    trainer, probe, pacing = built.trainer, built.probe, built.pacing
+    trainer, probe = built.trainer, built.probe
     history = trainer.state.log_history
     curve = HeldoutProbe.curve(history)
     last_step = trainer.state.global_step
@@ -198,17 +173,13 @@ def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[st
     if probe.stopped_at_target is not None:
         extra["stopped_at_target"] = probe.stopped_at_target
         metrics["stopped_at_target"] = float(probe.stopped_at_target)
-    if pacing is not None:
-        summary = pacing.summary()
+    extra["sampler"] = built.sampler.manifest()  # which sampler picked GRPO's prompts, and why
+    if (summary := built.sampler.summary()) is not None:
         extra["curriculum"] = summary
         metrics.update({f"curriculum_{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         metrics.update({f"curriculum_band_{k}": float(v) for k, v in summary.get("bands", {}).items()})
-    elif recipe.curriculum.enabled:
-        extra["note"] = (
-            "curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)"
-            if not built.one_process
-            else "curriculum off: it needs grpo.max_steps (training by epochs has no end for its stream)"
-        )
+    elif built.sampler.wanted:
+        extra["note"] = built.sampler.reason
     if gameable := gameable_names(built.fns):
         extra["warning"] = GAMEABLE_WARNING.format(names=", ".join(gameable))
     return metrics, extra
@@ -219,7 +190,7 @@ def write_logs(built: Built, dirs) -> None:
     from regimen.stages.training import trajectories
     from regimen.stages.training.policy import is_main_process
 
-    rates = getattr(built.pacing, "rates", None) if built.pacing else (built.seen if built.one_process else None)
+    rates = built.sampler.rates
     if is_main_process(built.trainer):
         with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
             for h in built.trainer.state.log_history:
@@ -233,7 +204,7 @@ def write_logs(built: Built, dirs) -> None:
 
 def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]) -> StageOutput | None:
     """What the reward-hacking guard found, into the manifest; the stage's failure when a finding stopped it."""
-    from regimen.stages.decide.verdicts import HACKING, OVERFITTING_VERDICT, REWARD_HACKING, SHARPENING, describe
+    from regimen.stages.decide.verdicts import GUARD_VERDICTS, HACKING, SHARPENING, describe
 
     probe = built.probe
     # what stopped it, else the whole curves' reading
@@ -257,7 +228,8 @@ def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]
     if not probe.fired_and_stopped():
         return None
     fired, kind = probe.fired, probe.fired["finding"]
-    verdict = REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT
+    verdict = GUARD_VERDICTS[kind]
+    extra["guard_stop"] = fired  # what stopped it, as data: the flow reads it from `StageStopped.finding`
     reason = (
         f"{verdict}: at GRPO step {fired['step']} of {built.trainer.state.max_steps} the training reward had risen "
         f"{fired['train_reward_rise']:+.3f} (from {fired['train_reward_start']:.3f} to "

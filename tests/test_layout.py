@@ -401,7 +401,7 @@ def test_code_versions_cover_what_changes_results_and_nothing_that_presents():
         and "stages/training/grpo_trainer.py" in closures["grpo"]
     )
     assert "stages/rewards/code.py" in closures["eval"]  # registered by import, so a change to it reruns scoring stages
-    assert "stages/training/metrics/exact_match/exact_match.py" in closures["eval"]
+    assert "stages/rewards/scoring.py" in closures["eval"] and "stages/rewards/scoring.py" in closures["grpo"]
 
 
 def code_versions_of(copy: Path, monkeypatch) -> dict[str, str]:

@@ -112,6 +112,9 @@ def test_a_truncated_file_is_not_reused_the_stage_runs_again_and_status_names_it
     assert ev["damaged"] and ev["damaged"][0]["version"] == 1 and ev["version"] > 1
     assert s.verify(s.latest("tiny-test", "eval")) == []
     assert s.verify(eval_v1) == ["trajectories.jsonl"]  # the damaged version is left for a person to look at
+    # v1 is no longer the latest: plain status (which checks only the latest's files) names it from the run's record
+    code, out, _ = run_cli(["status", "tiny-test", "--store", str(store)], capsys)
+    assert code == 0 and "DAMAGED v1" in out and "found by a run" in out, out
 
 
 def test_changing_a_grpo_field_reruns_grpo_and_eval_only(first_run):

@@ -46,6 +46,7 @@ from regimen.stages.recipe import Recipe, load_recipe
 from regimen.stages.run.runner import StageCall, StageResult, execute
 from regimen.stages.store import Store, check_name
 from regimen.stages.store.lock import machine_slot
+from regimen.stages.training import sampler
 from regimen.stages.training.pass_rates import FILE as PASS_RATES
 from regimen.stages.training.policy import base_policy, latest_policy
 
@@ -352,11 +353,10 @@ def _run_cycles(recipe: Recipe, experiment: str):
                 crown(recipe, run, stopped=None)
                 retain(recipe, run)
             except StageStopped as exc:
-                if exc.stage in registry.in_role("train") and str(exc.reason).startswith(
-                    (REWARD_HACKING, OVERFITTING_VERDICT)
-                ):
+                verdict = (getattr(exc, "finding", None) or {}).get("verdict")  # the guard's finding, as data
+                if exc.stage in registry.in_role("train") and verdict:
                     presenter.submit(_publish_stopped, experiment, run.store, exc)
-                crown(recipe, run, stopped=str(exc.reason).split(":")[0] if exc.reason else exc.stage)
+                crown(recipe, run, stopped=verdict or exc.stage)
                 raise
             finally:
                 if results:
@@ -468,7 +468,8 @@ def train_round(
     """The train stages of one round, each from the previous one's policy; the last one's result. With the
     curriculum on, `seen` (the dry run's or the round before's pass rates) is where it starts."""
     for name in registry.in_role("train"):
-        inputs = {"policy": policy, **({"pass_rates": seen} if seen is not None and recipe.curriculum.enabled else {})}
+        reads = seen is not None and sampler.reads_pass_rates(recipe)  # GRPO's sampler says what it reads
+        inputs = {"policy": policy, **({"pass_rates": seen} if reads else {})}
         out = stage(name, recipe, inputs, run, cycle, round)
         policy = out["ref"]
     return out
@@ -598,7 +599,9 @@ def cycles(recipe: Recipe, run: Run) -> None:
                 break
         if verdict["verdict"] in (REWARD_HACKING, OVERFITTING_VERDICT):
             raise StageStopped(
-                registry.judge(), f"{verdict['verdict']}: {verdict['reason']} (trajectories: {ev['path']})"
+                registry.judge(),
+                f"{verdict['verdict']}: {verdict['reason']} (trajectories: {ev['path']})",
+                {**verdict["evidence"], "step": None, "verdict": verdict["verdict"]},
             )
         if verdict["verdict"] != BACK_TO_SFT:
             return

@@ -31,9 +31,7 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
             versions, malformed, drift = _versions(store, experiment, stage, True)
         n_failed, last_fail = store.ledger.last_failure(experiment, stage)
         running = store.workspace.running_info(experiment, stage)
-        damaged = [
-            f"v{m['version']} ({'; '.join(p)})" for m in (versions if check else versions[-1:]) if (p := store.check(m))
-        ]
+        damaged = _damaged(store, experiment, stage, versions, check)
         ckpts = [c for d in store.workspace.work_dirs(experiment, stage) if (c := last_checkpoint(d))]
         latest = versions[-1] if versions else None
         if running and not running.get("stale"):
@@ -85,6 +83,20 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
             }
         )
     return rows
+
+
+def _damaged(store: Store, experiment: str, stage: str, versions: list[dict[str, Any]], check: bool) -> list[str]:
+    """Damaged versions, each with its problems: every version with --check; else the latest, and those a run found
+    damaged and passed over (`Ledger.record_damaged`), checked again now (one repaired is no longer named)."""
+    found = store.ledger.damaged(experiment, stage) if not check else {}
+    looked = versions if check else [m for m in versions[:-1] if m["version"] in found] + versions[-1:]
+    return [
+        f"v{m['version']} ({'; '.join(p)}"
+        + (f"; found by a run at {str(found[m['version']].get('found_at'))[:19]}" if m["version"] in found else "")
+        + ")"
+        for m in looked
+        if (p := store.check(m))
+    ]
 
 
 def _versions(store: Store, experiment: str, stage: str, check: bool) -> tuple[list[dict[str, Any]], list[str], str]:

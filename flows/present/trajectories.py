@@ -21,6 +21,7 @@ from typing import Any
 from regimen.stages import registry
 from regimen.stages.core.errors import InputError
 from regimen.stages.decide import reading
+from regimen.stages.rewards.scoring import passes
 from regimen.stages.store import Store
 from regimen.stages.store.backend import StoreError
 from regimen.stages.training import trajectories
@@ -103,12 +104,12 @@ def view(
     if other is not None and other["version"] == entry["version"]:
         other = None
     metric = _metric(store, entry)
-    rows = read_rows(store, entry)
-    before = read_rows(store, other) if other is not None else []
-    flagged = reading.flags(rows, before or None, metric)
+    rows = judged(read_rows(store, entry), metric)
+    before = judged(read_rows(store, other), metric) if other is not None else []
+    flagged = reading.flags(rows, before or None)
     for r, f in zip(rows, flagged):
         r["flags"] = f
-    d = reading.diff(before, rows, metric) if other is not None else None
+    d = reading.diff(before, rows) if other is not None else None
     return {
         "experiment": experiment,
         "stage": stage,
@@ -120,6 +121,15 @@ def view(
         "diff": d,
         "flag_counts": reading.flag_counts(flagged),
     }
+
+
+def judged(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """Rows with the task's verdict: the one they recorded (`correct`), else (GRPO's samples, evaluations written
+    before verdicts were kept) the metric reward's value by the scoring module's rule."""
+    for r in rows:
+        if "correct" not in r:
+            r["correct"] = passes((r.get("rewards") or {}).get(metric))
+    return rows
 
 
 def _metric(store: Store, entry: dict[str, Any]) -> str:
@@ -176,10 +186,9 @@ def select(v: dict[str, Any], show: str) -> list[dict[str, Any]]:
     if show not in SHOWS:
         raise InputError(f"trajectories: --show {show!r}: one of {', '.join(SHOWS)}")
     kinds = kind_of(v)
-    metric = v["metric"]
 
     def keep(r: dict[str, Any]) -> bool:
-        verdict = reading.verdict(r, metric)
+        verdict = reading.verdict(r)
         if show == "all":
             return True
         if show == "flips":
@@ -197,7 +206,7 @@ def select(v: dict[str, Any], show: str) -> list[dict[str, Any]]:
 
 def _label(v: dict[str, Any], r: dict[str, Any]) -> str:
     kind = kind_of(v).get(r["id"])
-    verdict = reading.verdict(r, v["metric"])
+    verdict = reading.verdict(r)
     return kind or ("unscored" if verdict is None else "right" if verdict else "wrong")
 
 
@@ -261,7 +270,7 @@ def page_data(v: dict[str, Any]) -> dict[str, Any]:
     recs = []
     for r in v["rows"]:
         b = v["before"].get(r["id"])
-        verdict = reading.verdict(r, v["metric"])
+        verdict = reading.verdict(r)
         recs.append(
             {
                 "id": r["id"],

@@ -1,6 +1,10 @@
 """The kinds of failure a user must tell apart: their input is wrong, a stage said stop, the run was
 interrupted, or the machine failed (disk full, store not writable)."""
 
+from __future__ import annotations
+
+from typing import Any
+
 
 class RegimenError(Exception):
     """Base class: an error whose message is meant for a person, shown without a traceback."""
@@ -19,10 +23,11 @@ class StageStopped(RegimenError):
 
     exit_code = 1
 
-    def __init__(self, stage: str, message: str):
+    def __init__(self, stage: str, message: str, finding: dict[str, Any] | None = None):
         super().__init__(f"{stage}: {message}")
         self.stage = stage
         self.reason = message
+        self.finding = finding  # the guard's finding when it stopped the run (`verdicts.Finding.as_dict`), as data
 
 
 class StageInterrupted(RegimenError):

@@ -32,13 +32,11 @@ KINDS = ("fixed", "broke", "still_wrong", "still_right")
 """The diff's kinds of pair: wrong to right, right to wrong, wrong both times, right both times."""
 
 
-def verdict(row: dict[str, Any], metric: str | None = None) -> bool | None:
-    """Right (True), wrong (False) or unscored (None) by the task's own verdict."""
+def verdict(row: dict[str, Any]) -> bool | None:
+    """Right (True), wrong (False) or unscored (None) by the task's verdict the row records (`correct`, written by
+    `rewards/scoring.py`; a reader fills it for rows that predate it, `flows/present/trajectories.judged`)."""
     c = row.get("correct")
-    if c is None and metric and "correct" not in row:
-        c = (row.get("rewards") or {}).get(metric)
-        c = None if c is None else float(c >= 1.0)
-    return None if c is None else bool(c >= 1.0)
+    return None if c is None else c is True or c == 1.0
 
 
 def prompt_text(prompt: Any) -> str:
@@ -55,7 +53,7 @@ def _norm(text: Any) -> str:
     return " ".join(str(text or "").split())
 
 
-def diff(before: list[dict[str, Any]], after: list[dict[str, Any]], metric: str | None = None) -> dict[str, Any]:
+def diff(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
     """The flips between two versions on the prompts both hold: each kind's ids, the ids only one side has, the ids
     one side did not score, and the accuracy change over the pairs both scored ((fixed - broke) / scored)."""
     a = {r["id"]: r for r in before if r.get("id") is not None}
@@ -63,7 +61,7 @@ def diff(before: list[dict[str, Any]], after: list[dict[str, Any]], metric: str 
     kinds: dict[str, list[str]] = {k: [] for k in KINDS}
     unscored: list[str] = []
     for rid in [r["id"] for r in after if r.get("id") in a]:
-        va, vb = verdict(a[rid], metric), verdict(b[rid], metric)
+        va, vb = verdict(a[rid]), verdict(b[rid])
         if va is None or vb is None:
             unscored.append(rid)
             continue
@@ -82,12 +80,10 @@ def diff(before: list[dict[str, Any]], after: list[dict[str, Any]], metric: str 
     }
 
 
-def flags(
-    rows: list[dict[str, Any]], previous: list[dict[str, Any]] | None = None, metric: str | None = None
-) -> list[list[dict[str, str]]]:
+def flags(rows: list[dict[str, Any]], previous: list[dict[str, Any]] | None = None) -> list[list[dict[str, str]]]:
     """Each row's flags, `[{"flag": name, "why": reason}]`, in the rows' order (see the constants for each rule)."""
     out: list[list[dict[str, str]]] = [[] for _ in rows]
-    verdicts = [verdict(r, metric) for r in rows]
+    verdicts = [verdict(r) for r in rows]
     right_pay = [r["total"] for r, v in zip(rows, verdicts) if v and _finite(r.get("total"))]
     paid = [r["total"] for r in rows if _finite(r.get("total"))]
     ref = statistics.median(right_pay) if right_pay else (max(paid) if paid else None)

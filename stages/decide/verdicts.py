@@ -3,8 +3,13 @@
 - `decide(history, cycle)`: what comes after an evaluation, from the evaluation history and `cycle:`.
   History entries are the SFT result of each cycle (round 0, the baseline; or the base policy's dry run
   when there is no SFT) and each GRPO round's evaluation (round 1, 2, ...).
-- `guard_in_training(train_curve, probe_curve, guard)`: the guard's rule applied while GRPO trains, on
-  the training-reward curve and the held-out probe's curve.
+- `rise_vs_gain(...)`: the guard's rule, written once: the training reward rose by at least `guard.train_rise`
+  while held-out accuracy gained less than `guard.heldout_gain`. Between rounds (`hacking_evidence`, on the
+  evaluations) and while GRPO trains (`guard_in_training`, on the training-reward curve and the held-out probe's
+  curve) it is this function on two different readings of "start" and "now".
+- `read_guard(...)`: what the guard sees while GRPO trains, as a `Finding` (kind, step, figures): the data the stage
+  records (`guard_evidence`, `guard_stop` in the manifest) and the flow reads (`StageStopped.finding`); no decision
+  is taken on the text of a message.
 - `finding(evidence, train_probe_curve, guard)`: what the guard sees, named from the greedy probe on
   training prompts: `hacking` (the reward rises while greedy accuracy on training prompts and the
   held-out probe stay flat: it pays for something else), `overfitting` (greedy accuracy on training
@@ -57,6 +62,54 @@ class Decision:
         return asdict(self)
 
 
+GUARD_VERDICTS = {HACKING: REWARD_HACKING, OVERFITTING: OVERFITTING_VERDICT}
+"""The cycle's verdict when a finding stops a run (sharpening never does)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the guard found: `kind` (hacking, overfitting, sharpening), the GRPO `step` it was seen at (None between
+    rounds) and the rule's `figures` (the rise, the gain, their start and end, the curves)."""
+
+    kind: str
+    step: int | None
+    figures: dict[str, Any]
+
+    @property
+    def verdict(self) -> str | None:
+        return GUARD_VERDICTS.get(self.kind)
+
+    def stops(self, guard) -> bool:
+        return stops(self.kind, guard)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As the manifest records it (and as it was recorded before this class: the figures at the top level)."""
+        return {**self.figures, "step": self.step, "finding": self.kind, "verdict": self.verdict}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Finding | None:
+        if not isinstance(d, dict) or not isinstance(d.get("finding"), str):
+            return None
+        figures = {k: v for k, v in d.items() if k not in ("step", "finding", "verdict")}
+        return cls(d["finding"], d.get("step"), figures)
+
+
+def rise_vs_gain(start: float, now: float, heldout_start: float, heldout_now: float, guard) -> dict[str, Any] | None:
+    """The guard's rule: the training reward rose by at least `guard.train_rise` (from `start` to `now`) while held-out
+    accuracy gained less than `guard.heldout_gain`. The figures when it holds, else None."""
+    rise, gain = now - start, heldout_now - heldout_start
+    if rise >= guard.train_rise and gain < guard.heldout_gain:
+        return {
+            "train_reward_start": start,
+            "train_reward_now": now,
+            "train_reward_rise": rise,
+            "heldout_accuracy_start": heldout_start,
+            "heldout_accuracy_now": heldout_now,
+            "heldout_gain": gain,
+        }
+    return None
+
+
 def hacking_evidence(history: list[Evaluation], guard) -> dict[str, Any] | None:
     """Training reward rose by >= guard.train_rise since the cycle's first GRPO round while held-out
     accuracy (vs. the cycle's SFT baseline) gained < guard.heldout_gain: the evidence, else None."""
@@ -70,21 +123,14 @@ def hacking_evidence(history: list[Evaluation], guard) -> dict[str, Any] | None:
     if start is None:
         return None
     reference = baseline.heldout_accuracy if baseline else rounds[0].heldout_accuracy
-    rise = last.train_reward - start
-    gain = last.heldout_accuracy - reference
-    evidence = {
-        "train_reward_start": start,
-        "train_reward_now": last.train_reward,
-        "train_reward_rise": rise,
-        "heldout_accuracy_start": reference,
-        "heldout_accuracy_now": last.heldout_accuracy,
-        "heldout_gain": gain,
+    held = rise_vs_gain(start, last.train_reward, reference, last.heldout_accuracy, guard)
+    if held is None:
+        return None
+    return {
+        **held,
         "train_reward_curve": [e.train_reward for e in rounds],
         "heldout_accuracy_curve": ([reference] if baseline else []) + [e.heldout_accuracy for e in rounds],
     }
-    if rise >= guard.train_rise and gain < guard.heldout_gain:
-        return evidence
-    return None
 
 
 def guard_in_training(
@@ -103,21 +149,39 @@ def guard_in_training(
     now = sum(r for _, r in train_curve[-k:]) / k
     now_step = train_curve[-1][0]
     (_, p0), (p_step, p_now) = probe_curve[0], probe_curve[-1]
-    rise, gain = now - start, p_now - p0
-    if rise >= guard.train_rise and gain < guard.heldout_gain:
-        return {
-            "train_reward_start": start,
-            "train_reward_now": now,
-            "train_reward_rise": rise,
-            "train_reward_step": now_step,
-            "heldout_accuracy_start": p0,
-            "heldout_accuracy_now": p_now,
-            "heldout_gain": gain,
-            "probe_step": p_step,
-            "train_reward_curve": [list(p) for p in train_curve],
-            "heldout_probe_curve": [list(p) for p in probe_curve],
-        }
-    return None
+    held = rise_vs_gain(start, now, p0, p_now, guard)
+    if held is None:
+        return None
+    return {
+        **held,
+        "train_reward_step": now_step,
+        "probe_step": p_step,
+        "train_reward_curve": [list(p) for p in train_curve],
+        "heldout_probe_curve": [list(p) for p in probe_curve],
+    }
+
+
+def read_guard(
+    train_curve: list[tuple[int, float]],
+    probe_curve: list[tuple[int, float]],
+    train_probe_curve: list[tuple],
+    guard,
+    *,
+    in_a_row: bool,
+) -> Finding | None:
+    """The guard's reading of GRPO's curves as a `Finding`, or None while the rule does not hold. `in_a_row`: the rule
+    must also have held at the probe before (how the probe callback reads it while training, so one noisy probe
+    does not end a run); without it, the whole curves' reading once training ended."""
+    now = guard_in_training(train_curve, probe_curve, guard)
+    if now is None:
+        return None
+    if in_a_row:
+        cut = probe_curve[-2][0] if len(probe_curve) >= 2 else None
+        earlier = [t for t in train_curve if cut is None or t[0] <= cut]
+        if guard_in_training(earlier, probe_curve[:-1], guard) is None:
+            return None
+    figures = {**now, "train_probe_curve": [list(p) for p in train_probe_curve]}
+    return Finding(finding(now, train_probe_curve, guard), probe_curve[-1][0], figures)
 
 
 def finding(evidence: dict[str, Any], train_probe_curve: list[tuple], guard) -> str:
@@ -189,7 +253,7 @@ def decide(history: list[Evaluation], cfg) -> Decision:
             f"{describe(kind)}"
         )
         if stops(kind, cfg.guard):
-            return Decision(REWARD_HACKING if kind == HACKING else OVERFITTING_VERDICT, reason, evidence)
+            return Decision(GUARD_VERDICTS[kind], reason, evidence)
         warning = reason
 
     if last.heldout_accuracy >= cfg.target:

@@ -1,7 +1,8 @@
 """Rewards: plain functions with TRL's signature `f(prompts, completions, **columns) -> list[float | None]`,
 registered by name, each with a weight in the recipe (0: a monitor, logged and never trained on).
 
-- `registry.py`: `register`, `get_reward`, `from_specs`, `score` (checks each value), `weighted_total`;
+- `registry.py`: `register`, `get_reward`, `from_specs`, `score` (checks each value);
+- `scoring.py`: the one place that says what a completion earns (weighted total) and whether it is correct;
 - `text.py`: `answer`, `format`, and the gameable-on-purpose `digits`;
 - `reasoning_gym.py`: `reasoning_gym`, each row scored by its reasoning-gym task's own scorer, guarded;
 - `code.py`: `unit_tests` (judged in the sandbox, `sandbox/`: the tests run in a judge process apart from the solution)
@@ -31,6 +32,15 @@ from regimen.stages.rewards.registry import (  # noqa: F401
     register,
     register_factory,
     score,
+)
+from regimen.stages.rewards.scoring import (  # noqa: F401
+    PASS,
+    Scorer,
+    Scores,
+    as_trained,
+    columns,
+    exact_correct,
+    passes,
     weighted_total,
 )
 from regimen.stages.rewards.text import answer, digits, first_line, format_reward, normalize_answer  # noqa: F401

@@ -48,7 +48,8 @@ from collections.abc import Callable
 from typing import Any
 
 from regimen.stages.core.errors import InputError
-from regimen.stages.rewards.registry import RewardFn, score, weighted_total
+from regimen.stages.rewards.registry import RewardFn, score
+from regimen.stages.rewards.scoring import PASS, exact_correct, weighted_total
 
 KINDS = ("reference", "wrong", "empty", "candidates", "repeated", "prefixed", "suffixed")
 STRICTNESS = ("repeated", "prefixed", "suffixed")
@@ -127,11 +128,8 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def exact_verdict(completion: Any, row: dict[str, Any], reference: str) -> bool:
-    """The held-out metric's verdict where a task has no scorer of its own: the `answer` reward's normalised match
-    of the completion's first line with the reference."""
-    from regimen.stages.rewards.text import answer
-
-    return (answer(None, [completion], answer=[reference])[0] or 0.0) >= 1.0
+    """The held-out metric's verdict where a task has no scorer of its own (`scoring.exact_correct`)."""
+    return exact_correct(completion, reference) >= PASS
 
 
 class Audit:

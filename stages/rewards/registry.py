@@ -109,20 +109,6 @@ def is_gameable(fn: RewardFn) -> bool:
     return bool(getattr(fn, "gameable", False))
 
 
-def weighted_total(per_reward: dict[str, list[float | None]], weights: dict[str, float]) -> list[float]:
-    """A weighted sum over the rewards that scored the sample (None is skipped, as TRL's nansum does).
-    Unlike TRL, which gives 0.0 to a sample no reward scored, this gives NaN so such samples are left
-    out of the dry run's statistics instead of posing as failures."""
-    names = list(per_reward)
-    n = len(per_reward[names[0]]) if names else 0
-    totals: list[float] = []
-    for i in range(n):
-        vals = [(per_reward[k][i], weights[k]) for k in names if weights.get(k, 1.0) != 0]
-        scored = [(v, w) for v, w in vals if v is not None]
-        totals.append(sum(v * w for v, w in scored) if scored else float("nan"))
-    return totals
-
-
 def check_values(name: str, values: Any, n: int) -> list[float | None]:
     """A reward's output as Regimen and TRL need it: one real number or None per completion. Anything
     else (NaN, infinity, a string, a wrong length) is an InputError naming the reward, the row and the value."""

@@ -23,7 +23,7 @@ from typing import Any
 from regimen.stages import registry
 from regimen.stages.core import signals
 from regimen.stages.core.contract import StageDirs, StageOutput
-from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
+from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped, StoreError
 from regimen.stages.core.fingerprint import (
     code_version,
     content_digest,
@@ -141,6 +141,11 @@ def execute(call: StageCall, store: Store) -> StageResult:
     damaged: list[dict[str, Any]] = []
     if call.reuse:
         found, damaged = handle.find_intact(fp)
+        if damaged:
+            try:
+                handle.note_damaged(damaged)  # so a plain `regimen status` names them
+            except StoreError as exc:
+                log.warning("could not record the damaged versions for status: %s", exc)
         for d in damaged:
             log.warning(
                 "%s v%s is damaged (%s): not reused; the stage runs again",
@@ -213,7 +218,7 @@ def _run(
         manifest["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     if output.status != "completed":
         _record_failure(handle, dirs.out, {**manifest, "diagnosis": output.diagnosis}, output.diagnosis or "failed")
-        raise StageStopped(stage, output.diagnosis or "the stage reported failure")
+        raise StageStopped(stage, output.diagnosis or "the stage reported failure", output.extra.get("guard_stop"))
     committed = _commit(handle, dirs, manifest)
     handle.drop_work(fp)  # checkpoints are only for resuming (here and in a remote store's bucket)
     return StageResult(committed, False, wall, handle.local_path(committed), damaged or None)

@@ -31,6 +31,10 @@ class StageHandle:
     def local_path(self, manifest: dict[str, Any]) -> Path:
         return self.catalog.local_path(manifest)
 
+    def note_damaged(self, found: list[dict[str, Any]]) -> None:
+        """Keep the damaged versions a run passed over, for `regimen status` (`Ledger.record_damaged`)."""
+        self.ledger.record_damaged(self.experiment, self.stage, found)
+
     def staging_dir(self) -> Path:
         return self.workspace.staging_dir(self.experiment, self.stage)
 

@@ -68,6 +68,10 @@ def _by(claim: dict[str, Any]) -> str:
     return f" ({shown})" if shown else ""
 
 
+DAMAGED = "damaged.json"
+"""In a stage's folder: the versions runs found damaged (`Ledger.record_damaged`)."""
+
+
 class StaleRecord(StoreError):
     """A record changed since the caller read it (a person's move landed meanwhile): decide again."""
 
@@ -233,6 +237,25 @@ class Ledger:
             except (OSError, ValueError, StoreError):
                 break
         return moved
+
+    # -- versions a run found damaged ----------------------------------------------------------------
+    def record_damaged(self, experiment: str, stage: str, found: list[dict[str, Any]]) -> None:
+        """Versions a run found damaged and did not reuse (`found`: `{"version", "problems"}` each), kept in the
+        stage's `damaged.json` so `regimen status` names them without hashing every version's files."""
+        path = self.b.join(check_name(experiment), stage, DAMAGED)
+        current = self.b.read_json(path)
+        current = current if isinstance(current, dict) else {}
+        for d in found:
+            problems = [str(p) for p in d.get("problems", [])][:5]
+            current[str(d["version"])] = {"problems": problems, "found_at": now_iso()}
+        self.b.write_text(path, json.dumps(current, indent=1))
+
+    def damaged(self, experiment: str, stage: str) -> dict[int, dict[str, Any]]:
+        """What `record_damaged` kept: {version: {"problems", "found_at"}} (empty when none, or unreadable)."""
+        found = self.b.read_json(self.b.join(check_name(experiment), stage, DAMAGED))
+        if not isinstance(found, dict):
+            return {}
+        return {int(k): v for k, v in found.items() if str(k).isdigit() and isinstance(v, dict)}
 
     def failures(self, experiment: str, stage: str) -> list[dict[str, Any]]:
         entries = sorted(self.b.entries(self.b.join(check_name(experiment), stage, "failed")))

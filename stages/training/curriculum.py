@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import weakref
@@ -50,6 +49,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from regimen.stages.rewards.scoring import as_trained, weighted_total
 from regimen.stages.training.pass_rates import FILE, PassRates, prompt_id
 
 log = logging.getLogger("regimen.curriculum")
@@ -263,6 +263,13 @@ def dataset(curriculum: Curriculum):
     return IterableDataset.from_generator(_generate, gen_kwargs={"token": token})
 
 
+def trained_totals(values: list[list[float | None]], weights: list[float]) -> list[float]:
+    """TRL's reward columns (one list per reward, in `weights`' order) as the weighted totals GRPO trained on, by the
+    scoring module's rule (`rewards/scoring.py`)."""
+    named = {str(i): list(v) for i, v in enumerate(values)}
+    return as_trained(weighted_total(named, {str(i): w for i, w in enumerate(weights)}))
+
+
 def listener(curriculum: Curriculum, weights: list[float], group: int):
     """For `Recorder.listen`: the weighted total per sample (TRL's: None counts as nothing) by prompt id."""
 
@@ -270,10 +277,7 @@ def listener(curriculum: Curriculum, weights: list[float], group: int):
         ids = kwargs.get("prompt_id")
         if not ids:
             return
-        totals = [
-            sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) for col in zip(*values)
-        ]
-        curriculum.observe(list(ids), totals, group)
+        curriculum.observe(list(ids), trained_totals(values, weights), group)
 
     return heard
 
@@ -284,9 +288,7 @@ def rates_listener(rates: PassRates, weights: list[float], group: int, recorder)
     def heard(kwargs: dict[str, Any], values: list[list[float | None]]) -> None:
         ids = kwargs.get("prompt_id")
         if ids:
-            totals = [
-                sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) for col in zip(*values)
-            ]
+            totals = trained_totals(values, weights)
             i = 0
             while i < len(ids):  # whole groups only (a run of `group` equal ids); a partial one is left out
                 j = i

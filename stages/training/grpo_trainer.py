@@ -83,17 +83,16 @@ def build_trainer(
     stage: str = "grpo",
     callbacks: list | None = None,
     heldout: dict[str, Any] | None = None,
-    curriculum=None,
-    rates=None,
+    sampler=None,
     watch=None,
     **overrides: Any,
 ):
     """A GRPOTrainer over the task's training prompts with the recipe's rewards and weights.
 
-    With `curriculum` (a `curriculum.Curriculum`), the training set is the curriculum's stream (an
-    IterableDataset read in order: `shuffle_dataset` off, and no batches skipped on resume, since the
-    curriculum's own state comes back from the checkpoint) and the trainer's rewards feed its pass rates;
-    without, TRL's sampler shuffles the rows and `rates` (a `curriculum.PassRates`) still hears every group."""
+    `sampler` (`training/sampler.Sampler`, made by the stage, which loaded the task once) is how GRPO picks its
+    prompts: a curriculum's stream (an IterableDataset read in order: `shuffle_dataset` off, and no batches skipped on
+    resume, since its own state comes back from the checkpoint) or the rows TRL's sampler shuffles. Without one (the
+    smoke test), the task's rows."""
     from trl import GRPOTrainer
 
     from regimen.stages.recipe.trl import for_stage
@@ -106,14 +105,25 @@ def build_trainer(
 
     fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
     args = for_stage(recipe, "grpo", output_dir, **overrides)
-    task = load_task(recipe.data, heldout)  # training rows never include a frozen held-out prompt
-    if recipe.environment is not None:  # TRL's tool loop works on conversations
-        from regimen.stages.training.episodes import chat_rows
+    # every scored group with its rewards and advantages (groups.jsonl): which groups taught something
+    recorder.groups = trajectories.Groups(
+        list(recipe.reward_weights().values()), args.num_generations, getattr(args, "scale_rewards", "group")
+    )
+    recorder.listen(recorder.groups.listener(recorder), len(fns))
+    if sampler is None:
+        from regimen.stages.tasks.registry import load_task
+        from regimen.stages.training import sampler as sampling
 
-        task = type(task)(
-            chat_rows(task.train), task.heldout, task.name, task.reference, task.weak_reference, task.dropped_heldout
-        )
-    train, first = _training_set(recipe, task, fns, args, recorder, curriculum, rates)
+        task = load_task(recipe.data, heldout)  # training rows never include a frozen held-out prompt
+        rows = task.train
+        if recipe.environment is not None:  # TRL's tool loop works on conversations
+            from regimen.stages.training.episodes import chat_rows
+
+            rows = chat_rows(rows)
+        sampler = sampling.rows(rows, "the smoke test: the training rows, shuffled")
+    if sampler.streams:
+        args.shuffle_dataset, args.ignore_data_skip = False, True
+    train, first = sampler.dataset, sampler.callbacks
     env: dict[str, Any] = {}
     if recipe.environment is not None:  # multi-turn episodes through TRL's own environment support
         from regimen.stages.environments.registry import factory
@@ -140,40 +150,6 @@ def build_trainer(
         ],
     )
     return progress.quiet(trainer, stage, watch), fns
-
-
-def _training_set(recipe, task, fns, args, recorder, curriculum, rates) -> tuple[Any, list]:
-    """GRPO's training set and the callbacks that must run first: a curriculum's stream (levels, or pass rates)
-    with its listener on the rewards, or the task's rows (pass rates still heard when `rates` is given)."""
-    from datasets import Dataset
-
-    from regimen.stages.training import curriculum as pacing
-    from regimen.stages.training.pass_rates import prompt_id
-
-    weights = [recipe.reward_weights()[name] for name in fns]
-    first: list = []
-    # every scored group with its rewards and advantages (groups.jsonl): which groups taught something
-    recorder.groups = trajectories.Groups(weights, args.num_generations, getattr(args, "scale_rewards", "group"))
-    recorder.listen(recorder.groups.listener(recorder), len(fns))
-    if curriculum is not None and getattr(curriculum, "controller", None) is not None:  # curriculum.kind: levels
-        from regimen.stages.training import levels
-
-        train = levels.dataset(curriculum)
-        args.shuffle_dataset, args.ignore_data_skip = False, True
-        recorder.listen(levels.listener(curriculum, list(fns), weights, recipe.eval.metric), len(fns))
-        first.append(levels.LevelsCallback(curriculum))
-    elif curriculum is not None:
-        train = pacing.dataset(curriculum)
-        args.shuffle_dataset, args.ignore_data_skip = False, True
-        recorder.listen(pacing.listener(curriculum, weights, args.num_generations), len(fns))
-        # before MarkComplete: its state is in the checkpoint when marked
-        first.append(pacing.CurriculumCallback(curriculum))
-    else:
-        train = Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in task.train])
-        if rates is not None:
-            recorder.listen(pacing.rates_listener(rates, weights, args.num_generations, recorder), len(fns))
-            first.append(pacing.RatesCallback(rates))
-    return train, first
 
 
 def config_section(recipe) -> dict[str, Any]:

@@ -1,29 +1,16 @@
 """Held-out measurement shared by SFT (the policy it made), evaluation and the probe inside GRPO: greedy
-completions for held-out prompts, exact match against `answer` (or a reward reaching 1.0, over the rows
-the reward scores: a row it has no opinion on, None, is left out and counted as `heldout_unscored`), and
-each reward's held-out mean."""
+completions for held-out prompts, scored by `rewards/scoring.py` (the same verdict the probe and the dry run use:
+exact match against `answer`, or a reward reaching 1.0 over the rows it scores; a row it has no opinion on, None,
+is left out and counted as `heldout_unscored`), and each reward's held-out mean."""
 
 from __future__ import annotations
 
 import math
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-from regimen.stages.rewards import answer, from_specs, score
+from regimen.stages.rewards import Scorer, columns
 from regimen.stages.rewards.registry import error_counts
 from regimen.stages.training import trajectories
-
-METRIC_DIR = Path(__file__).parent / "metrics" / "exact_match"
-CODE_FILES = ("metrics/exact_match/exact_match.py",)
-
-
-@cache
-def exact_match_metric():
-    """The shipped exact-match module, loaded by path (never from the hub)."""
-    import evaluate
-
-    return evaluate.load(str(METRIC_DIR))
 
 
 def heldout_eval(
@@ -35,27 +22,20 @@ def heldout_eval(
     prompts = [r["prompt"] for r in rows]
     outs, envs = complete(model, tokenizer, recipe, rows, batch_size=recipe.eval.batch_size, desc=desc)
     completions = [c[0] for c in outs]
-    fns = from_specs(recipe.rewards)
-    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    scorer = Scorer(recipe)
+    cols = columns(rows)
     if envs is not None:
-        columns["environments"] = [e[0] for e in envs]  # the episode reward reads each episode's environment
+        cols["environments"] = [e[0] for e in envs]  # the episode reward reads each episode's environment
         from regimen.stages.training.episodes import tool_errors
-    before = error_counts(fns)
-    values = score(fns, prompts, completions, columns)
+    before = error_counts(scorer.fns)
+    scores = scorer(prompts, completions, cols)
+    values, correct = scores.values, scores.correct
     metrics: dict[str, float] = {
-        f"rewards/{name}/errors": float(n - before[name]) for name, n in error_counts(fns).items()
+        f"rewards/{name}/errors": float(n - before[name]) for name, n in error_counts(scorer.fns).items()
     }
-    if recipe.eval.metric == "exact_match":
-        refs = [str(r.get("answer", "")) for r in rows]
-        metrics["heldout_accuracy"] = float(
-            exact_match_metric().compute(predictions=completions, references=refs)["exact_match"]
-        )
-        correct = [v or 0.0 for v in answer(None, completions, answer=refs)]
-    else:  # a reward as the metric: rows it has no opinion on (None: no tests, or tests that pay anything) are left out
-        correct = [None if v is None else float(v >= 1.0) for v in values[recipe.eval.metric]]
-        scored = [c for c in correct if c is not None]
-        metrics["heldout_accuracy"] = sum(scored) / len(scored) if scored else 0.0
-        metrics["heldout_unscored"] = float(len(correct) - len(scored))
+    metrics["heldout_accuracy"] = scores.accuracy
+    if recipe.eval.metric != "exact_match":  # a reward as the metric: rows it has no opinion on are left out
+        metrics["heldout_unscored"] = float(scores.unscored)
     for name, vals in values.items():
         scored = [v for v in vals if v is not None]
         metrics[f"heldout_reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
@@ -68,14 +48,13 @@ def heldout_eval(
     metrics.update(accuracy_by_group(rows, correct))
     rendered = [_rendered(tokenizer, p) for p in prompts]
     from regimen.stages.decide.reading import row_ids
-    from regimen.stages.rewards import weighted_total
     from regimen.stages.training.pass_rates import prompt_id
 
     context: dict[str, list[Any]] = {
         "id": row_ids(prompts, prompt_id),  # the row's identity: two evaluations are compared row for row by it
         "answer": [r.get("answer") for r in rows],
         "correct": correct,
-        "total": weighted_total(values, recipe.reward_weights()),  # what the rewards pay, as training weighs them
+        "total": scores.totals,  # what the rewards pay, as training weighs them
         "rendered_prompt": rendered,
     }
     for column, _ in GROUPS:  # a mixture's task, a curriculum level: what the page filters by

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import weakref
@@ -33,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+
+from regimen.stages.rewards.scoring import passes
+from regimen.stages.training.curriculum import trained_totals
 
 log = logging.getLogger("regimen.curriculum")
 STATE = "levels.json"
@@ -169,14 +171,10 @@ def listener(curriculum: LevelsCurriculum, names: list[str], weights: list[float
         levels = kwargs.get("level")
         if not levels:
             return
-        if metric in names:
-            column = values[names.index(metric)]
-            passed = [1.0 if v is not None and v >= 1.0 else 0.0 for v in column]
+        if metric in names:  # the task's verdict, by the scoring module's rule (no opinion: not a pass)
+            passed = [passes(v) or 0.0 for v in values[names.index(metric)]]
         else:
-            passed = [
-                1.0 if sum(w * v for w, v in zip(weights, col) if v is not None and math.isfinite(v)) > 0 else 0.0
-                for col in zip(*values)
-            ]
+            passed = [float(t > 0) for t in trained_totals(values, weights)]
         curriculum.observe(list(levels), passed)
 
     return heard

@@ -28,7 +28,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from regimen.stages.decide.verdicts import SHARPENING, describe, finding, guard_in_training, stops
+from regimen.stages.decide.verdicts import SHARPENING, describe, read_guard, stops
+from regimen.stages.rewards.scoring import Scorer, as_trained, columns
 
 log = logging.getLogger("regimen.probe")
 BEST = "best"
@@ -40,31 +41,6 @@ def probe_rows(heldout: list[dict[str, Any]], n: int, seed: int) -> list[dict[st
     return rows[:n]
 
 
-def reward_values(
-    recipe, completions: list[Any], rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None
-) -> dict[str, list[Any]]:
-    """Each reward's value per completion (None where a reward has no opinion)."""
-    from regimen.stages.rewards import from_specs, score
-
-    columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}, **(extra or {})}
-    return score(from_specs(recipe.rewards), [r["prompt"] for r in rows], completions, columns)
-
-
-def weighted_rewards(
-    recipe,
-    completions: list[Any],
-    rows: list[dict[str, Any]],
-    extra: dict[str, list[Any]] | None = None,
-    values: dict[str, list[Any]] | None = None,
-) -> list[float]:
-    """Each completion's weighted total reward, as GRPO computes it (a reward's None counts as nothing)."""
-    values = reward_values(recipe, completions, rows, extra) if values is None else values
-    weights = recipe.reward_weights()
-    return [
-        sum(weights[name] * v[i] for name, v in values.items() if v[i] is not None) for i in range(len(completions))
-    ]
-
-
 def precision(flags: list[float | None], rewards: list[float]) -> float | None:
     """Of the answers the reward pays in full (the batch's top weighted reward, above 0), the share that
     are correct: near 1 when the reward pays for what the task measures, near 0 when it pays wrong answers
@@ -72,32 +48,6 @@ def precision(flags: list[float | None], rewards: list[float]) -> float | None:
     top = max(rewards, default=0.0)
     paid = [f for f, r in zip(flags, rewards) if r >= top - 1e-9 and f is not None] if top > 0 else []
     return sum(paid) / len(paid) if paid else None
-
-
-def correct_flags(
-    recipe,
-    completions: list[Any],
-    rows: list[dict[str, Any]],
-    extra: dict[str, list[Any]] | None = None,
-    values: dict[str, list[Any]] | None = None,
-) -> list[float]:
-    """1.0 per completion that the eval metric counts as correct, 0.0 otherwise, None where the metric (a
-    reward) has no opinion (left out of the probe's accuracy, as of evaluation's). `values`: the rewards
-    already scored (`reward_values`), so a metric that is a reward is not judged twice."""
-    from regimen.stages.rewards import answer, from_specs, score
-
-    if recipe.eval.metric == "exact_match":
-        return [v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])]
-    if values is not None and recipe.eval.metric in values:
-        metric = values[recipe.eval.metric]
-    else:
-        columns = {
-            **{k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")},
-            **(extra or {}),
-        }
-        fn = {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]}
-        metric = score(fn, [r["prompt"] for r in rows], completions, columns)[recipe.eval.metric]
-    return [None if v is None else float(v >= 1.0) for v in metric]
 
 
 class HeldoutProbe(TrainerCallback):
@@ -115,6 +65,7 @@ class HeldoutProbe(TrainerCallback):
         train_rows: list[dict[str, Any]] | None = None,
     ):
         self.recipe, self.rows, self.tokenizer = recipe, rows, tokenizer
+        self.scorer = Scorer(recipe)  # the rewards' own instances for the probe
         self.train_rows = list(train_rows or [])
         self.every = recipe.probe.steps
         self.best_dir = Path(work_dir) / BEST
@@ -185,12 +136,16 @@ class HeldoutProbe(TrainerCallback):
         )
         completions = [c[0] for c in outs]
         extra = {"environments": [e[0] for e in envs][: len(mine)]} if envs is not None else None
-        # judged once
-        values = reward_values(self.recipe, completions[: len(mine)], mine, extra) if mine and with_reward else None
-        flags = correct_flags(self.recipe, completions[: len(mine)], mine, extra, values) if mine else []
-        rewards = (
-            weighted_rewards(self.recipe, completions[: len(mine)], mine, extra, values) if mine and with_reward else []
-        )
+        mine_c = completions[: len(mine)]
+        flags: list[float | None] = []
+        rewards: list[float] = []
+        if mine:  # judged once, by the scoring module evaluation uses (`rewards/scoring.py`)
+            cols, prompts = columns(mine, extra), [r["prompt"] for r in mine]
+            if with_reward:
+                scores = self.scorer(prompts, mine_c, cols)
+                flags, rewards = scores.correct, as_trained(scores.totals)  # the reward as GRPO trains on it
+            else:
+                flags = self.scorer.correct(mine_c, cols, prompts=prompts)
         if world > 1:
             from accelerate.utils import gather_object
 
@@ -244,16 +199,9 @@ class HeldoutProbe(TrainerCallback):
         probes = [(p["step"], p["heldout_accuracy"]) for p in self.curve(state.log_history)]
         train = self.train_curve(state.log_history)
         guard = self.recipe.cycle.guard
-        now = guard_in_training(train, probes, guard)
-        before = guard_in_training([t for t in train if len(probes) < 2 or t[0] <= probes[-2][0]], probes[:-1], guard)
-        if now and before:
-            kind = finding(now, self.train_probe_curve(state.log_history), guard)
-            seen = {
-                "step": probes[-1][0],
-                **now,
-                "finding": kind,
-                "train_probe_curve": [list(p) for p in self.train_probe_curve(state.log_history)],
-            }
+        found = read_guard(train, probes, self.train_probe_curve(state.log_history), guard, in_a_row=True)
+        if found is not None:
+            kind, seen, now = found.kind, found.as_dict(), found.figures
             if kind == SHARPENING:  # harmless: noted once, and the guard keeps watching
                 if not self.noted:
                     self.noted = seen
@@ -265,7 +213,7 @@ class HeldoutProbe(TrainerCallback):
                         now["heldout_gain"],
                     )
                 return
-            if stops(kind, guard):
+            if found.stops(guard):
                 self.fired = seen
                 return
             # warned once per finding; the guard keeps watching
@@ -283,10 +231,10 @@ class HeldoutProbe(TrainerCallback):
         probes in a row can still end with it holding): the named finding, else None."""
         probes = [(p["step"], p["heldout_accuracy"]) for p in self.curve(log_history)]
         guard = self.recipe.cycle.guard
-        now = guard_in_training(self.train_curve(log_history), probes, guard)
-        if now is None:
-            return None
-        return {"step": probes[-1][0], **now, "finding": finding(now, self.train_probe_curve(log_history), guard)}
+        found = read_guard(
+            self.train_curve(log_history), probes, self.train_probe_curve(log_history), guard, in_a_row=False
+        )
+        return None if found is None else found.as_dict()
 
     def _save_best(self, model, step: int, acc: float) -> None:
         if int(os.environ.get("RANK", "0")) != 0:

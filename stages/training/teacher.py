@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from regimen.stages.rewards import from_specs, score, weighted_total
+from regimen.stages.rewards import Scorer, columns
 from regimen.stages.tasks import Task, shuffled
 
 
@@ -57,20 +57,7 @@ def teacher_accuracy(recipe, task: Task) -> float | None:
     if t.kind in ("oracle", "weak"):
         solve = task.reference if t.kind == "oracle" else task.weak_reference
         completions = [solve(r) or "" for r in rows]
-        from regimen.stages.rewards import answer
-
-        if recipe.eval.metric == "exact_match":
-            return sum(v or 0.0 for v in answer(None, completions, answer=[r.get("answer") for r in rows])) / len(rows)
-        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
-        values = score(
-            {recipe.eval.metric: from_specs(recipe.rewards)[recipe.eval.metric]},
-            [r["prompt"] for r in rows],
-            completions,
-            columns,
-        )
-        # as evaluation counts: rows with no opinion left out
-        scored = [v for v in values[recipe.eval.metric] if v is not None]
-        return sum(1.0 for v in scored if v >= 1.0) / len(scored) if scored else 0.0
+        return Scorer(recipe)([r["prompt"] for r in rows], completions, columns(rows)).accuracy  # as evaluation counts
     if t.kind == "model":
         from regimen.stages.training.heldout import heldout_eval
         from regimen.stages.training.model import load_policy
@@ -102,13 +89,7 @@ def _rejection_sample(recipe, rows: list[dict[str, Any]], source: str) -> tuple[
     )
     flat_prompts = [p for p, group in zip(prompts, samples) for _ in group]
     flat = [c for group in samples for c in group]
-    columns = {
-        k: [r.get(k) for r in rows for _ in range(t.samples_per_prompt)]
-        for k in rows[0]
-        if k not in ("prompt", "completion")
-    }
-    fns = from_specs(recipe.rewards)
-    totals = weighted_total(score(fns, flat_prompts, flat, columns), recipe.reward_weights())
+    totals = Scorer(recipe)(flat_prompts, flat, columns(rows, repeat=t.samples_per_prompt)).totals
     kept, seen = [], set()
     for prompt, completion, total in zip(flat_prompts, flat, totals):
         key = (str(prompt), completion)

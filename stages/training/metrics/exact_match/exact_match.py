@@ -1,14 +1,15 @@
 """Exact match, shipped in the repo because `evaluate.load("exact_match")` fetches from the hub.
 
-Loaded by path (`evaluate.load(<this folder>)`). Predictions and references are compared after the
-same normalisation the `answer` reward uses (strip, whitespace, case; numbers compared as numbers),
-so held-out accuracy and the training reward agree on what "correct" means.
+Loaded by path (`evaluate.load(<this folder>)`), for users who measure with `evaluate`. Each prediction is judged by
+`regimen.stages.rewards.scoring.exact_correct`, the verdict Regimen's evaluation, probe and dry run use (the
+`answer` reward's normalisation: strip, whitespace, case; numbers compared as numbers), so this module and
+Regimen's held-out accuracy cannot disagree.
 """
 
 import datasets
 import evaluate
 
-from regimen.stages.rewards import first_line, normalize_answer
+from regimen.stages.rewards.scoring import exact_correct
 
 _DESCRIPTION = "Fraction of predictions whose first line equals the reference after normalisation."
 _KWARGS = """
@@ -35,8 +36,5 @@ class ExactMatch(evaluate.Metric):
     def _compute(self, predictions, references):
         if not references:
             return {"exact_match": 0.0}
-        hits = 0
-        for pred, ref in zip(predictions, references):
-            want = normalize_answer(ref)
-            hits += want is not None and normalize_answer(first_line(pred or "")) == want
+        hits = sum(exact_correct(pred, ref) for pred, ref in zip(predictions, references))
         return {"exact_match": hits / len(references)}

@@ -1,0 +1,113 @@
+"""How GRPO picks its prompts: the one owner of that choice.
+
+A sampler is what GRPO's training set is made of, and what must run beside it (`Sampler`):
+
+- `dataset`: the rows TRL's sampler shuffles, or a curriculum's stream (an `IterableDataset` read in order; its state
+  comes back from the checkpoint, so no batch is skipped on resume: `streams`);
+- the listeners that hear every scored group (registered on the trajectories recorder when it is built): a
+  curriculum's pacing, the pass-rate table;
+- `callbacks`: what saves its state in each checkpoint and restores it on resume (run before `MarkComplete`, so the
+  state is in a checkpoint once it is marked);
+- `rates`: the per-prompt pass-rate table the version keeps (`pass_rates.jsonl`), and `summary()` for the manifest.
+
+`choose(recipe)` holds the only "which sampler?" rule, with the reason the manifest records (`sampler` in the GRPO
+version's manifest); `build` makes it. The task is loaded once by the stage and handed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROWS, PASS_RATES, LEVELS = "rows", "pass_rates", "levels"
+
+
+def choose(recipe) -> tuple[str, str]:
+    """(kind, reason): `levels` or `pass_rates` when the recipe's curriculum asks for one and can run here, else
+    `rows`. A curriculum runs in one process only (under `accelerate launch` each rank would see a share of a group)
+    and over a number of steps (its endless stream has no epochs)."""
+    cur = recipe.curriculum
+    wanted = LEVELS if cur.kind == "levels" else PASS_RATES if cur.enabled else None
+    if wanted is None:
+        return ROWS, "no curriculum: TRL's sampler shuffles the training rows"
+    if recipe.num_processes() != 1:
+        return ROWS, (
+            "curriculum off: it runs in one process only (under accelerate launch each rank sees a share of a group)"
+        )
+    if (recipe.grpo_value("max_steps") or -1) <= 0:
+        return ROWS, "curriculum off: it needs grpo.max_steps (training by epochs has no end for its stream)"
+    return wanted, f"curriculum ({wanted}): prompts drawn by {'level' if wanted == LEVELS else 'pass rate'}"
+
+
+def reads_pass_rates(recipe) -> bool:
+    """Whether GRPO starts from the dry run's (or the round before's) pass rates: the flow hands them in only then,
+    so a recipe without the pass-rate curriculum keeps its GRPO fingerprint."""
+    return bool(recipe.curriculum.enabled)
+
+
+def config(recipe) -> dict[str, Any] | None:
+    """The curriculum's settings as they enter GRPO's fingerprint (None when no curriculum runs)."""
+    return recipe.curriculum.model_dump(mode="json") if choose(recipe)[0] != ROWS else None
+
+
+@dataclass
+class Sampler:
+    kind: str
+    reason: str
+    dataset: Any
+    callbacks: list = field(default_factory=list)
+    pacing: Any = None  # curriculum.Curriculum or levels.LevelsCurriculum
+    rates: Any = None  # pass_rates.PassRates the version keeps, or None
+
+    @property
+    def streams(self) -> bool:
+        return self.pacing is not None
+
+    @property
+    def wanted(self) -> bool:
+        """A curriculum was asked for (whether or not it could run)."""
+        return self.kind != ROWS or not self.reason.startswith("no curriculum")
+
+    def summary(self) -> dict[str, Any] | None:
+        return self.pacing.summary() if self.pacing is not None else None
+
+    def manifest(self) -> dict[str, str]:
+        return {"kind": self.kind, "reason": self.reason}
+
+
+def build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sampler:
+    """The sampler `choose` names, over `train_rows` (the task's, as chats for an environment), starting from `seen`
+    (pass rates read from the inputs), its listeners registered on `recorder` (TRL's scored groups)."""
+    from regimen.stages.training import curriculum as pacing
+
+    kind, reason = choose(recipe)
+    weights = list(recipe.reward_weights().values())  # in the recipe's order, as TRL's reward_funcs
+    names = list(recipe.reward_weights())
+    group = int(recipe.grpo_value("num_generations"))
+    seed = int(recipe.grpo_value("seed") or 0)
+    if kind == LEVELS:
+        from regimen.stages.tasks.registry import TASKS
+        from regimen.stages.training import levels
+
+        spec = TASKS[recipe.data.task]
+        cur = levels.LevelsCurriculum(spec, recipe.data, recipe.curriculum.levels, seed, task.heldout)
+        recorder.listen(levels.listener(cur, names, weights, recipe.eval.metric), len(names))
+        return Sampler(kind, reason, levels.dataset(cur), [levels.LevelsCallback(cur)], cur)
+    if kind == PASS_RATES:
+        cur = pacing.Curriculum(train_rows, recipe.curriculum, seed=seed, rates=seen)
+        recorder.listen(pacing.listener(cur, weights, group), len(names))
+        return Sampler(kind, reason, pacing.dataset(cur), [pacing.CurriculumCallback(cur)], cur, cur.rates)
+    if recipe.num_processes() != 1:  # pass rates need whole groups: one process sees them
+        return rows(train_rows, reason)
+    recorder.listen(pacing.rates_listener(seen, weights, group, recorder), len(names))
+    return Sampler(kind, reason, rows(train_rows, reason).dataset, [pacing.RatesCallback(seen)], rates=seen)
+
+
+def rows(train_rows: list[dict[str, Any]], reason: str) -> Sampler:
+    """The training rows as they are (TRL's sampler shuffles them), each with its `prompt_id`; nothing listens. The
+    smoke test's sampler: a few steps that show reward variation, whatever the recipe's curriculum."""
+    from datasets import Dataset
+
+    from regimen.stages.training.pass_rates import prompt_id
+
+    return Sampler(ROWS, reason, Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in train_rows]))
