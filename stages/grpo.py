@@ -114,6 +114,7 @@ def build(recipe, inputs: dict[str, Any], dirs) -> Built:
         recorder,
         callbacks=[probe],
         sampler=prompts,
+        alike=recipe.curriculum.skip_all_alike,
         watch=getattr(dirs, "progress", None),
     )
     probe.trainer = trainer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import TINY
+from conftest import ROOT, TINY
 
 from regimen.stages.recipe import load_recipe
 from regimen.stages.rewards import first_line, normalize_answer
@@ -94,3 +94,21 @@ def test_a_reward_metric_leaves_unscored_rows_out():
     recipe = load_recipe(TINY, check_trl=False, overrides={"eval.metric": "answer"})
     scores = Scorer(recipe)(["a", "b", "c"], ["1", "2", "3"], {"answer": ["1", None, "4"]})
     assert scores.correct == [1.0, None, 0.0] and scores.accuracy == 0.5 and scores.unscored == 1
+
+
+def test_one_rule_says_which_sampler_picks_grpos_prompts_and_why():
+    """`training/sampler.choose` is the only "which sampler?" rule: the recipe's curriculum when it can run here (one
+    process, a step budget), else the rows, each with the reason the GRPO manifest records."""
+    from regimen.stages.training import sampler
+
+    def kind(**over):
+        return sampler.choose(load_recipe(TINY, check_trl=False, overrides=over))
+
+    assert kind() == ("rows", "no curriculum: TRL's sampler shuffles the training rows")
+    assert kind(**{"curriculum.enabled": True})[0] == "pass_rates"
+    levels = load_recipe(ROOT / "tests" / "rg-tiny.yaml", check_trl=False, overrides={"curriculum.kind": "levels"})
+    assert sampler.choose(levels)[0] == "levels"
+    off = kind(**{"curriculum.enabled": True, "grpo.max_steps": -1, "grpo.num_train_epochs": 1})
+    assert off[0] == "rows" and "grpo.max_steps" in off[1]
+    assert sampler.config(load_recipe(TINY, check_trl=False)) is None
+    assert sampler.reads_pass_rates(load_recipe(TINY, check_trl=False, overrides={"curriculum.enabled": True}))

@@ -270,6 +270,11 @@ class CurriculumSection(Section):
         description="true: GRPO draws its prompts by pass rate; false (default): TRL's own sampler (a uniform shuffle "
         "of the training rows)",
     )
+    skip_all_alike: bool = Field(
+        False,
+        description="true: a group whose attempts all scored alike gives no gradient (neither its advantage nor its KL "
+        "term; the loss is normalised over the tokens that remain), with or without a curriculum",
+    )
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
     readmit_after: int = Field(
         50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again"
@@ -738,6 +743,11 @@ class Recipe(Section):
                     "distill: or environment:"
                 )
         self._trackers_fit()
+        if self.curriculum.skip_all_alike and self.num_processes() != 1:
+            raise ValueError(
+                "curriculum.skip_all_alike: runs in one process only (each rank sees a share of a group); remove it "
+                "or launch one process"
+            )
         if self.curriculum.kind == "levels" and not getattr(tasks.TASKS[self.data.task], "LEVELS", False):
             raise ValueError(
                 f"curriculum.kind: levels needs a task that generates problems by level (reasoning_gym); data.task "

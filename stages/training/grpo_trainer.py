@@ -4,6 +4,7 @@ and the training curve's summary numbers. Used by the smoke test and by full GRP
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -84,6 +85,7 @@ def build_trainer(
     callbacks: list | None = None,
     heldout: dict[str, Any] | None = None,
     sampler=None,
+    alike: bool = False,
     watch=None,
     **overrides: Any,
 ):
@@ -93,8 +95,6 @@ def build_trainer(
     prompts: a curriculum's stream (an IterableDataset read in order: `shuffle_dataset` off, and no batches skipped on
     resume, since its own state comes back from the checkpoint) or the rows TRL's sampler shuffles. Without one (the
     smoke test), the task's rows."""
-    from trl import GRPOTrainer
-
     from regimen.stages.recipe.trl import for_stage
     from regimen.stages.rewards import from_specs
     from regimen.stages.tasks.registry import load_task
@@ -123,6 +123,13 @@ def build_trainer(
         sampler = sampling.rows(rows, "the smoke test: the training rows, shuffled")
     if sampler.streams:
         args.shuffle_dataset, args.ignore_data_skip = False, True
+    out_of_loss = None
+    if alike:  # curriculum.skip_all_alike: all-alike groups give no gradient (training/alike.py)
+        from regimen.stages.training.alike import AllAlike
+
+        aggregation = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
+        out_of_loss = AllAlike(list(recipe.reward_weights().values()), args.num_generations, aggregation)
+        recorder.listen(out_of_loss.listener(), len(fns))
     train, first = sampler.dataset, sampler.callbacks
     env: dict[str, Any] = {}
     if recipe.environment is not None:  # multi-turn episodes through TRL's own environment support
@@ -130,7 +137,7 @@ def build_trainer(
 
         env["environment_factory"] = factory(recipe.environment)
         args.max_tool_calling_iterations = recipe.environment.max_turns
-    trainer = GRPOTrainer(
+    trainer = trainer_class()(
         model=policy,
         **env,
         reward_funcs=[recorder.wrap(name, fn) for name, fn in fns.items()],
@@ -149,7 +156,25 @@ def build_trainer(
             *(callbacks or []),
         ],
     )
+    trainer.out_of_loss = out_of_loss
     return progress.quiet(trainer, stage, watch), fns
+
+
+@functools.cache
+def trainer_class():
+    """TRL's `GRPOTrainer` with one public method overridden: `compute_loss` leaves out the samples of all-alike
+    groups when `out_of_loss` (`training/alike.AllAlike`) is set; otherwise it is TRL's, unchanged."""
+    from trl import GRPOTrainer
+
+    class Trainer(GRPOTrainer):
+        out_of_loss = None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self.out_of_loss is not None and self.model.training:
+                inputs = self.out_of_loss.drop(inputs)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    return Trainer
 
 
 def config_section(recipe) -> dict[str, Any]:

@@ -46,8 +46,12 @@ def reads_pass_rates(recipe) -> bool:
 
 
 def config(recipe) -> dict[str, Any] | None:
-    """The curriculum's settings as they enter GRPO's fingerprint (None when no curriculum runs)."""
-    return recipe.curriculum.model_dump(mode="json") if choose(recipe)[0] != ROWS else None
+    """The curriculum's settings as they enter GRPO's fingerprint (None when no curriculum runs and all-alike groups
+    train as TRL trains them). `skip_all_alike` enters only when on, so recipes without it keep their fingerprint."""
+    cur = recipe.curriculum.model_dump(mode="json", exclude={"skip_all_alike"}) if choose(recipe)[0] != ROWS else None
+    if recipe.curriculum.skip_all_alike:
+        return {**(cur or {}), "skip_all_alike": True}
+    return cur
 
 
 @dataclass
