@@ -1,6 +1,7 @@
 """The run mirrored into the trackers (issue 43), read back through each tracker's own reader: MLflow with a SQLite
 backend (`MlflowClient`), trackio's local store (its `Api` and `SQLiteStorage`), TensorBoard's event files
-(tensorboard's `EventAccumulator`). A tracker pointed at a closed port: training completes, one warning."""
+(tensorboard's `EventAccumulator`). A tracker pointed at a closed port: training completes, one warning. Trackers
+are a registry (`flows/pipeline/tracking.py`) over the recipe's one list of names (`stages/recipe/trackers.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY, run_cli
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow  # the tests that train or start trackers; the registry's run fast
 
 EXP = "tiny-test"
 
@@ -70,6 +71,7 @@ def _mlflow(uri: str):
     return client, runs
 
 
+@slow
 def test_mlflow_holds_a_parent_per_run_and_a_nested_run_per_stage_with_metrics_and_tags(tracked):
     assert tracked["first"][0] == 0
     client, runs = _mlflow(tracked["uri"])
@@ -99,6 +101,7 @@ def test_mlflow_holds_a_parent_per_run_and_a_nested_run_per_stage_with_metrics_a
     assert any(k.startswith("regimen.verdict.") for k in first.data.tags)  # the cycle's verdict on the group
 
 
+@slow
 def test_a_reused_stage_says_so_in_the_tracker(tracked):
     client, runs = _mlflow(tracked["uri"])
     parents = sorted((r for r in runs if "mlflow.parentRunId" not in r.data.tags), key=lambda r: r.info.start_time)
@@ -107,6 +110,7 @@ def test_a_reused_stage_says_so_in_the_tracker(tracked):
     assert all(r.data.tags["regimen.reused_version"] == r.data.tags["regimen.version"] for r in rerun)
 
 
+@slow
 def test_the_champion_is_registered_by_reference_with_the_alias_after_a_promotion_and_a_rollback(
     tracked, tmp_path, capsys
 ):
@@ -145,6 +149,7 @@ def test_the_champion_is_registered_by_reference_with_the_alias_after_a_promotio
         os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+@slow
 def test_trackio_has_one_project_with_a_run_per_stage_in_the_group(tracked):
     os.environ["TRACKIO_DIR"] = str(tracked["trackio"])
     try:
@@ -161,6 +166,7 @@ def test_trackio_has_one_project_with_a_run_per_stage_in_the_group(tracked):
         os.environ.pop("TRACKIO_DIR", None)
 
 
+@slow
 def test_tensorboard_has_a_folder_per_run_group_and_a_subfolder_per_stage(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -173,6 +179,7 @@ def test_tensorboard_has_a_folder_per_run_group_and_a_subfolder_per_stage(tracke
     assert "reward" in acc.Tags()["scalars"] and len(acc.Scalars("reward")) >= 2
 
 
+@slow
 def test_a_tracker_pointed_at_a_closed_port_never_stops_training(tmp_path, capsys):
     os.environ["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{_closed_port()}"
     try:
@@ -199,6 +206,7 @@ def test_tracking_is_the_way_in_and_report_to_beside_it_is_refused():
         load_recipe(str(TINY), {"tracking": ["mlflow"], "tracking_options": {"trackio": {}}}, check_trl=False)
 
 
+@slow
 def test_a_process_running_a_second_recipe_writes_its_trackio_runs_into_that_recipes_folder(tmp_path):
     """trackio reads its folder once, at import: a served worker that runs a second recipe with another
     `tracking_options.trackio.dir` must not write into the first one's folder (a fresh process, so that the
@@ -211,12 +219,12 @@ def test_a_process_running_a_second_recipe_writes_its_trackio_runs_into_that_rec
 import os
 os.environ["TRACKIO_DIR"] = {str(first)!r}
 import trackio  # loaded for the first recipe
-from regimen.flows.pipeline.tracking import Trackio
-t = Trackio({{"dir": {str(second)!r}}}, "exp", "g1", {{}})
+from regimen.flows.pipeline.tracker_trackio import Trackio
+t = Trackio({{"dir": {str(second)!r}}}, "exp", "g1", {{}}, None)
 t.start("k", "sft c1.0", {{}})
 t.log("k", {{"loss": 1.0}}, 1)
 t.finish("k", {{}}, False)
-t = Trackio({{}}, "later", "g2", {{}})  # a later recipe without a folder of its own: the process's TRACKIO_DIR
+t = Trackio({{}}, "later", "g2", {{}}, None)  # a later recipe without a folder of its own: the process's TRACKIO_DIR
 t.start("k", "sft c1.0", {{}})
 t.log("k", {{"loss": 1.0}}, 1)
 t.finish("k", {{}}, False)
@@ -225,3 +233,111 @@ t.finish("k", {{}}, False)
     assert r.returncode == 0, r.stderr
     assert (second / "regimen-exp.db").is_file() and not (first / "regimen-exp.db").exists()
     assert (first / "regimen-later.db").is_file() and not (second / "regimen-later.db").exists()
+
+
+def test_a_tracker_is_one_class_and_one_registration(tmp_path, monkeypatch):
+    """A tracker registered by name is made by the flow's `Trackers.open` for a recipe that lists it, gets every
+    stage call, and follows a person's promote through `tracking.json`; no other code names it."""
+    from types import SimpleNamespace
+
+    from regimen.flows.pipeline import tracking
+    from regimen.stages.store import Store
+
+    monkeypatch.setattr(tracking, "_REGISTRY", tracking.registered())  # the test's tracker leaves with the test
+    calls = []
+
+    @tracking.register_tracker("fake")
+    class Fake(tracking.Tracker):
+        def __init__(self, options, experiment, group, tags, folder):
+            calls.append(("made", options, experiment, folder.name))
+
+        def start(self, key, name, tags):
+            calls.append(("start", name, tags["regimen.stage"]))
+
+        def log(self, key, metrics, step):
+            calls.append(("log", key, metrics, step))
+
+        def finish(self, key, tags, failed):
+            calls.append(("finish", key, failed))
+
+        @classmethod
+        def moved_by_person(cls, options, experiment, move):
+            return f"fake: {move['event']} {move['source'].rsplit('/', 3)[-3]}"
+
+    store = Store(tmp_path / "store")
+    recipe = SimpleNamespace(tracking=["fake"], tracking_options={"fake": {"color": "red"}}, store=str(tmp_path))
+    trackers = tracking.Trackers.open(recipe, "exp", store, None)
+    assert [type(a) for a in trackers.adapters] == [Fake]
+    key = trackers.start("grpo", 1, 1, {})
+    trackers.log(key, {"reward": 0.5, "note": "text"}, 3)
+    trackers.finish(key, {"version": 2, "metrics": {}}, "exp/grpo/v2")
+    trackers.close(False)
+    assert calls == [
+        ("made", {"color": "red"}, "exp", "fake"),
+        ("start", "grpo c1.1", "grpo"),
+        ("log", "grpo c1.1", {"reward": 0.5}, 3),
+        ("finish", "grpo c1.1", False),
+    ]
+    assert trackers.links(key) == ["fake: fake"]
+    line = {"policy_ref": {"stage": "grpo", "version": 2}, "event": "promoted", "by": "person"}
+    assert tracking.person_moved(store, "exp", line) == "fake: promoted grpo"
+
+
+def test_a_tracker_without_its_own_start_log_and_finish_is_refused_at_registration(monkeypatch):
+    from regimen.flows.pipeline import tracking
+
+    monkeypatch.setattr(tracking, "_REGISTRY", tracking.registered())
+    with pytest.raises(TypeError, match="tracker 'half': Half lacks finish, log"):
+
+        @tracking.register_tracker("half")
+        class Half(tracking.Tracker):
+            def start(self, key, name, tags):
+                pass
+
+    with pytest.raises(ValueError, match="tracker 'mlflow' is registered twice"):
+
+        @tracking.register_tracker("mlflow")
+        class Other(tracking.Tracker):
+            def start(self, key, name, tags):
+                pass
+
+            def log(self, key, metrics, step):
+                pass
+
+            def finish(self, key, tags, failed):
+                pass
+
+
+def test_the_recipes_tracker_names_are_the_registered_trackers():
+    """The recipe's one list of names (stages may not import flows) and the flows' registry are the same set."""
+    from regimen.flows.pipeline.tracking import registered
+    from regimen.stages.recipe import trackers
+    from regimen.stages.recipe.schema import Recipe
+
+    assert set(trackers.NAMES) == set(registered())
+    assert set(typing_args(Recipe.model_fields["tracking"].annotation)) == set(trackers.NAMES)
+
+
+def typing_args(annotation) -> tuple:
+    """The names of `list[Literal[...]]`."""
+    import typing
+
+    (literal,) = typing.get_args(annotation)
+    return typing.get_args(literal)
+
+
+def test_an_unknown_tracker_is_one_line_naming_the_field_and_the_known_names():
+    from regimen.stages.core.errors import InputError
+    from regimen.stages.recipe import load_recipe, trackers
+
+    for overrides, field in [
+        ({"tracking": ["mlflw"]}, "tracking.0"),
+        ({"tracking": ["mlflow"], "tracking_options": {"mlflw": {}}}, "tracking_options.mlflw"),
+    ]:
+        with pytest.raises(InputError) as caught:
+            load_recipe(str(TINY), overrides, check_trl=False)
+        said = str(caught.value)
+        assert "\n" not in said and field in said and "mlflw" in said, said
+        assert all(repr(name) in said for name in trackers.NAMES), said
+    with pytest.raises(InputError, match=r"tracking_options.mlflow: unknown colour \(known: experiment_name, "):
+        load_recipe(str(TINY), {"tracking": ["mlflow"], "tracking_options": {"mlflow": {"colour": 1}}}, check_trl=False)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from regimen.stages.recipe import defaults
+from regimen.stages.recipe import defaults, trackers
 from regimen.stages.tasks import registry as tasks
 
 
@@ -568,13 +568,9 @@ class AccelerateSection(Section):
         return v
 
 
-TRACKER_OPTIONS = {
-    "mlflow": {"tracking_uri", "experiment_name", "registered_model"},
-    "trackio": {"project", "dir"},
-    "tensorboard": {"dir"},
-    "wandb": {"project", "mode"},
-}
-"""The options `tracking_options` takes per tracker."""
+TrackerName = Literal[trackers.NAMES]  # type: ignore[valid-type]
+"""A tracker's name, from the one list of trackers (`recipe/trackers.py`): an unknown one is refused naming the
+field and the known names."""
 
 
 class Recipe(Section):
@@ -608,16 +604,14 @@ class Recipe(Section):
     keep: KeepSection | None = Field(
         None, description="retention: written `store: {url: ..., keep: {last: K, days: D}}` in a recipe"
     )
-    tracking: list[Literal["mlflow", "trackio", "tensorboard", "wandb"]] = Field(
+    tracking: list[TrackerName] = Field(
         [],
         description="trackers the run is mirrored to: one run group per run, a run per stage (the store stays the "
         "source of truth; a tracker that is down never stops training). Each is configured as its users do: its "
         "environment (MLFLOW_TRACKING_URI, TRACKIO_DIR, WANDB_MODE, ...) or tracking_options",
     )
-    tracking_options: dict[Literal["mlflow", "trackio", "tensorboard", "wandb"], dict[str, Any]] = Field(
-        {},
-        description="per tracker: mlflow {tracking_uri, experiment_name, registered_model}, trackio {project, dir}, "
-        "tensorboard {dir}, wandb {project, mode}",
+    tracking_options: dict[TrackerName, dict[str, Any]] = Field(
+        {}, description=f"per tracker: {trackers.options_text()}"
     )
     launcher: Literal["inprocess", "accelerate"] = "inprocess"
     accelerate: AccelerateSection = AccelerateSection()
@@ -765,11 +759,11 @@ class Recipe(Section):
         for name, options in self.tracking_options.items():
             if name not in self.tracking:
                 raise ValueError(f"tracking_options.{name}: {name} is not in tracking: {self.tracking}")
-            unknown = set(options) - TRACKER_OPTIONS[name]
+            unknown = set(options) - set(trackers.TRACKERS[name])
             if unknown:
                 raise ValueError(
                     f"tracking_options.{name}: unknown {', '.join(sorted(unknown))} "
-                    f"(known: {', '.join(sorted(TRACKER_OPTIONS[name]))})"
+                    f"(known: {', '.join(sorted(trackers.TRACKERS[name]))})"
                 )
         for section in ("sft", "grpo", "distill"):
             report = (getattr(self, section) or {}).get("report_to")
