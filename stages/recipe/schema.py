@@ -275,6 +275,14 @@ class CurriculumSection(Section):
         description="true: a group whose attempts all scored alike gives no gradient (neither its advantage nor its KL "
         "term; the loss is normalised over the tokens that remain), with or without a curriculum",
     )
+    screen_samples: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="with skip_all_alike: answers the current policy gives each candidate prompt before it enters "
+        "GRPO's batch; a candidate whose answers all score alike is skipped (0 or 1: no screen, only the loss part)",
+    )
+    screen_batch: int = Field(8, ge=1, le=4096, description="candidate prompts screened together (one generate call)")
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
     readmit_after: int = Field(
         50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again"
@@ -741,6 +749,12 @@ class Recipe(Section):
             raise ValueError(
                 "curriculum.skip_all_alike: runs in one process only (each rank sees a share of a group); remove it "
                 "or launch one process"
+            )
+        screens = self.curriculum.skip_all_alike and self.curriculum.screen_samples >= 2
+        if screens and (self.grpo_value("max_steps") or -1) <= 0:
+            raise ValueError(
+                "curriculum.skip_all_alike: its screen is an endless stream of prompts: set grpo.max_steps (or "
+                "curriculum.screen_samples: 0 for the loss part alone)"
             )
         if self.curriculum.kind == "levels" and not getattr(tasks.TASKS[self.data.task], "LEVELS", False):
             raise ValueError(

@@ -123,13 +123,7 @@ def build_trainer(
         sampler = sampling.rows(rows, "the smoke test: the training rows, shuffled")
     if sampler.streams:
         args.shuffle_dataset, args.ignore_data_skip = False, True
-    out_of_loss = None
-    if alike:  # curriculum.skip_all_alike: all-alike groups give no gradient (training/alike.py)
-        from regimen.stages.training.alike import AllAlike
-
-        aggregation = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
-        out_of_loss = AllAlike(list(recipe.reward_weights().values()), args.num_generations, aggregation)
-        recorder.listen(out_of_loss.listener(), len(fns))
+    out_of_loss = _out_of_loss(recipe, args, recorder) if alike else None
     train, first = sampler.dataset, sampler.callbacks
     env: dict[str, Any] = {}
     if recipe.environment is not None:  # multi-turn episodes through TRL's own environment support
@@ -158,6 +152,16 @@ def build_trainer(
     )
     trainer.out_of_loss = out_of_loss
     return progress.quiet(trainer, stage, watch), fns
+
+
+def _out_of_loss(recipe, args, recorder):
+    """curriculum.skip_all_alike: all-alike groups give no gradient (`training/alike.py`), told by the rewards."""
+    from regimen.stages.training.alike import AllAlike
+
+    weights = list(recipe.reward_weights().values())
+    out = AllAlike(weights, args.num_generations, getattr(args, "multi_objective_aggregation", "sum_then_normalize"))
+    recorder.listen(out.listener(), len(weights))
+    return out
 
 
 @functools.cache

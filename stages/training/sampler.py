@@ -47,10 +47,12 @@ def reads_pass_rates(recipe) -> bool:
 
 def config(recipe) -> dict[str, Any] | None:
     """The curriculum's settings as they enter GRPO's fingerprint (None when no curriculum runs and all-alike groups
-    train as TRL trains them). `skip_all_alike` enters only when on, so recipes without it keep their fingerprint."""
-    cur = recipe.curriculum.model_dump(mode="json", exclude={"skip_all_alike"}) if choose(recipe)[0] != ROWS else None
+    train as TRL trains them). `skip_all_alike` and its screen's settings enter only when it is on, so recipes without
+    it keep their fingerprint."""
+    skip = {"skip_all_alike", "screen_samples", "screen_batch"}
+    cur = recipe.curriculum.model_dump(mode="json", exclude=skip) if choose(recipe)[0] != ROWS else None
     if recipe.curriculum.skip_all_alike:
-        return {**(cur or {}), "skip_all_alike": True}
+        return {**(cur or {}), **recipe.curriculum.model_dump(mode="json", include=skip)}
     return cur
 
 
@@ -62,10 +64,11 @@ class Sampler:
     callbacks: list = field(default_factory=list)
     pacing: Any = None  # curriculum.Curriculum or levels.LevelsCurriculum
     rates: Any = None  # pass_rates.PassRates the version keeps, or None
+    screen: Any = None  # screen.Screen in front of it (curriculum.skip_all_alike), or None
 
     @property
     def streams(self) -> bool:
-        return self.pacing is not None
+        return self.pacing is not None or self.screen is not None
 
     @property
     def wanted(self) -> bool:
@@ -73,15 +76,40 @@ class Sampler:
         return self.kind != ROWS or not self.reason.startswith("no curriculum")
 
     def summary(self) -> dict[str, Any] | None:
-        return self.pacing.summary() if self.pacing is not None else None
+        out = self.pacing.summary() if self.pacing is not None else None
+        if self.screen is not None:
+            out = {**(out or {}), "screen": self.screen.summary()}
+        return out
 
-    def manifest(self) -> dict[str, str]:
-        return {"kind": self.kind, "reason": self.reason}
+    def manifest(self) -> dict[str, Any]:
+        return {"kind": self.kind, "reason": self.reason, "screen": self.screen is not None}
 
 
 def build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sampler:
     """The sampler `choose` names, over `train_rows` (the task's, as chats for an environment), starting from `seen`
-    (pass rates read from the inputs), its listeners registered on `recorder` (TRL's scored groups)."""
+    (pass rates read from the inputs), its listeners registered on `recorder` (TRL's scored groups); with
+    `curriculum.skip_all_alike` (and `screen_samples` >= 2), the screen in front of it (`training/screen.py`)."""
+    base = _build(recipe, task, train_rows, seen, recorder)
+    if not (recipe.curriculum.skip_all_alike and recipe.curriculum.screen_samples >= 2):
+        return base
+    from regimen.stages.training import screen as screening
+
+    # the curriculum's stream when one runs (its set-aside is the history; levels: what they generate), else the rows
+    seed = int(recipe.grpo_value("seed") or 0)
+    screen = screening.Screen(recipe, base.pacing if base.pacing is not None else screening.Rows(train_rows, seed))
+    reason = f"{base.reason}; screened: {recipe.curriculum.screen_samples} answers a candidate, all-alike ones skipped"
+    return Sampler(
+        base.kind,
+        reason,
+        screening.dataset(screen),
+        [*base.callbacks, screening.ScreenCallback(screen)],
+        base.pacing,
+        base.rates,
+        screen,
+    )
+
+
+def _build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sampler:
     from regimen.stages.training import curriculum as pacing
 
     kind, reason = choose(recipe)

@@ -1,0 +1,219 @@
+"""Skip what will not teach, before it is generated (`curriculum.skip_all_alike: true`): a screen in front of GRPO's
+prompts.
+
+A group whose attempts all score alike teaches nothing; on a large pool a prompt is almost never seen twice, so the
+history the pass-rate curriculum keeps (GRESO's idea: what was all alike stays all alike) rarely knows a prompt
+before it is drawn. The screen asks the current policy instead (SPEED-RL, arXiv 2506.09016): candidates are drawn
+from the source (the curriculum's stream when it is on, whose set-aside is the history; else a seeded shuffle of the
+rows, TRL's sampler's order), `screen_batch` at a time; each is answered `screen_samples` times with GRPO's sampling
+settings (one batched `generate` call), scored by the recipe's rewards (`rewards/scoring.py`), and a candidate whose
+screening answers all score alike is skipped; the others enter GRPO's batch, where TRL samples the full group. What
+the screen saw also enters the curriculum's pass rates (a screened-out prompt is set aside like an all-alike group).
+If a whole round of candidates is screened out `max_rounds` times in a row, the next candidate enters unscreened, so
+a policy that solves (or fails) everything never stalls the trainer; such admissions are counted.
+
+On TRL's public surface only: GRPO's training set is an `IterableDataset` whose generator consults the live policy
+(handed over by a callback at `on_train_begin`). The screen's answers are not reused as the group's first attempts
+(SPEED does): TRL's generation is its private `_generate_and_score_completions`, and `rollout_func` must answer every
+prompt it is given, so the screen's samples are spent on top of the group's. The policy the screen asks is the one of
+the step before (the dataloader fetches a batch ahead).
+
+Counted (the manifest's `curriculum.screen`, the training log's `screen/*` at each logging step): candidates
+screened, skipped, admitted unscreened, and the screening completions generated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from regimen.stages.rewards.scoring import Scorer, columns
+from regimen.stages.training.pass_rates import prompt_id
+
+log = logging.getLogger("regimen.curriculum")
+STATE = "screen.json"
+MAX_ROUNDS = 8
+
+
+class Rows:
+    """An endless seeded shuffle of the rows, reshuffled each lap (TRL's sampler's order), with its place saved."""
+
+    def __init__(self, rows: list[dict[str, Any]], seed: int):
+        self.rows, self.seed, self.lap, self.cursor = rows, seed, 0, 0
+        self.order = self._order()
+
+    def _order(self) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(self.seed * 1_000_003 + self.lap).shuffle(order)
+        return order
+
+    def stream(self) -> Iterator[dict[str, Any]]:
+        while True:
+            if self.cursor >= len(self.order):
+                self.lap, self.cursor = self.lap + 1, 0
+                self.order = self._order()
+            i = self.order[self.cursor]
+            self.cursor += 1
+            yield {**self.rows[i], "prompt_id": prompt_id(self.rows[i]["prompt"])}
+
+    def state(self) -> dict[str, int]:
+        return {"lap": self.lap, "cursor": self.cursor}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.lap, self.cursor = int(state["lap"]), int(state["cursor"])
+        self.order = self._order()
+
+
+class Screen:
+    """The screen (see the module doc). `source`: the curriculum (its `stream`, `observe`, `state`) or `Rows`."""
+
+    def __init__(self, recipe, source, scorer: Scorer | None = None):
+        cfg = recipe.curriculum
+        self.recipe, self.source = recipe, source
+        self.samples, self.batch = int(cfg.screen_samples), int(cfg.screen_batch)
+        self.scorer = scorer or Scorer(recipe)
+        self.model = self.tokenizer = None  # the live policy, handed over at on_train_begin
+        self.step = 0
+        self.counts = {"screened": 0, "skipped": 0, "admitted": 0, "unscreened": 0, "samples": 0}
+        self.queue: deque[dict[str, Any]] = deque()
+        self._stream: Iterator[dict[str, Any]] | None = None
+
+    def _next(self) -> dict[str, Any]:
+        if self._stream is None:
+            self._stream = self.source.stream()
+        return next(self._stream)
+
+    def stream(self) -> Iterator[dict[str, Any]]:
+        while True:
+            if not self.queue:
+                self.refill()
+            yield self.queue.popleft()
+
+    def refill(self) -> None:
+        """Screen rounds of candidates until one enters; after `MAX_ROUNDS` rounds with none, one enters unscreened."""
+        if self.model is None or self.samples < 2:  # nothing to ask yet (or nothing to compare): no screen
+            self.queue.append(self._next())
+            return
+        for _ in range(MAX_ROUNDS):
+            self.queue.extend(self.screen([self._next() for _ in range(self.batch)]))
+            if self.queue:
+                return
+        self.counts["unscreened"] += 1
+        self.queue.append(self._next())
+
+    def screen(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The candidates whose screening answers do not all score alike."""
+        from regimen.stages.training.episodes import complete
+
+        g = self.recipe.grpo_value
+        outs, envs = complete(
+            self.model,
+            self.tokenizer,
+            self.recipe,
+            candidates,
+            num_return_sequences=self.samples,
+            do_sample=True,
+            temperature=float(g("temperature")),
+            top_p=float(g("top_p") or 1.0),
+            top_k=int(g("top_k") or 0),
+            max_new_tokens=int(g("max_completion_length")),
+            batch_size=self.recipe.eval.batch_size,
+            desc="screen",
+            extra={
+                **{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None},
+                **(g("generation_kwargs") or {}),
+            },
+        )
+        k = self.samples
+        prompts = [c["prompt"] for c in candidates for _ in range(k)]
+        cols = columns(candidates, repeat=k)
+        if envs is not None:
+            cols["environments"] = [e for es in envs for e in es]
+        totals = self.scorer(prompts, [c for cs in outs for c in cs], cols).totals
+        self.counts["screened"] += len(candidates)
+        self.counts["samples"] += len(candidates) * k
+        ids = [c.get("prompt_id") or prompt_id(c["prompt"]) for c in candidates for _ in range(k)]
+        if hasattr(self.source, "observe"):  # the curriculum's history learns what the screen saw
+            self.source.observe(ids, [0.0 if t != t else t for t in totals], k)
+        kept = []
+        for i, c in enumerate(candidates):
+            group = [t for t in totals[i * k : (i + 1) * k] if t == t]
+            if len({round(t, 9) for t in group}) <= 1:
+                self.counts["skipped"] += 1
+            else:
+                kept.append(c)
+        self.counts["admitted"] += len(kept)
+        return kept
+
+    def state(self) -> dict[str, Any]:
+        return {"counts": self.counts, "queue": list(self.queue), "source": self._source_state()}
+
+    def _source_state(self) -> dict[str, Any] | None:
+        return self.source.state() if isinstance(self.source, Rows) else None
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.counts.update({k: int(v) for k, v in state["counts"].items()})
+        self.queue = deque(state.get("queue") or [])
+        if isinstance(self.source, Rows) and state.get("source"):
+            self.source.load(state["source"])
+        self._stream = None
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.counts, "samples_per_candidate": self.samples}
+
+
+_LIVE: weakref.WeakValueDictionary[str, Screen] = weakref.WeakValueDictionary()
+
+
+def _generate(token: str) -> Iterator[dict[str, Any]]:
+    yield from _LIVE[token].stream()
+
+
+def dataset(screen: Screen):
+    """An endless `datasets.IterableDataset` of the prompts the screen lets through."""
+    from datasets import IterableDataset
+
+    token = f"{os.getpid()}-screen-{id(screen)}"
+    _LIVE[token] = screen
+    return IterableDataset.from_generator(_generate, gen_kwargs={"token": token})
+
+
+class ScreenCallback(TrainerCallback):
+    """Hands the screen the live policy, logs its counts (`screen/*`), saves its state in each checkpoint and restores
+    it on resume (the curriculum's own callback saves the curriculum's)."""
+
+    def __init__(self, screen: Screen):
+        self.screen = screen
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self.screen.model, self.screen.tokenizer = model, processing_class
+        if state.global_step:
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / STATE
+            try:
+                self.screen.load(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("screen state not restored from %s (%s): it starts afresh", path, exc)
+        self.screen.step = state.global_step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.screen.step = state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.log_history and "reward" in state.log_history[-1]:
+            state.log_history[-1].update({f"screen/{k}": v for k, v in self.screen.counts.items()})
+
+    def on_save(self, args, state, control, **kwargs):
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and ckpt.is_dir():
+            tmp = ckpt / f".{STATE}.tmp"
+            tmp.write_text(json.dumps(self.screen.state()))
+            os.replace(tmp, ckpt / STATE)
