@@ -15,6 +15,7 @@ from typing import Any
 from regimen.stages.core.contract import StageOutput
 from regimen.stages.rewards import GAMEABLE_WARNING, Scorer, columns, gameable_names
 from regimen.stages.rewards.audit import MAX_ROWS, audit, summary
+from regimen.stages.rewards.scoring import completion_ids
 from regimen.stages.tasks import shuffled
 from regimen.stages.training import trajectories
 
@@ -179,16 +180,16 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     )
     prompts = [r["prompt"] for r in rows for _ in range(group)]
     completions = [c for s in samples for c in s]
-    cols = columns(rows, repeat=group)
+    cols = {**columns(rows, repeat=group), "completion_ids": completion_ids(tokenizer, completions)}
     if envs is not None:  # episodes: the policy's own, each scored by its environment
         cols["environments"] = [e for es in envs for e in es]
     scores = scorer(prompts, completions, cols)
     per_reward, totals = scores.values, scores.totals
     stats = group_stats(totals, group)
-    from regimen.stages.training.pass_rates import PassRates, prompt_id
+    from regimen.stages.training.pass_rates import PassRates, row_id
 
     rates = PassRates()  # each sampled prompt's group: where GRPO's curriculum starts
-    rates.add_groups([prompt_id(p) for p in prompts], totals, group, 0, "dry_run")
+    rates.add_groups([row_id(r) for r in rows for _ in range(group)], totals, group, 0, "dry_run")
     rates.write(dirs.out)
     for name, vals in per_reward.items():
         scored = [v for v in vals if v is not None]

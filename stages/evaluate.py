@@ -74,11 +74,11 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
 
     # each held-out prompt's outcome, in the set's order: the champion's comparison is paired over these
     (dirs.out / "correct.json").write_text(json.dumps([t["correct"] for t in rows]))
-    from regimen.stages.training.pass_rates import PassRates, prompt_id
+    from regimen.stages.training.pass_rates import PassRates, row_id
 
     rates = PassRates()  # one greedy attempt per held-out prompt: solved or not
     for t, r in zip(rows, task.heldout):
         if t["correct"] is not None:
-            rates.add_group(prompt_id(r["prompt"]), [float(t["correct"])], 0, "evaluate")
+            rates.add_group(row_id(r), [float(t["correct"])], 0, "evaluate")
     rates.write(dirs.out)
     return StageOutput(metrics)

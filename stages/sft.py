@@ -33,13 +33,21 @@ def config_section(recipe) -> dict[str, Any]:
         "peft": recipe.peft,
         "eval": {"max_new_tokens": recipe.max_new_tokens(), "metric": recipe.eval.metric},
     }
-    if recipe.teacher.kind not in ("oracle", "weak") or recipe.eval.metric != "exact_match":
+    if recipe.teacher.kind not in ("oracle", "weak"):  # a model's (or its own) traces are kept by what the rewards pay
         section["rewards"] = rewards_identity(recipe.rewards)
+    elif recipe.eval.metric != "exact_match":  # the traces are the task's: only the metric's reward measures SFT
+        section["rewards"] = rewards_identity([s for s in recipe.rewards if s.key == recipe.eval.metric])
     if recipe.teacher.kind == "model" and Path(recipe.teacher.name_or_path).expanduser().is_dir():
         from regimen.stages.core.fingerprint import tree_digest
 
         section["teacher_sha256"] = tree_digest(Path(recipe.teacher.name_or_path).expanduser())
     return section
+
+
+def oracle_traces(recipe) -> bool:
+    """The traces are the task's own (oracle or weak teacher): no reward changes them, so SFT's identity holds only
+    the metric's reward, and SFT measures only it (other rewards' held-out means belong to the evaluation)."""
+    return recipe.teacher.kind in ("oracle", "weak")
 
 
 def cached_traces(recipe, task, cycle: int, policy: str, work: Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -94,9 +102,11 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         )
     tokenizer = load_tokenizer(policy)
     model = load_model(policy, dtype=recipe.model.dtype)
-    args = for_stage(
-        recipe, "sft", dirs.checkpoints, **({"assistant_only_loss": True} if recipe.environment is not None else {})
+    # tool replies in a trace were not written by the model: the loss is on the assistant's turns only
+    tools = recipe.environment is not None or any(
+        isinstance(r["completion"], list) and any(m.get("role") == "tool" for m in r["completion"]) for r in rows
     )
+    args = for_stage(recipe, "sft", dirs.checkpoints, **({"assistant_only_loss": True} if tools else {}))
     trainer = SFTTrainer(
         model=model,
         args=args,
@@ -117,8 +127,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if not is_main_process(trainer):  # under accelerate launch, rank 0 measures; the others are done
         return StageOutput(metrics, extra={"resumed_from_step": resumed})
     model.to(device_for(recipe))
-    heldout_metrics, heldout_rows = heldout_eval(
-        model, tokenizer, recipe, task.heldout, desc="held-out eval (after SFT)"
+    heldout_metrics, heldout_rows = heldout_eval(  # with the task's teacher, only what SFT's identity holds
+        model, tokenizer, recipe, task.heldout, desc="held-out eval (after SFT)", metric_only=oracle_traces(recipe)
     )
     metrics.update(heldout_metrics)
     if (acc := teacher_accuracy(recipe, task)) is not None:

@@ -207,3 +207,18 @@ def test_a_reward_renamed_with_as_survives_the_recipes_own_dump_and_its_explanat
     again = recipe_from_dict(recipe.model_dump(mode="json", by_alias=True), "launch spec")
     assert [r.key for r in again.rewards] == ["acc"]
     assert "as: acc" in explain(recipe)
+
+
+def test_check_shows_every_value_regimen_sets_when_the_trainer_is_built(capsys):
+    """save_total_limit (5 unless told; TRL keeps all), and with a curriculum the stream's two GRPO fields: each with
+    Regimen as its source, as the stages set them (`recipe/trl.stage_time`), never `# TRL default`."""
+    from conftest import run_cli
+
+    code, out, _ = run_cli(["check", str(TINY), "--set", "curriculum.enabled=true"], capsys)
+    assert code == 0
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    assert "save_total_limit: 5  # Regimen, when the trainer is built" in out
+    assert "TRL default" not in lines["save_total_limit"]
+    assert "shuffle_dataset: false  # Regimen" in out and "ignore_data_skip: true  # Regimen" in out
+    code, out, _ = run_cli(["check", str(TINY)], capsys)
+    assert "shuffle_dataset: false  # Regimen" not in out

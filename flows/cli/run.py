@@ -18,7 +18,8 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
     from regimen.stages import registry
 
     table = Table(title="regimen run", show_lines=False)
-    for col in ("stage", "version", "cycle", "", "wall s", "key metrics"):
+    waited = any(r.get("wait_s", 0) >= 0.1 for r in results)
+    for col in ("stage", "version", "cycle", "", "wall s", *(("wait s",) if waited else ()), "key metrics"):
         table.add_column(col)
     for r in results:
         metrics = r.get("metrics") or {}
@@ -34,9 +35,9 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
         if r.get("damaged"):
             shown += f", damaged versions not reused: {', '.join('v' + str(d['version']) for d in r['damaged'])}"
         where = f"{r.get('cycle')}" + (f".{r['round']}" if r.get("round") else "")
-        table.add_row(
-            r["stage"], f"v{r['version']}", where, "reused" if r["reused"] else "ran", f"{r['wall_s']:.1f}", shown
-        )
+        wait = (f"{r.get('wait_s', 0):.1f}",) if waited else ()
+        how = "reused" if r["reused"] else "ran"
+        table.add_row(r["stage"], f"v{r['version']}", where, how, f"{r['wall_s']:.1f}", *wait, shown)
     return table
 
 
@@ -58,9 +59,12 @@ def _print_run(outcome, started: float) -> None:
             + (f" ({reused} reused)" if reused else "")
         )
     elif reused < len(results):
+        waited = sum(r.get("wait_s", 0) for r in results)
         console.print(
-            f"wall time {total:.1f}s; stages {stages:.1f}s; fixed cost {total - stages:.1f}s (wall minus the stages' "
-            f"own time)"
+            f"wall time {total:.1f}s; stages {stages:.1f}s"
+            + (f"; waited {waited:.1f}s for this machine's compute slot" if waited >= 0.1 else "")
+            + f"; fixed cost {total - stages - waited:.1f}s (wall minus the stages' own time"
+            + (" and the wait)" if waited >= 0.1 else ")")
         )
     else:
         console.print(f"wall time {total:.1f}s; every stage reused (nothing changed)")
@@ -198,7 +202,10 @@ def check(
 
     recipe = load_recipe(config, set_ or [])
     summary = door(recipe, offline=True)
-    console.print(explain(recipe, all_fields=all_fields), markup=False, highlight=False, soft_wrap=True)
+    from regimen.stages.training import sampler
+
+    text = explain(recipe, all_fields=all_fields, streams=sampler.streams(recipe))
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
     for note in summary.get("skipped", []):
         console.print(f"# not checked here: {note}", markup=False, highlight=False)
     if summary.get("tools"):

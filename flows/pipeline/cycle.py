@@ -75,6 +75,7 @@ def summary(result: StageResult) -> dict[str, Any]:
         "round": m.get("round"),
         "reused": result.reused,
         "wall_s": round(result.wall_s, 3),
+        "wait_s": round(result.wait_s, 3),  # waiting for the machine's compute slot, apart from the work
         "stage_wall_s": m.get("wall_s"),
         "metrics": m.get("metrics", {}),
         "warning": m.get("warning") or m.get("guard_warning"),
@@ -174,11 +175,12 @@ def stage(
     log.info("%s (%s) ...", name, where)
     out = run_stage(name, recipe, inputs, run, cycle=cycle, round=round, return_state=True).result()
     log.info(
-        "%s v%s %s in %.1fs%s",
+        "%s v%s %s in %.1fs%s%s",
         name,
         out["version"],
         "reused" if out["reused"] else "ran",
         out["wall_s"],
+        f" (after waiting {out['wait_s']:.1f}s for the machine's compute slot)" if out.get("wait_s", 0) >= 0.1 else "",
         f": {figures}" if (figures := key_figures(out)) else "",
     )
     run.results.append(out)

@@ -215,8 +215,9 @@ def load_recipe(
 # `regimen check`: the resolved recipe with where every value came from
 
 
-def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
-    """The resolved recipe as YAML, each value commented `# recipe`, `# Regimen: why` or `# TRL default`."""
+def explain(recipe: Recipe, *, all_fields: bool = False, streams: bool = False) -> str:
+    """The resolved recipe as YAML, each value commented `# recipe`, `# Regimen: why` or `# TRL default`. `streams`:
+    GRPO's prompts come from a stream (`training/sampler.streams`), which sets two of GRPO's fields."""
     raw = raw_of(recipe)
     dumped = recipe.model_dump(mode="json", by_alias=True)
     lines: list[str] = []
@@ -242,7 +243,7 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
     for section, value in dumped.items():
         given = raw.get(section, _MISSING)
         if section in ("sft", "grpo") or (section == "distill" and value is not None):
-            _explain_trl(recipe, section, given, all_fields, emit, lines)
+            _explain_trl(recipe, section, given, all_fields, emit, lines, streams)
         elif section == "eval" and isinstance(value, dict):
             lines.append("eval:")
             for key, val in value.items():
@@ -267,7 +268,9 @@ def explain(recipe: Recipe, *, all_fields: bool = False) -> str:
 _MISSING = object()
 
 
-def _explain_trl(recipe: Recipe, section: str, given: Any, all_fields: bool, emit, lines: list[str]) -> None:
+def _explain_trl(
+    recipe: Recipe, section: str, given: Any, all_fields: bool, emit, lines: list[str], streams: bool = False
+) -> None:
     """A TRL section as training will use it: every value read from the config object itself
     (`recipe/trl.py`), commented with where it came from."""
     from regimen.stages.recipe import trl
@@ -276,15 +279,19 @@ def _explain_trl(recipe: Recipe, section: str, given: Any, all_fields: bool, emi
     lines.append(f"{section}:  # TRL {type(built).__name__}, as training builds it")
     given = given if isinstance(given, dict) else {}
     extra = trl.settings(recipe, section)
+    later = trl.stage_time(recipe, section, built, streams=streams)  # set when the trainer is built
     names = defaults.trl_fields(section) if all_fields else defaults.KEY_FIELDS[section]
     shown = []
-    for key in [*getattr(recipe, section), *(k for k in extra if k not in getattr(recipe, section)), *names]:
+    for key in [*getattr(recipe, section), *(k for k in extra if k not in getattr(recipe, section)), *later, *names]:
         if key in shown or key in defaults.RESERVED - {"reward_weights"} or not hasattr(built, key):
             continue
         shown.append(key)
         # kept by Regimen, not handed to TRL's config
         if key in given and key in trl.BUILT_BY_REGIMEN and key not in extra:
             emit(1, key, getattr(recipe, section)[key], f"recipe; {trl.BUILT_BY_REGIMEN[key]}")
+            continue
+        if key in later:
+            emit(1, key, later[key][0], f"Regimen, when the trainer is built: {later[key][1]}")
             continue
         if key in given:
             origin = "recipe"

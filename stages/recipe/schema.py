@@ -197,8 +197,16 @@ class EvalSection(Section):
     )
     trajectories: int = Field(50, ge=0, le=10**6, description="held-out samples written to trajectories.jsonl")
     metric: str = Field(
-        "exact_match", description="'exact_match' against the `answer` column, or a reward name (1.0 counts as correct)"
+        "exact_match",
+        description="'exact_match' against the `answer` column, or a reward as the recipe names it (a dotted path may "
+        "be written `pkg.mod:fn` or `pkg.mod.fn`; 1.0 counts as correct)",
     )
+
+    @field_validator("metric")
+    @classmethod
+    def _as_reported(cls, v: str) -> str:
+        """A reward given by path is reported as `pkg.mod.fn` (`RewardSpec.key`): either spelling names it."""
+        return v.replace(":", ".")
 
 
 class GuardSection(Section):
@@ -691,7 +699,8 @@ class Recipe(Section):
     @classmethod
     def _scorer_is_the_metric(cls, data: Any) -> Any:
         """A task with its own scorer (reasoning_gym) is measured by it: unless `eval.metric` is set, held-out
-        accuracy is the share of held-out rows that the recipe's `reasoning_gym` reward scores 1.0."""
+        accuracy is the share of held-out rows that the recipe's `reasoning_gym` reward scores 1.0. A recipe that does
+        not list that reward gets it as a monitor (weight 0: logged, never trained on)."""
         if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
             return data
         scorer = getattr(tasks.TASKS.get(data["data"].get("task")), "SCORER", None)
@@ -699,12 +708,21 @@ class Recipe(Section):
         if scorer is None or "metric" in evaluation or not isinstance(data.get("rewards"), list):
             return data
         specs = [r for r in data["rewards"] if isinstance(r, dict) and r.get("name") == scorer]
-        if not specs:
-            raise ValueError(
-                f"rewards: data.task {data['data']['task']} is measured by its own scorer: list {{name: {scorer}}} "
-                f"among the rewards (weight 0 to only monitor it), or set eval.metric"
-            )
+        if not specs:  # measured by it without being listed: added as a monitor (weight 0), never trained on
+            monitor = {"name": scorer, "weight": 0.0}
+            return {**data, "rewards": [*data["rewards"], monitor], "eval": {**evaluation, "metric": scorer}}
         return {**data, "eval": {**evaluation, "metric": specs[0].get("as") or scorer}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment_rows_are_episodes(cls, data: Any) -> Any:
+        """With an environment, rows read from files (jsonl, hf) are episodes unless `data.episodes` says otherwise: a
+        prompt may repeat (TRL's own examples repeat one prompt; the environment makes each episode different)."""
+        if not isinstance(data, dict) or not isinstance(data.get("data"), dict) or not data.get("environment"):
+            return data
+        if data["data"].get("task") in ("jsonl", "hf") and "episodes" not in data["data"]:
+            return {**data, "data": {**data["data"], "episodes": True}}
+        return data
 
     @model_validator(mode="after")
     def _rules(self) -> Recipe:

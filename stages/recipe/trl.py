@@ -98,12 +98,28 @@ def for_stage(recipe, section: str, output_dir, **changes: Any):
     else:
         built = copy.copy(config(recipe, section))
     built.output_dir = str(output_dir)
+    for key, (value, _) in stage_time(recipe, section, built).items():
+        setattr(built, key, value)
+    return built
+
+
+def stage_time(recipe, section: str, built=None, *, streams: bool = False) -> dict[str, tuple[Any, str]]:
+    """What Regimen sets on a stage's config when the trainer is built, beyond `settings`: {field: (value, why)}. The
+    stages apply it (`for_stage`; the GRPO trainer's builder with `streams`), `regimen check` prints it. `streams`:
+    GRPO's prompts come from a stream (a curriculum or the screen, `training/sampler.py`)."""
+    built = config(recipe, section) if built is None else built
+    out: dict[str, tuple[Any, str]] = {}
     cap = recipe.limits.max_checkpoints  # the operator's ceiling (the door refused a recipe asking for more)
     if cap is not None and (built.save_total_limit is None or built.save_total_limit > cap):
-        built.save_total_limit = cap
+        out["save_total_limit"] = (cap, "limits.max_checkpoints, the operator's ceiling")
     elif cap is None and built.save_total_limit is None:  # as serve caps them: a plain run keeps 5 too, not every one
-        built.save_total_limit = DEFAULT_CHECKPOINTS
-    return built
+        out["save_total_limit"] = (DEFAULT_CHECKPOINTS, "a training stage keeps 5 checkpoints unless told (TRL: all)")
+    if section == "grpo" and streams:
+        why = "the curriculum's (or the screen's) stream is read in order and its own state resumes it"
+        out["shuffle_dataset"], out["ignore_data_skip"] = (False, why), (True, why)
+    if section == "grpo" and recipe.environment is not None:
+        out["max_tool_calling_iterations"] = (recipe.environment.max_turns, "from environment.max_turns")
+    return out
 
 
 DEFAULT_CHECKPOINTS = 5

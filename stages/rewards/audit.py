@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regimen.stages.core.errors import InputError
-from regimen.stages.rewards.registry import RewardFn, score
+from regimen.stages.rewards.registry import RewardFn, score, trl_shaped
 from regimen.stages.rewards.scoring import PASS, exact_correct, weighted_total
 
 KINDS = ("reference", "wrong", "empty", "candidates", "repeated", "prefixed", "suffixed")
@@ -172,9 +172,7 @@ class Audit:
     def shaped(self, i: int, completion: Any) -> Any:
         """A completion in TRL's shape for row `i`: text after a text prompt; after a chat prompt (a list of messages)
         the assistant's message list, `[{"role": "assistant", "content": ...}]`, as GRPOTrainer hands it to rewards."""
-        if isinstance(completion, str) and isinstance(self.prompts[i], list):
-            return [{"role": "assistant", "content": completion}]
-        return completion
+        return trl_shaped([self.prompts[i]], [completion])[0]
 
     def verdict(self, completion: Any, i: int) -> bool | None:
         """The task's verdict on a completion for row `i`, in the recipe's shape."""

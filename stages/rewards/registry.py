@@ -9,6 +9,7 @@ missing); TRL ignores it in the weighted sum, and Regimen never turns it into a 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable, Sequence
@@ -140,14 +141,54 @@ def check_values(name: str, values: Any, n: int) -> list[float | None]:
     return out
 
 
+def is_chat(prompt: Any) -> bool:
+    """A conversational prompt, as TRL's `is_conversational` reads one: a list of messages with roles."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def trl_shaped(prompts: list[Any], completions: list[Any]) -> list[Any]:
+    """Completions as TRL's GRPOTrainer hands them to rewards: text after a text prompt; after a chat prompt, a list of
+    messages starting with the assistant's (`[{"role": "assistant", "content": ...}]`; an episode's turns as they
+    are)."""
+    return [
+        [{"role": "assistant", "content": c}] if isinstance(c, str) and is_chat(p) else c
+        for p, c in zip(prompts, completions)
+    ]
+
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    """`log_extra` / `log_metric` outside training: TRL's own hooks log to the training run; here nothing is running."""
+
+
+@functools.cache
+def _fresh_state():
+    from transformers import TrainerState
+
+    return TrainerState()
+
+
+def trl_kwargs(columns: dict[str, list[Any]]) -> dict[str, Any]:
+    """The keywords TRL 1.16's GRPOTrainer passes a reward beside prompts and completions: every dataset column but
+    prompt, completion and completion_ids, `trainer_state` (a fresh `TrainerState` outside training: step 0),
+    `log_extra` and `log_metric` (no-ops outside training), `completion_ids` and `environments` where the caller has
+    them (the columns hold them)."""
+    out = {k: v for k, v in columns.items() if k not in ("prompt", "completion")}
+    out.setdefault("trainer_state", _fresh_state())
+    out.setdefault("log_extra", _no_log)
+    out.setdefault("log_metric", _no_log)
+    return out
+
+
 def score(
     fns: dict[str, RewardFn], prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
 ) -> dict[str, list[float | None]]:
-    """Run each reward over a batch; each must return one real number or None per completion."""
+    """Run each reward over a batch as TRL's GRPOTrainer calls it (`trl_shaped` completions, `trl_kwargs`); each must
+    return one real number or None per completion."""
     out: dict[str, list[float | None]] = {}
+    shaped, kwargs = trl_shaped(prompts, completions), trl_kwargs(columns)
     for name, fn in fns.items():
         try:
-            values = fn(prompts=prompts, completions=completions, **columns)
+            values = fn(prompts=prompts, completions=shaped, **kwargs)
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - a reward's own bug: name it
@@ -157,12 +198,16 @@ def score(
 
 
 def preflight(
-    fns: dict[str, RewardFn], rows: list[dict[str, Any]], completions: list[Any]
+    fns: dict[str, RewardFn],
+    rows: list[dict[str, Any]],
+    completions: list[Any],
+    extra: dict[str, list[Any]] | None = None,
 ) -> dict[str, list[float | None]]:
     """Call every reward on a few rows before anything trains, so a broken one is named now (reward, row,
-    value), not after SFT. `completions` are the task's reference answers where it has them."""
+    value), not after SFT. `completions` are the task's reference answers where it has them; `extra`: columns the
+    caller has beside the rows' (an environment's instances, reset on each row)."""
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
-    return score(fns, [r["prompt"] for r in rows], completions, columns)
+    return score(fns, [r["prompt"] for r in rows], completions, {**columns, **(extra or {})})
 
 
 def from_specs(specs) -> dict[str, RewardFn]:

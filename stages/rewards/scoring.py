@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from regimen.stages.rewards.registry import RewardFn, from_specs, score
+from regimen.stages.rewards.registry import RewardFn, completion_text, from_specs, score
 from regimen.stages.rewards.text import answer
 
 PASS = 1.0
@@ -46,6 +46,12 @@ def columns(rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = Non
     prompt and completion, as TRL passes them, plus `extra` (already one value per completion)."""
     out = {k: [r.get(k) for r in rows for _ in range(repeat)] for k in rows[0] if k not in ("prompt", "completion")}
     return {**out, **(extra or {})} if rows else dict(extra or {})
+
+
+def completion_ids(tokenizer, completions: list[Any]) -> list[list[int]]:
+    """`completion_ids` as a reward gets them outside training: each completion's text (an episode's assistant
+    turns) tokenized by the policy's tokenizer, without special tokens (TRL's: the generated ids, its end token too)."""
+    return [tokenizer(completion_text(c), add_special_tokens=False)["input_ids"] for c in completions]
 
 
 def weighted_total(values: dict[str, list[float | None]], weights: dict[str, float]) -> list[float]:
@@ -98,10 +104,12 @@ class Scores:
 
 class Scorer:
     """A recipe's scoring: its rewards (one instance set per scorer, so a reward that keeps state is left as the
-    caller's), their weights and its metric. `fns`: instances the caller already holds."""
+    caller's), their weights and its metric. `fns`: instances the caller already holds; `only`: the rewards (by report
+    name) to score, the others left out."""
 
-    def __init__(self, recipe, fns: dict[str, RewardFn] | None = None):
-        self.fns = from_specs(recipe.rewards) if fns is None else fns
+    def __init__(self, recipe, fns: dict[str, RewardFn] | None = None, *, only: list[str] | None = None):
+        specs = recipe.rewards if only is None else [s for s in recipe.rewards if s.key in only]
+        self.fns = from_specs(specs) if fns is None else fns
         self.weights = recipe.reward_weights()
         self.metric = recipe.eval.metric
 

@@ -83,7 +83,12 @@ def check(recipe, *, offline: bool = False) -> dict[str, Any]:
     rows = task.train[:ROWS]
     completions = [task.reference(r) or "" for r in rows]
     fns = from_specs(recipe.rewards)
-    values = preflight(fns, rows, completions)
+    extra = None
+    if recipe.environment is not None:  # as TRL calls them: each row's environment (here reset, before any episode)
+        from regimen.stages.training.episodes import reset_environments
+
+        rows, extra = reset_environments(recipe, rows)
+    values = preflight(fns, rows, completions, extra)
     summary: dict[str, Any] = {
         "train_rows": len(task.train),
         "heldout_rows": len(task.heldout),

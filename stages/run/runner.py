@@ -44,6 +44,7 @@ class StageResult:
     wall_s: float
     path: Path
     damaged: list[dict[str, Any]] | None = None  # versions with this fingerprint that failed their digest check
+    wait_s: float = 0.0  # time spent waiting for this machine's compute slot, apart from `wall_s` (the work)
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -158,6 +159,7 @@ def execute(call: StageCall, store: Store) -> StageResult:
 
     with contextlib.ExitStack() as held:
         if call.slot:
+            waited = time.perf_counter()
             try:
                 held.enter_context(call.slot())
             except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel while waiting: say so, exit 130/143
@@ -183,11 +185,19 @@ def execute(call: StageCall, store: Store) -> StageResult:
                         "interrupted while waiting for this machine's compute slot: nothing of the stage ran",
                     ) from exc
                 raise
+            # waiting is not working: the wait is reported apart, the stage's wall time starts once the slot is held
+            wait = time.perf_counter() - waited
+            return _run(call, handle, call.manifest(fp, section), damaged, t0 + wait, wait)
         return _run(call, handle, call.manifest(fp, section), damaged, t0)
 
 
 def _run(
-    call: StageCall, handle: StageHandle, manifest: dict[str, Any], damaged: list[dict[str, Any]], t0: float
+    call: StageCall,
+    handle: StageHandle,
+    manifest: dict[str, Any],
+    damaged: list[dict[str, Any]],
+    t0: float,
+    wait: float = 0.0,
 ) -> StageResult:
     stage, recipe, fp = call.stage, call.recipe, manifest["fingerprint"]
     module = registry.get(stage)
@@ -212,6 +222,8 @@ def _run(
     (dirs.out / "metrics.json").write_text(json.dumps(output.metrics, indent=1))
     manifest.update(output.extra)
     manifest.update({"metrics": output.metrics, "finished_at": now_iso(), "wall_s": round(wall, 3)})
+    if wait:
+        manifest["wait_s"] = round(wait, 3)  # waiting for the machine's compute slot: not the stage's work
     if device["cuda"]:
         import torch
 
@@ -221,7 +233,7 @@ def _run(
         raise StageStopped(stage, output.diagnosis or "the stage reported failure", output.extra.get("guard_stop"))
     committed = _commit(handle, dirs, manifest)
     handle.drop_work(fp)  # checkpoints are only for resuming (here and in a remote store's bucket)
-    return StageResult(committed, False, wall, handle.local_path(committed), damaged or None)
+    return StageResult(committed, False, wall, handle.local_path(committed), damaged or None, wait)
 
 
 def _commit(handle: StageHandle, dirs: StageDirs, manifest: dict[str, Any]) -> dict[str, Any]:

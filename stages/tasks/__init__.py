@@ -37,6 +37,20 @@ class TaskOptions(BaseModel):
     max_prompt_chars: int = Field(
         8000, gt=0, le=10**7, description="a longer prompt is refused (it would cost memory, not teach)"
     )
+    episodes: bool = Field(
+        False,
+        description="each row is one episode of an environment: rows are told apart by their place (an `episode` "
+        "column), not by their prompt, so a prompt may repeat (the environment makes each episode different) and the "
+        "held-out set is a set of fresh episodes; on by default for jsonl and hf data with an environment",
+    )
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        """As pydantic's, without `episodes` while it is off: the data's identity (fingerprints) stays what it was
+        before the field existed."""
+        out = super().model_dump(**kwargs)
+        if not self.episodes:
+            out.pop("episodes", None)
+        return out
 
 
 @dataclass
@@ -54,11 +68,17 @@ class Task:
     """Training rows left out because their prompt is in the experiment's frozen held-out set."""
 
 
-def row_reference(row: dict[str, Any]) -> str | None:
-    """A row's own reference completion: `completion`, `solution` or `answer`, the first that is set."""
+def row_reference(row: dict[str, Any]) -> Any:
+    """A row's own reference completion: `completion`, `solution` or `answer`, the first that is set. A conversational
+    completion (TRL's format: a list of messages, tool calls and tool replies included) is kept as the messages it is,
+    never turned into the text of a Python list."""
     for key in ("completion", "solution", "answer"):
-        if row.get(key) not in (None, ""):
-            return str(row[key])
+        value = row.get(key)
+        if value in (None, "", []):
+            continue
+        if key == "completion" and isinstance(value, list) and all(isinstance(m, dict) for m in value):
+            return [dict(m) for m in value]
+        return str(value)
     return None
 
 
@@ -72,6 +92,21 @@ def normalized_prompt(prompt: Any) -> str:
     """The prompt as compared for duplicates and train/held-out overlap: whitespace and case folded."""
     text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
     return " ".join(text.split()).casefold()
+
+
+EPISODE = "episode"
+"""The column that tells an episode task's rows apart (`TaskOptions.episodes`): the row's place in its data."""
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """A row's identity for splits, overlap and pass rates: its normalised prompt; an episode's place beside it."""
+    key = normalized_prompt(row["prompt"])
+    return f"{key}\x00episode={row[EPISODE]}" if row.get(EPISODE) is not None else key
+
+
+def as_episodes(rows: list[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:
+    """Rows numbered as episodes (`EPISODE`), from `start`, unless they carry their own numbers."""
+    return [r if r.get(EPISODE) is not None else {**r, EPISODE: start + i} for i, r in enumerate(rows)]
 
 
 def check_prompt(prompt: Any, where: str, max_chars: int) -> None:
@@ -124,8 +159,8 @@ def check_split(
 ) -> list[dict[str, Any]]:
     """The training rows without those whose prompt is also a held-out prompt (after normalisation):
     held-out prompts are never trained on. Dropped rows and repeated prompts are reported, not refused."""
-    held = {normalized_prompt(r["prompt"]) for r in heldout}
-    train_keys = [normalized_prompt(r["prompt"]) for r in train]
+    held = {row_key(r) for r in heldout}
+    train_keys = [row_key(r) for r in train]
     seen: set[str] = set()
     dups = sum(1 for k in train_keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
     if dups:
@@ -155,22 +190,20 @@ def seeded_split(
     after normalisation go to the same side, so the split never puts copies of a row on both."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault(normalized_prompt(row["prompt"]), []).append(row)
+        groups.setdefault(row_key(row), []).append(row)
     keys = shuffled(list(groups), seed=seed)
     n = max(1, round(len(keys) * fraction))
     if n >= len(keys):
         raise InputError(f"data: {source} has too few distinct prompts ({len(keys)}) to hold out {fraction:.0%}")
     held = set(keys[:n])
-    return [r for r in shuffled(rows, seed=seed) if normalized_prompt(r["prompt"]) not in held], [
-        groups[k][0] for k in keys[:n]
-    ]
+    return [r for r in shuffled(rows, seed=seed) if row_key(r) not in held], [groups[k][0] for k in keys[:n]]
 
 
 def with_frozen_heldout(task: Task, frozen: list[dict[str, Any]]) -> Task:
     """The task evaluated on a frozen held-out set: `heldout` is exactly `frozen`, and training rows whose
     prompt equals a frozen one (after normalisation) are dropped and counted (`dropped_heldout`)."""
-    keys = {normalized_prompt(r["prompt"]) for r in frozen}
-    train = [r for r in task.train if normalized_prompt(r["prompt"]) not in keys]
+    keys = {row_key(r) for r in frozen}
+    train = [r for r in task.train if row_key(r) not in keys]
     if not train:
         raise InputError(
             "data: every training row is a prompt of the experiment's frozen held-out set; add new rows, "

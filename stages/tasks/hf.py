@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 from regimen.stages.core.errors import InputError
 from regimen.stages.core.fingerprint import file_digest
-from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, seeded_split
+from regimen.stages.tasks import Task, TaskOptions, as_episodes, check_rows, check_split, seeded_split
 
 NAME = "hf"
 REGIMEN_COLUMNS = (
@@ -140,8 +140,11 @@ def _load_split(opts: Options, split: str) -> list[dict[str, Any]]:
 def load(opts: Options) -> Task:
     dropped = 0
     train = _load_split(opts, opts.split)
+    if opts.episodes:  # rows told apart by their place: a prompt may repeat
+        train = as_episodes(train)
     if opts.heldout_split:
         heldout = _load_split(opts, opts.heldout_split)
+        heldout = as_episodes(heldout, start=len(train)) if opts.episodes else heldout
         n = len(train)
         train = check_split(train, heldout, _describe(opts, opts.split), _describe(opts, opts.heldout_split))
         dropped = n - len(train)

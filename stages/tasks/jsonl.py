@@ -19,7 +19,16 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from regimen.stages.core.fingerprint import file_digest
-from regimen.stages.tasks import Task, TaskOptions, check_rows, check_split, read_jsonl, same_columns, seeded_split
+from regimen.stages.tasks import (
+    Task,
+    TaskOptions,
+    as_episodes,
+    check_rows,
+    check_split,
+    read_jsonl,
+    same_columns,
+    seeded_split,
+)
 
 NAME = "jsonl"
 
@@ -71,6 +80,9 @@ def _load_files(opts: Options) -> tuple[list[dict[str, Any]], list[dict[str, Any
 def load(opts: Options) -> Task:
     dropped = 0
     train, heldout = _load_files(opts)
+    if opts.episodes:  # rows told apart by their place: a prompt may repeat
+        train = as_episodes(train)
+        heldout = as_episodes(heldout, start=len(train)) if heldout is not None else None
     if heldout is not None:
         n = len(train)
         train = check_split(train, heldout, opts.train_file, opts.heldout_file)

@@ -50,7 +50,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from regimen.stages.rewards.scoring import as_trained, weighted_total
-from regimen.stages.training.pass_rates import FILE, PassRates, prompt_id
+from regimen.stages.training.pass_rates import FILE, PassRates, row_id
 
 log = logging.getLogger("regimen.curriculum")
 STATE = "curriculum.json"
@@ -63,7 +63,7 @@ class Curriculum:
 
     def __init__(self, rows: list[dict[str, Any]], cfg, seed: int, rates: PassRates | None = None):
         self.rows = rows
-        self.ids = [prompt_id(r["prompt"]) for r in rows]
+        self.ids = [row_id(r) for r in rows]
         self.cfg = cfg
         self.rates = rates or PassRates()
         self.step = 0

@@ -13,6 +13,7 @@ episode, see `stages/environments`); an answer without a tool call ends it; so d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from typing import Any
 
@@ -157,16 +158,42 @@ def run_episodes(
 
 
 def _reset(env, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The episode's prompt as messages: the row's, with what `env.reset(**row)` returned (a string) appended."""
+    """The episode's prompt as messages: the row's, with what `env.reset(**row)` returned (a string) appended. An
+    episode row (`tasks.EPISODE`) is reset with Python's and NumPy's global random generators seeded by its number
+    (and put back after), so an environment that draws from them (TRL's `Game2048Env` does, with no seed argument)
+    gives the same held-out episodes every time."""
+    from regimen.stages.tasks import EPISODE
+
     prompt = (
         [dict(m) for m in row["prompt"]]
         if isinstance(row["prompt"], list)
         else [{"role": "user", "content": str(row["prompt"])}]
     )
-    observation = env.reset(**row)
+    if row.get(EPISODE) is None:
+        observation = env.reset(**row)
+    else:
+        with _seeded(int(row[EPISODE])):
+            observation = env.reset(**row)
     if isinstance(observation, str):
         prompt[-1] = {**prompt[-1], "content": str(prompt[-1]["content"]) + observation}
     return prompt
+
+
+@contextlib.contextmanager
+def _seeded(episode: int):
+    """Python's and NumPy's global generators seeded for one episode, then put back as they were."""
+    import random
+
+    import numpy as np
+
+    state, np_state = random.getstate(), np.random.get_state()
+    random.seed(1_000_003 * episode + 17)
+    np.random.seed((1_000_003 * episode + 17) % 2**32)
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        np.random.set_state(np_state)
 
 
 def _tool_replies(env, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,6 +264,29 @@ def transcript(completion: Any, env: Any | None = None) -> dict[str, Any]:
     if env is not None and callable(getattr(getattr(env, "episode", None), "record", None)):
         out["episode"] = env.episode.record()
     return out
+
+
+def reset_environments(recipe, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+    """The rows as an episode starts them (chat prompts with the `reset()` observation appended, as TRL does) and one
+    fresh environment per row, reset on it: what a reward that reads `environments` can be called with before any
+    episode has run (the door)."""
+    from regimen.stages.core.errors import InputError
+    from regimen.stages.environments.registry import factory
+
+    make = factory(recipe.environment)
+    envs, shown = [], []
+    for i, r in enumerate(chat_rows(rows), 1):
+        env = make()
+        try:
+            shown.append({**r, "prompt": _reset(env, r)})
+        except InputError as exc:
+            raise InputError(f"{exc} (data: training row {i})") from None
+        except Exception as exc:  # noqa: BLE001 - the user's class: its error, named with the row
+            raise InputError(
+                f"environment: {recipe.environment.name}.reset failed on training row {i}: {type(exc).__name__}: {exc}"
+            ) from None
+        envs.append(env)
+    return shown, {"environments": envs}
 
 
 def try_environment(recipe, train: list[dict[str, Any]], heldout: list[dict[str, Any]]) -> list[str]:

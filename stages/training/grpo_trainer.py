@@ -95,7 +95,7 @@ def build_trainer(
     prompts: a curriculum's stream (an IterableDataset read in order: `shuffle_dataset` off, and no batches skipped on
     resume, since its own state comes back from the checkpoint) or the rows TRL's sampler shuffles. Without one (the
     smoke test), the task's rows."""
-    from regimen.stages.recipe.trl import for_stage
+    from regimen.stages.recipe.trl import for_stage, stage_time
     from regimen.stages.rewards import from_specs
     from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import limits
@@ -121,8 +121,8 @@ def build_trainer(
 
             rows = chat_rows(rows)
         sampler = sampling.rows(rows, "the smoke test: the training rows, shuffled")
-    if sampler.streams:
-        args.shuffle_dataset, args.ignore_data_skip = False, True
+    for key, (value, _) in stage_time(recipe, "grpo", args, streams=sampler.streams).items():
+        setattr(args, key, value)  # what Regimen sets when the trainer is built (`regimen check` shows it)
     out_of_loss = _out_of_loss(recipe, args, recorder) if alike else None
     train, first = sampler.dataset, sampler.callbacks
     env: dict[str, Any] = {}
@@ -130,7 +130,6 @@ def build_trainer(
         from regimen.stages.environments.registry import factory
 
         env["environment_factory"] = factory(recipe.environment)
-        args.max_tool_calling_iterations = recipe.environment.max_turns
     trainer = trainer_class()(
         model=policy,
         **env,

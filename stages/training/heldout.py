@@ -10,20 +10,22 @@ from typing import Any
 
 from regimen.stages.rewards import Scorer, columns
 from regimen.stages.rewards.registry import error_counts
+from regimen.stages.rewards.scoring import completion_ids
 from regimen.stages.training import trajectories
 
 
 def heldout_eval(
-    model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: str = "held-out eval"
+    model, tokenizer, recipe, rows: list[dict[str, Any]], *, desc: str = "held-out eval", metric_only: bool = False
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Greedy completions for `rows`; `heldout_accuracy` by `eval.metric`; each reward's held-out mean."""
+    """Greedy completions for `rows`; `heldout_accuracy` by `eval.metric`; each reward's held-out mean (`metric_only`:
+    only the metric's reward, for a stage whose identity holds no other)."""
     from regimen.stages.training.episodes import complete, transcript
 
     prompts = [r["prompt"] for r in rows]
     outs, envs = complete(model, tokenizer, recipe, rows, batch_size=recipe.eval.batch_size, desc=desc)
     completions = [c[0] for c in outs]
-    scorer = Scorer(recipe)
-    cols = columns(rows)
+    scorer = Scorer(recipe, only=[recipe.eval.metric] if metric_only else None)
+    cols = {**columns(rows), "completion_ids": completion_ids(tokenizer, completions)}
     if envs is not None:
         cols["environments"] = [e[0] for e in envs]  # the episode reward reads each episode's environment
         from regimen.stages.training.episodes import tool_errors

@@ -18,6 +18,15 @@ log = logging.getLogger("regimen.pass_rates")
 FILE = "pass_rates.jsonl"
 
 
+def row_id(row: dict[str, Any]) -> str:
+    """A row's id for pass rates: its prompt's (`prompt_id`); an episode's (`tasks.EPISODE`) apart from the other
+    episodes of the same prompt."""
+    from regimen.stages.tasks import EPISODE
+
+    pid = prompt_id(row["prompt"])
+    return pid if row.get(EPISODE) is None else f"{pid}-e{row[EPISODE]}"
+
+
 def prompt_id(prompt: Any) -> str:
     """A short stable id for a prompt: its normalised text's digest (the same normalisation as the
     train/held-out overlap check, so copies of a prompt share one id)."""

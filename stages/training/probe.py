@@ -29,7 +29,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from regimen.stages.decide.verdicts import SHARPENING, describe, read_guard, stops
-from regimen.stages.rewards.scoring import Scorer, as_trained, columns
+from regimen.stages.rewards.scoring import Scorer, as_trained, columns, completion_ids
 
 log = logging.getLogger("regimen.probe")
 BEST = "best"
@@ -141,6 +141,7 @@ class HeldoutProbe(TrainerCallback):
         rewards: list[float] = []
         if mine:  # judged once, by the scoring module evaluation uses (`rewards/scoring.py`)
             cols, prompts = columns(mine, extra), [r["prompt"] for r in mine]
+            cols["completion_ids"] = completion_ids(self.tokenizer, mine_c)
             if with_reward:
                 scores = self.scorer(prompts, mine_c, cols)
                 flags, rewards = scores.correct, as_trained(scores.totals)  # the reward as GRPO trains on it

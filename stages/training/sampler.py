@@ -39,6 +39,12 @@ def choose(recipe) -> tuple[str, str]:
     return wanted, f"curriculum ({wanted}): prompts drawn by {'level' if wanted == LEVELS else 'pass rate'}"
 
 
+def streams(recipe) -> bool:
+    """Whether GRPO's prompts come from a stream (a curriculum, or the screen), read in order: what `build` makes."""
+    screen = recipe.curriculum.skip_all_alike and recipe.curriculum.screen_samples >= 2
+    return choose(recipe)[0] != ROWS or bool(screen)
+
+
 def reads_pass_rates(recipe) -> bool:
     """Whether GRPO starts from the dry run's (or the round before's) pass rates: the flow hands them in only then,
     so a recipe without the pass-rate curriculum keeps its GRPO fingerprint."""
@@ -140,6 +146,6 @@ def rows(train_rows: list[dict[str, Any]], reason: str) -> Sampler:
     smoke test's sampler: a few steps that show reward variation, whatever the recipe's curriculum."""
     from datasets import Dataset
 
-    from regimen.stages.training.pass_rates import prompt_id
+    from regimen.stages.training.pass_rates import row_id
 
-    return Sampler(ROWS, reason, Dataset.from_list([{**r, "prompt_id": prompt_id(r["prompt"])} for r in train_rows]))
+    return Sampler(ROWS, reason, Dataset.from_list([{**r, "prompt_id": row_id(r)} for r in train_rows]))

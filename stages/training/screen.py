@@ -37,7 +37,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from regimen.stages.rewards.scoring import Scorer, columns
-from regimen.stages.training.pass_rates import prompt_id
+from regimen.stages.training.pass_rates import row_id
 
 log = logging.getLogger("regimen.curriculum")
 STATE = "screen.json"
@@ -63,7 +63,7 @@ class Rows:
                 self.order = self._order()
             i = self.order[self.cursor]
             self.cursor += 1
-            yield {**self.rows[i], "prompt_id": prompt_id(self.rows[i]["prompt"])}
+            yield {**self.rows[i], "prompt_id": row_id(self.rows[i])}
 
     def state(self) -> dict[str, int]:
         return {"lap": self.lap, "cursor": self.cursor}
@@ -141,7 +141,7 @@ class Screen:
         totals = self.scorer(prompts, [c for cs in outs for c in cs], cols).totals
         self.counts["screened"] += len(candidates)
         self.counts["samples"] += len(candidates) * k
-        ids = [c.get("prompt_id") or prompt_id(c["prompt"]) for c in candidates for _ in range(k)]
+        ids = [c.get("prompt_id") or row_id(c) for c in candidates for _ in range(k)]
         if hasattr(self.source, "observe"):  # the curriculum's history learns what the screen saw
             self.source.observe(ids, [0.0 if t != t else t for t in totals], k)
         kept = []

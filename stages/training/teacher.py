@@ -39,8 +39,9 @@ def as_sft_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     SFTTrainer applies the chat template and computes the loss on the assistant turn only."""
     out = []
     for r in rows:
-        if isinstance(r["completion"], list):  # a multi-turn trace (environments): the turns as they are
-            out.append({"prompt": r["prompt"], "completion": r["completion"]})
+        if isinstance(r["completion"], list):  # a multi-turn trace (tool calls, tool replies): the turns as they are
+            prompt = r["prompt"] if isinstance(r["prompt"], list) else [{"role": "user", "content": str(r["prompt"])}]
+            out.append({"prompt": prompt, "completion": r["completion"]})
         elif isinstance(r["prompt"], list):
             out.append({"prompt": r["prompt"], "completion": [{"role": "assistant", "content": r["completion"]}]})
         else:
