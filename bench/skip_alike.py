@@ -83,12 +83,16 @@ def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[s
         "log": log,
         "heldout": ev["metrics"]["heldout_accuracy"],
         "probe_final": next((h["heldout_probe"] for h in reversed(log) if "heldout_probe" in h), None),
-        "alike_share": m.get("frac_reward_zero_std_mean"),
+        "alike_share": _round(m.get("frac_reward_zero_std_mean"), 3),
         "generated": int(m.get("steps", 0) * per_step + screen.get("samples", 0)),
         "screen_samples": screen.get("samples", 0),
         "screened_out": screen.get("skipped", 0),
-        "grpo_s": m.get("train_s"),
+        "grpo_s": _round(m.get("train_s"), 1),
     }
+
+
+def _round(v, digits: int):
+    return None if v is None else round(v, digits)
 
 
 def main() -> None:

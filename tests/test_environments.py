@@ -262,10 +262,12 @@ def test_the_door_refuses_environment_recipes_that_cannot_work(tmp_path):
     )
     bad(base + "environment: {name: probe, max_turns: 0}\neval: {metric: episode}\n", "environment.max_turns")
     bad(base + "environment: {name: probe, args: {color: red}}\neval: {metric: episode}\n", "environment.args")
-    bad(
-        base + "environment: {name: probe}\neval: {metric: episode}\nteacher: {kind: self}\n",
-        "teacher.kind 'self': with an environment",
-    )
+    # teacher.kind self and model run their episodes through the environment now (issue 48): not refused
+    from regimen.stages.recipe import load_recipe as load
+
+    p = tmp_path / "self.yaml"
+    p.write_text(base + "environment: {name: probe}\neval: {metric: episode}\nteacher: {kind: self}\n")
+    assert load(str(p), check_trl=False).teacher.kind == "self"
 
 
 # -- a shrunken environment run ----------------------------------------------------------------------

@@ -112,3 +112,11 @@ def test_one_rule_says_which_sampler_picks_grpos_prompts_and_why():
     assert off[0] == "rows" and "grpo.max_steps" in off[1]
     assert sampler.config(load_recipe(TINY, check_trl=False)) is None
     assert sampler.reads_pass_rates(load_recipe(TINY, check_trl=False, overrides={"curriculum.enabled": True}))
+
+
+def test_scoring_with_no_reward_in_scope_still_judges_every_row():
+    """SFT with the task's teacher measures only the metric: with exact_match that is no reward at all."""
+    recipe = load_recipe(TINY, check_trl=False)
+    scores = Scorer(recipe, only=["exact_match"])(["a", "b"], ["1", "3"], {"answer": ["1", "2"]})
+    assert scores.values == {} and len(scores.totals) == 2 and all(math.isnan(t) for t in scores.totals)
+    assert scores.correct == [1.0, 0.0]

@@ -140,3 +140,17 @@ def test_a_killed_grpo_resumes_its_screen_from_the_checkpoint(tmp_path):
     assert counts == sorted(counts) and counts[0] > 0 and counts[-1] > counts[0], screened
     assert grpo["curriculum"]["screen"]["screened"] == counts[-1]
     assert grpo["sampler"]["screen"] is True and grpo["config"]["curriculum"]["skip_all_alike"] is True
+
+
+def test_the_report_shows_grpo_s_groups_trained_skipped_and_all_alike():
+    from regimen.flows.present.report import groups
+
+    grpo = {
+        "metrics": {"steps": 10.0, "frac_reward_zero_std_mean": 0.25},
+        "config": {"grpo": {"num_generations": 4, "per_device_train_batch_size": 16}, "curriculum": None},
+        "curriculum": {},
+    }
+    assert groups(grpo) == "40 trained, all-alike 10 of 40"
+    grpo["config"]["curriculum"] = {"skip_all_alike": True}
+    grpo["curriculum"] = {"groups_skipped": 3, "screen": {"skipped": 7}}
+    assert groups(grpo) == "30 trained, skipped 10 (history 3, screen 7), all-alike 10 of 40 (out of the loss)"

@@ -5,6 +5,7 @@ run, the reward audit and the evaluation; every reward gets TRL 1.16's keywords;
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -78,8 +79,6 @@ def test_open_r1_rewards_run_through_the_dry_run_the_audit_and_the_evaluation(tm
 
 
 def game_recipe(tmp_path, **over):
-    import json
-
     data = tmp_path / "game.jsonl"
     prompt = [{"role": "user", "content": "Play the guessing game."}]
     data.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for _ in range(64)))  # one prompt, 64 episodes
@@ -137,3 +136,67 @@ def test_trl_s_2048_shapes_run_through_the_gated_cycle(tmp_path):
     assert {"reward-dry-run", "grpo-smoke", "grpo", "eval"} <= set(by), list(by)
     assert by["eval"]["metrics"]["heldout_size"] == 16
     assert "heldout_reward/trl_game_for_tests.reward_score" in by["eval"]["metrics"]
+
+
+def tool_traces(path, n: int, seed: int = 0):
+    """A user's own multi-turn traces in TRL's conversational format (as TRL's docs write them): the assistant calls
+    the `probe` tool of `trl_env_for_tests.HiddenLine`, the tool replies, the assistant answers."""
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w") as fh:
+        for i in range(n):
+            a, b, x = rng.randint(1, 9), rng.randint(0, 9), rng.randint(0, 9)
+            value = str(a * x + b)
+            call = {"type": "function", "function": {"name": "probe", "arguments": {"x": x}}}
+            row = {
+                "prompt": [{"role": "user", "content": f"#{i:05d} f({x})=?"}],
+                "completion": [
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "name": "probe", "content": value},
+                    {"role": "assistant", "content": value},
+                ],
+                "a": a,
+                "b": b,
+                "x": x,
+                "answer": value,
+            }
+            fh.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.slow
+def test_sft_from_a_users_tool_call_traces_teaches_the_tool_format(tmp_path):
+    """SFT on conversational traces with tool calls and tool replies (the oracle teacher reads each row's `completion`
+    as the messages it is, trained on the assistant's turns): before, the tiny model calls the tool on no held-out
+    episode; after, on at least half of them, with calls that fit the tool's schema."""
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.run.runner import StageCall, execute
+    from regimen.stages.store import Store
+    from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training.heldout import heldout_eval
+    from regimen.stages.training.model import load_policy
+    from regimen.stages.training.policy import base_policy
+
+    data = tmp_path / "traces.jsonl"
+    tool_traces(data, 1200)
+    overrides = {
+        "environment": {"name": "trl_env_for_tests:HiddenLine", "max_turns": 2},
+        "rewards": [{"name": "trl_env_for_tests:final_answer_is_f", "weight": 1.0, "as": "final_answer"}],
+        "eval": {"metric": "final_answer", "batch_size": 64},
+        "data": {"task": "jsonl", "train_file": str(data), "heldout_fraction": 0.05},
+        "teacher": {"kind": "oracle"},
+        "sft.max_steps": 250,
+    }
+    recipe = load_recipe(ROOT / "configs" / "tiny-env.yaml", overrides)
+    store = Store(tmp_path / "store")
+    base = base_policy(recipe, store)
+    heldout = load_task(recipe.data).heldout
+    model, tokenizer = load_policy(base["model"], recipe)
+    before, _ = heldout_eval(model, tokenizer, recipe, heldout)
+    sft = execute(StageCall("sft", recipe, {"policy": base}, experiment="tools"), store)
+    after = sft.manifest["metrics"]
+    lines = (sft.path / "trajectories.jsonl").read_text().splitlines()
+    traces = [json.loads(line) for line in lines if json.loads(line).get("kind") == "trace"]
+    assert traces and all(isinstance(t["completion"], list) for t in traces)  # messages, never a list's text
+    print(f"tool_call_rate before SFT {before['tool_call_rate']:.2f}, after {after['tool_call_rate']:.2f}")
+    assert before["tool_call_rate"] <= 0.1 and after["tool_call_rate"] >= 0.5, (before, after)

@@ -289,7 +289,7 @@ def report(
     if not rows:
         raise InputError(f"report: no completed stages for experiment {experiment!r} in {store}")
     table = Table(title=f"{experiment}: history")
-    cols = ["label", "heldout_accuracy", "train_reward", "kl", "frac_reward_zero_std", "best_step", "verdict"]
+    cols = ["label", "heldout_accuracy", "train_reward", "kl", "frac_reward_zero_std", "best_step", "groups", "verdict"]
     for c in cols:
         table.add_column(c)
     for r in rows:

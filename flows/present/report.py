@@ -18,6 +18,7 @@ def history(store: Store, experiment: str) -> list[dict[str, Any]]:
     rows = [m for stage in (*teach, *train, judge) for m in store.versions(experiment, stage)]
     rows.sort(key=lambda m: m.get("finished_at", ""))
     by_fp = {m["fingerprint"]: m for m in rows if m["stage"] in train}
+    whole = {m["fingerprint"]: m for stage in train for m in store.manifests(experiment, stage)}  # config, curriculum
     verdicts = store.ledger.verdicts_by_eval(experiment)
     out = []
     for m in rows:
@@ -52,9 +53,29 @@ def history(store: Store, experiment: str) -> list[dict[str, Any]]:
                     "kl": g.get("kl_last"),
                     "frac_reward_zero_std": g.get("frac_reward_zero_std_mean"),
                     "best_step": grpo.get("best_step"),
+                    "groups": groups(whole.get(grpo.get("fingerprint"), grpo)),
                 }
             )
     return out
+
+
+def groups(grpo: dict[str, Any]) -> str | None:
+    """GRPO's groups in one line: generated and trained, skipped before generation (by the curriculum's history, by
+    the screen), and how many of the generated ones scored all alike (with `skip_all_alike` they are out of the loss,
+    so none of them is trained)."""
+    m, cfg = grpo.get("metrics") or {}, grpo.get("config") or {}
+    g, cur = cfg.get("grpo") or {}, grpo.get("curriculum") or {}
+    group, batch = g.get("num_generations") or 8, g.get("per_device_train_batch_size")
+    if not m.get("steps") or not batch:
+        return None
+    made = int(m["steps"] * batch / group)
+    alike = round(made * (m.get("frac_reward_zero_std_mean") or 0.0))
+    out_of_loss = bool((cfg.get("curriculum") or {}).get("skip_all_alike"))
+    line = f"{made - alike if out_of_loss else made} trained"
+    history, screen = int(cur.get("groups_skipped") or 0), int((cur.get("screen") or {}).get("skipped") or 0)
+    if history or screen:
+        line += f", skipped {history + screen} (history {history}, screen {screen})"
+    return line + f", all-alike {alike} of {made}" + (" (out of the loss)" if out_of_loss else "")
 
 
 def make_plots(store: Store, experiment: str, target: float | None = None) -> list[Path]:

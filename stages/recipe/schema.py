@@ -750,11 +750,6 @@ class Recipe(Section):
                 raise ValueError(
                     "model.tiny.chat: an environment needs a chat template with tool calls; set model.tiny.chat: true"
                 )
-            if self.teacher.kind in ("model", "self"):
-                raise ValueError(
-                    f"teacher.kind {self.teacher.kind!r}: with an environment only the task's oracle or weak teacher "
-                    f"writes traces (a model teacher's episodes are not run yet); use oracle, weak or none"
-                )
             if self.distill is not None:
                 raise ValueError(
                     "distill: not with an environment yet: TRL's DistillationTrainer runs tool calls from a list of "

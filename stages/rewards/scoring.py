@@ -72,6 +72,13 @@ def as_trained(totals: list[float]) -> list[float]:
     return [0.0 if math.isnan(t) else t for t in totals]
 
 
+def trained_totals(columns: list[list[float | None]], weights: list[float]) -> list[float]:
+    """TRL's reward columns (one list per reward, in `weights`' order, None or NaN where a reward had no opinion) as the
+    weighted totals GRPO trains on (`weighted_total`, then `as_trained`)."""
+    named = {str(i): list(v) for i, v in enumerate(columns)}
+    return as_trained(weighted_total(named, {str(i): w for i, w in enumerate(weights)}))
+
+
 def exact_correct(completion: Any, reference: Any) -> float:
     """The exact-match verdict: 1.0 when the completion's first line equals the reference after the `answer`
     reward's normalisation, else 0.0 (a missing reference is never matched)."""
@@ -137,7 +144,8 @@ class Scorer:
 
     def __call__(self, prompts: list[Any], completions: list[Any], cols: dict[str, list[Any]]) -> Scores:
         values = self.values(prompts, completions, cols)
-        return Scores(values, weighted_total(values, self.weights), self.correct(completions, cols, values, prompts))
+        totals = weighted_total(values, self.weights) if values else [math.nan] * len(completions)  # none scored
+        return Scores(values, totals, self.correct(completions, cols, values, prompts))
 
     def verdict(self):
         """For the reward audit: `correct(completion, row, reference) -> bool` by this metric, on one completion.

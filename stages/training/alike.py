@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from regimen.stages.rewards.scoring import trained_totals
+
 
 def _same(xs: list[float | None]) -> bool:
     finite = [round(float(x), 9) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
@@ -46,11 +48,7 @@ class AllAlike:
         end = start + self.group
         if self.aggregation == "normalize_then_sum":
             return all(_same(col[start:end]) for col in values)
-        totals = [
-            sum(w * v for w, v in zip(self.weights, (col[i] for col in values)) if v is not None and math.isfinite(v))
-            for i in range(start, end)
-        ]
-        return _same(totals)
+        return _same(trained_totals([list(col[start:end]) for col in values], self.weights))  # scoring's rule
 
     def listener(self):
         """For `Recorder.listen`: each whole scored batch, its groups judged."""

@@ -49,7 +49,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from regimen.stages.rewards.scoring import as_trained, weighted_total
+from regimen.stages.rewards.scoring import trained_totals
 from regimen.stages.training.pass_rates import FILE, PassRates, row_id
 
 log = logging.getLogger("regimen.curriculum")
@@ -261,13 +261,6 @@ def dataset(curriculum: Curriculum):
     token = f"{os.getpid()}-{id(curriculum)}"
     _LIVE[token] = curriculum
     return IterableDataset.from_generator(_generate, gen_kwargs={"token": token})
-
-
-def trained_totals(values: list[list[float | None]], weights: list[float]) -> list[float]:
-    """TRL's reward columns (one list per reward, in `weights`' order) as the weighted totals GRPO trained on, by the
-    scoring module's rule (`rewards/scoring.py`)."""
-    named = {str(i): list(v) for i, v in enumerate(values)}
-    return as_trained(weighted_total(named, {str(i): w for i, w in enumerate(weights)}))
 
 
 def listener(curriculum: Curriculum, weights: list[float], group: int):

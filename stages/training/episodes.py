@@ -245,6 +245,30 @@ def tool_errors(completions: list[Any]) -> int:
     )
 
 
+def schema_calls(completions: list[Any], envs: list[Any]) -> float:
+    """The share of episodes with at least one tool call that fits the environment's tool schema: a tool it has, called
+    with arguments that bind to the tool's signature (what a model learnt of the tool's format)."""
+    import inspect
+
+    from regimen.stages.environments.base import tools_of
+
+    def fits(completion: Any, env: Any) -> bool:
+        tools = {t.__name__: t for t in tools_of(env)} if env is not None else {}
+        for m in completion if isinstance(completion, list) else []:
+            for call in (m.get("tool_calls") or []) if isinstance(m, dict) and m.get("role") == "assistant" else []:
+                fn = call.get("function") or {}
+                args = fn.get("arguments")
+                if fn.get("name") in tools and isinstance(args, dict):
+                    try:
+                        inspect.signature(tools[fn["name"]]).bind(**args)
+                        return True
+                    except TypeError:
+                        continue
+        return False
+
+    return sum(fits(c, e) for c, e in zip(completions, envs)) / len(completions) if completions else 0.0
+
+
 def transcript(completion: Any, env: Any | None = None) -> dict[str, Any]:
     """A trajectory's turns, for people: each tool call with its arguments and what came back (or why it
     failed), and the final answer."""

@@ -28,7 +28,7 @@ def heldout_eval(
     cols = {**columns(rows), "completion_ids": completion_ids(tokenizer, completions)}
     if envs is not None:
         cols["environments"] = [e[0] for e in envs]  # the episode reward reads each episode's environment
-        from regimen.stages.training.episodes import tool_errors
+        from regimen.stages.training.episodes import schema_calls, tool_errors
     before = error_counts(scorer.fns)
     scores = scorer(prompts, completions, cols)
     values, correct = scores.values, scores.correct
@@ -46,6 +46,7 @@ def heldout_eval(
         from regimen.stages.environments.bounds import counts
 
         metrics["tool_errors"] = float(tool_errors(completions))
+        metrics["tool_call_rate"] = schema_calls(completions, [e[0] for e in envs])  # calls that fit the tools' schema
         metrics.update(counts(completions))  # tool calls past the time limit, replies cut to the size limit
     metrics.update(accuracy_by_group(rows, correct))
     rendered = [_rendered(tokenizer, p) for p in prompts]

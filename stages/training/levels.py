@@ -33,8 +33,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from regimen.stages.rewards.scoring import passes
-from regimen.stages.training.curriculum import trained_totals
+from regimen.stages.rewards.scoring import passes, trained_totals
 
 log = logging.getLogger("regimen.curriculum")
 STATE = "levels.json"

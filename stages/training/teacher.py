@@ -23,13 +23,6 @@ def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[di
         solve = task.reference if t.kind == "oracle" else task.weak_reference
         kept = [{"prompt": r["prompt"], "completion": ref} for r in rows if (ref := solve(r)) is not None]
         return kept, {"traces_generated": float(len(rows)), "traces_kept": float(len(kept))}
-    if recipe.environment is not None:
-        from regimen.stages.core.errors import InputError
-
-        raise InputError(
-            f"teacher.kind {t.kind!r}: with an environment only the task's oracle (or weak) teacher writes traces for "
-            f"now"
-        )
     source = t.name_or_path if t.kind == "model" else policy_path
     return _rejection_sample(recipe, rows, source)
 
@@ -76,24 +69,31 @@ def _rejection_sample(recipe, rows: list[dict[str, Any]], source: str) -> tuple[
     t = recipe.teacher
     model, tokenizer = load_policy(source, recipe)
     prompts = [r["prompt"] for r in rows]
-    samples = generate(
-        model,
-        tokenizer,
-        prompts,
-        num_return_sequences=t.samples_per_prompt,
-        do_sample=True,
-        temperature=t.temperature,
-        max_new_tokens=recipe.max_new_tokens(),
-        batch_size=recipe.eval.batch_size,
-        desc=f"teacher ({t.kind})",
-        seed=recipe.data.seed,
-    )
-    flat_prompts = [p for p, group in zip(prompts, samples) for _ in group]
+    sampling = {
+        "num_return_sequences": t.samples_per_prompt,
+        "do_sample": True,
+        "temperature": t.temperature,
+        "max_new_tokens": recipe.max_new_tokens(),
+        "batch_size": recipe.eval.batch_size,
+        "desc": f"teacher ({t.kind})",
+        "seed": recipe.data.seed,
+    }
+    cols = columns(rows, repeat=t.samples_per_prompt)
+    if recipe.environment is None:
+        samples = generate(model, tokenizer, prompts, **sampling)
+        shown = prompts
+    else:  # episodes through the environment, each judged by its own: kept when it passes teacher.min_reward
+        from regimen.stages.training.episodes import chat_rows, complete
+
+        samples, envs = complete(model, tokenizer, recipe, chat_rows(rows), **sampling)
+        cols["environments"] = [e for es in envs for e in es]
+        shown = [r["prompt"] for r in chat_rows(rows)]
+    flat_prompts = [p for p, group in zip(shown, samples) for _ in group]
     flat = [c for group in samples for c in group]
-    totals = Scorer(recipe)(flat_prompts, flat, columns(rows, repeat=t.samples_per_prompt)).totals
+    totals = Scorer(recipe)(flat_prompts, flat, cols).totals
     kept, seen = [], set()
     for prompt, completion, total in zip(flat_prompts, flat, totals):
-        key = (str(prompt), completion)
+        key = (str(prompt), str(completion))
         if not math.isnan(total) and total >= t.min_reward and key not in seen:
             seen.add(key)
             kept.append({"prompt": prompt, "completion": completion})

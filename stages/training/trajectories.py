@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages.rewards import completion_text
+from regimen.stages.rewards.scoring import trained_totals
 
 FILE = "trajectories.jsonl"
 
@@ -155,10 +156,7 @@ class Groups:
 
     def listener(self, recorder: Recorder):
         def heard(kwargs: dict[str, Any], values: list[list[float | None]]) -> None:
-            totals = [
-                sum(w * v for w, v in zip(self.weights, col) if v is not None and math.isfinite(v))
-                for col in zip(*values)
-            ]
+            totals = trained_totals(values, self.weights)  # the scoring module's rule, as GRPO trains
             ids = kwargs.get("prompt_id") or [None] * len(totals)
             batch_std = _std(totals)
             groups = []
