@@ -65,7 +65,8 @@ def test_a_task_with_its_own_scorer_is_measured_by_it_without_being_listed():
 
 @pytest.mark.slow
 def test_open_r1_rewards_run_through_the_dry_run_the_audit_and_the_evaluation(tmp_path):
-    results = run_flow(RG, tmp_path, overrides={**CHAT, "cycle.stop_when_taught": False})
+    over = {**CHAT, "cycle.stop_when_taught": False, "sft.max_steps": 150, "grpo.max_completion_length": 24}
+    results = run_flow(RG, tmp_path, overrides=over)
     by = {r["stage"]: r for r in results}
     assert {"sft", "reward-dry-run", "grpo", "eval"} <= set(by), list(by)
     from regimen.stages.store import Store
@@ -81,11 +82,22 @@ def test_open_r1_rewards_run_through_the_dry_run_the_audit_and_the_evaluation(tm
 def game_recipe(tmp_path, **over):
     data = tmp_path / "game.jsonl"
     prompt = [{"role": "user", "content": "Play the guessing game."}]
-    data.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for _ in range(64)))  # one prompt, 64 episodes
+
+    def trace(digit: int) -> list[dict]:  # a user's own trace in TRL's conversational format: it teaches the tool
+        call = {"type": "function", "function": {"name": "guess", "arguments": {"digit": digit}}}
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "guess", "content": "higher"},
+            {"role": "assistant", "content": "done"},
+        ]
+
+    rows = [{"prompt": prompt, "completion": trace(i % 10)} for i in range(64)]  # one prompt, 64 episodes
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     overrides = {
         "data": {"task": "jsonl", "train_file": str(data), "heldout_fraction": 0.25},
         "environment": {"name": "trl_game_for_tests:GuessGame", "max_turns": 2},
-        "teacher": {"kind": "none"},
+        "teacher": {"kind": "oracle"},
+        "sft.max_steps": 120,
         "rewards": [{"name": "trl_game_for_tests:reward_score"}],
         "eval.metric": "trl_game_for_tests:reward_score",
         **over,
@@ -116,15 +128,15 @@ def test_an_environment_task_whose_prompt_repeats_holds_out_fresh_episodes_the_s
 @pytest.mark.slow
 def test_trl_s_2048_shapes_run_through_the_gated_cycle(tmp_path):
     """The environment class and `reward_score(environments, **kwargs)` as TRL writes them, a dataset of one repeated
-    prompt: the door, the dry run's episodes, the smoke test, GRPO through TRL's environment_factory and the
-    evaluation on held-out episodes, on tiny settings."""
+    prompt with the user's own tool-call traces: SFT on them, the door, the dry run's episodes, the smoke test, GRPO
+    through TRL's environment_factory and the evaluation on held-out episodes, on tiny settings."""
     _, overrides = game_recipe(
         tmp_path,
         **{
             "grpo.max_steps": 2,
             "grpo.per_device_train_batch_size": 16,
             "grpo.save_steps": 2,
-            "smoke.max_steps": 1,
+            "smoke.max_steps": 2,
             "probe.steps": 2,
             "probe.prompts": 8,
             "probe.train_prompts": 8,

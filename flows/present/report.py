@@ -64,7 +64,9 @@ def groups(grpo: dict[str, Any]) -> str | None:
     the screen), and how many of the generated ones scored all alike (with `skip_all_alike` they are out of the loss,
     so none of them is trained)."""
     m, cfg = grpo.get("metrics") or {}, grpo.get("config") or {}
-    g, cur = cfg.get("grpo") or {}, grpo.get("curriculum") or {}
+    # TRL's section of the resolved recipe (the one with a group size), and the curriculum's record
+    g = next((v for v in cfg.values() if isinstance(v, dict) and "num_generations" in v), {})
+    cur = grpo.get("curriculum") or {}
     group, batch = g.get("num_generations") or 8, g.get("per_device_train_batch_size")
     if not m.get("steps") or not batch:
         return None

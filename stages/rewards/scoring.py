@@ -44,8 +44,10 @@ def passes(value: float | None) -> float | None:
 def columns(rows: list[dict[str, Any]], extra: dict[str, list[Any]] | None = None, *, repeat: int = 1) -> dict:
     """The keyword columns a reward gets for `rows` (each repeated `repeat` times, for groups): every column but
     prompt and completion, as TRL passes them, plus `extra` (already one value per completion)."""
+    if not rows:
+        return dict(extra or {})
     out = {k: [r.get(k) for r in rows for _ in range(repeat)] for k in rows[0] if k not in ("prompt", "completion")}
-    return {**out, **(extra or {})} if rows else dict(extra or {})
+    return {**out, **(extra or {})}
 
 
 def completion_ids(tokenizer, completions: list[Any]) -> list[list[int]]:

@@ -35,11 +35,26 @@ def _shown(row: dict[str, Any]) -> str:
     return repr(text[:60] + ("..." if len(text) > 60 else ""))
 
 
+def _rewards_at_the_door(recipe, task) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """Every reward called on a few training rows with their reference answers, as TRL calls it (with an environment:
+    each row's own, reset, before any episode)."""
+    from regimen.stages.rewards import from_specs, preflight
+
+    rows = task.train[:ROWS]
+    completions = [task.reference(r) or "" for r in rows]
+    fns = from_specs(recipe.rewards)
+    extra = None
+    if recipe.environment is not None:
+        from regimen.stages.training.episodes import reset_environments
+
+        rows, extra = reset_environments(recipe, rows)
+    return fns, preflight(fns, rows, completions, extra)
+
+
 def check(recipe, *, offline: bool = False) -> dict[str, Any]:
     """Raise InputError for the first problem found; returns a short summary of what was checked. `offline`
     (`regimen check`): nothing that needs a server or the network (the store, a dataset from the hub), and what was
     skipped is said in the summary's `skipped`."""
-    from regimen.stages.rewards import from_specs, preflight
     from regimen.stages.tasks.registry import load_task
 
     if offline:
@@ -80,15 +95,7 @@ def check(recipe, *, offline: bool = False) -> dict[str, Any]:
         from regimen.stages.training.episodes import try_environment
 
         tools = try_environment(recipe, task.train, task.heldout)
-    rows = task.train[:ROWS]
-    completions = [task.reference(r) or "" for r in rows]
-    fns = from_specs(recipe.rewards)
-    extra = None
-    if recipe.environment is not None:  # as TRL calls them: each row's environment (here reset, before any episode)
-        from regimen.stages.training.episodes import reset_environments
-
-        rows, extra = reset_environments(recipe, rows)
-    values = preflight(fns, rows, completions, extra)
+    fns, values = _rewards_at_the_door(recipe, task)
     summary: dict[str, Any] = {
         "train_rows": len(task.train),
         "heldout_rows": len(task.heldout),

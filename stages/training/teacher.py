@@ -21,7 +21,12 @@ def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[di
         rows = rows[: t.max_prompts]
     if t.kind in ("oracle", "weak"):
         solve = task.reference if t.kind == "oracle" else task.weak_reference
-        kept = [{"prompt": r["prompt"], "completion": ref} for r in rows if (ref := solve(r)) is not None]
+        shown = [r["prompt"] for r in rows]
+        if recipe.environment is not None:  # the prompt as an episode shows it: reset's observation appended (TRL's)
+            from regimen.stages.training.episodes import reset_environments
+
+            shown = [r["prompt"] for r in reset_environments(recipe, rows)[0]]
+        kept = [{"prompt": p, "completion": ref} for p, r in zip(shown, rows) if (ref := solve(r)) is not None]
         return kept, {"traces_generated": float(len(rows)), "traces_kept": float(len(kept))}
     source = t.name_or_path if t.kind == "model" else policy_path
     return _rejection_sample(recipe, rows, source)
