@@ -49,6 +49,28 @@ def test_a_signal_lost_in_a_finaliser_is_raised_again_at_the_next_step(raising_h
     assert signal.getsignal(signal.SIGTERM) is raising_handler  # the handler in place before is put back
 
 
+def test_a_signal_lost_in_a_finaliser_prints_no_traceback(monkeypatch, capfd):
+    """Python prints "Exception ignored in ..." and a traceback for an exception lost in a finaliser: for the stop
+    signal's, delivered again at the next step, nothing is printed (CI saw a Ctrl-C's traceback from a GC callback)."""
+    import sys
+
+    def handler(signum, frame):
+        raise Stop(signum)
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)  # Python's own: it prints
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with signals.noticed():
+            SignalledInFinaliser()
+            with pytest.raises(Stop):
+                signals.deliver()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert sys.unraisablehook is sys.__unraisablehook__  # the hook in place before is put back
+
+
 def test_a_signal_that_propagated_is_not_raised_twice(raising_handler):
     with pytest.raises(Stop):
         with signals.noticed():

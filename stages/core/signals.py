@@ -7,19 +7,33 @@ the handler's exception (Prefect's `TerminationSignal` for SIGTERM, `KeyboardInt
 (seen once in CI). While a stage runs, `noticed()` wraps the handlers in place so that a handler that raised is
 remembered, and `deliver()`, called at safe points (after every training step, and when the stage returns),
 raises it again there. A handler that raised and whose exception did propagate ends the stage, and with it the
-`noticed()` block: nothing is raised twice. Written here because no library covers it: the standard library
-offers no hook for an exception lost in a finaliser besides `sys.unraisablehook`, which cannot raise.
+`noticed()` block: nothing is raised twice. While the block runs, `sys.unraisablehook` stays quiet about the lost
+exceptions of these handlers (Python would print "Exception ignored in ..." and a traceback for a condition the user
+caused with Ctrl-C, and the stop is delivered anyway); any other unraisable exception goes to the hook in place
+before. Written here because no library covers it: the standard library offers no hook for an exception lost in a
+finaliser besides `sys.unraisablehook`, which cannot raise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
 # (signal number, the handler that raised for it) noticed while a stage runs, not raised where it can stop it yet
 _PENDING: list[tuple[int, Callable]] = []
+_RAISED: list[BaseException] = []  # what those handlers raised: the unraisable hook stays quiet about these
+
+
+def _quiet(previous: Callable) -> Callable:
+    def hook(unraisable) -> None:
+        if any(unraisable.exc_value is exc for exc in _RAISED):
+            return  # a stop signal lost in a finaliser: delivered again at the next safe point (`deliver`)
+        previous(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
@@ -39,17 +53,22 @@ def noticed(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Itera
         def remembering(num, frame, handler=handler):
             try:
                 handler(num, frame)
-            except BaseException:
+            except BaseException as exc:
                 _PENDING.append((num, handler))
+                _RAISED.append(exc)
                 raise
 
         signal.signal(signum, remembering)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _quiet(hook)
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = hook
         _PENDING.clear()
+        _RAISED.clear()
 
 
 def deliver() -> None:
