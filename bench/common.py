@@ -126,3 +126,17 @@ def steps_for(budget: float, short: float, long: float, k: int) -> tuple[int, fl
         per_step = long / (2 * k)
     fixed = max(0.0, short - k * per_step)
     return max(k, int((budget - fixed) / per_step)), per_step, fixed
+
+
+def curve(store: str, exp: str, version: int) -> list[dict]:
+    """A GRPO version's training log (`train_log.jsonl`): the Trainer's entries and the probe's."""
+    path = Path(store) / exp / "grpo" / f"v{version}" / "train_log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def first_reach(log: list[dict], target: float) -> float | None:
+    """GRPO's own wall time (the probe entry's `wall_s`) when the held-out probe first reached `target`."""
+    for h in log:
+        if "heldout_probe" in h and h["heldout_probe"] >= target - 1e-9:
+            return h.get("wall_s")
+    return None

@@ -23,21 +23,8 @@ import argparse
 import json
 import math
 import statistics
-from pathlib import Path
 
-from common import header, manifests, regimen, scratch, table
-
-
-def curve(store: str, exp: str, version: int) -> list[dict]:
-    path = Path(store) / exp / "grpo" / f"v{version}" / "train_log.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def first_reach(log: list[dict], target: float) -> float | None:
-    for h in log:
-        if "heldout_probe" in h and h["heldout_probe"] >= target - 1e-9:
-            return h.get("wall_s")
-    return None
+from common import curve, first_reach, header, manifests, regimen, scratch, table
 
 
 def one(store: str, config: str, seed: int, extra: list[str]) -> dict:

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, header, manifests, regimen, scratch, table
+from common import ROOT, curve, first_reach, header, manifests, regimen, scratch, table
 
 RESULTS = ROOT / "bench" / "results" / "skip_alike.jsonl"
 ARMS = {
@@ -41,18 +41,6 @@ ARMS = {
     "curriculum": ["curriculum.enabled=true"],
     "skip": ["curriculum.enabled=true", "curriculum.skip_all_alike=true"],
 }
-
-
-def curve(store: str, exp: str, version: int) -> list[dict]:
-    path = Path(store) / exp / "grpo" / f"v{version}" / "train_log.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def first_reach(log: list[dict], target: float) -> float | None:
-    for h in log:
-        if "heldout_probe" in h and h["heldout_probe"] >= target - 1e-9:
-            return h.get("wall_s")
-    return None
 
 
 def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[str]) -> dict:

@@ -42,7 +42,6 @@ import json
 import logging
 import os
 import random
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from regimen.stages.rewards.scoring import trained_totals
+from regimen.stages.training import streams
 from regimen.stages.training.pass_rates import FILE, PassRates, row_id
 
 log = logging.getLogger("regimen.curriculum")
@@ -245,22 +245,9 @@ def _rng_from(state: list[Any]) -> tuple[Any, ...]:
     return (state[0], tuple(state[1]), state[2])
 
 
-# -- wiring it into TRL's GRPOTrainer (public surface: the train dataset, reward functions, a callback) --
-_LIVE: weakref.WeakValueDictionary[str, Curriculum] = weakref.WeakValueDictionary()  # the generator finds its
-# curriculum by token (datasets hashes gen_kwargs); weak, so a finished stage's rows do not outlive it
-
-
-def _generate(token: str) -> Iterator[dict[str, Any]]:
-    yield from _LIVE[token].stream()
-
-
 def dataset(curriculum: Curriculum):
     """An endless `datasets.IterableDataset` whose rows the curriculum chooses as training goes."""
-    from datasets import IterableDataset
-
-    token = f"{os.getpid()}-{id(curriculum)}"
-    _LIVE[token] = curriculum
-    return IterableDataset.from_generator(_generate, gen_kwargs={"token": token})
+    return streams.dataset(curriculum)
 
 
 def listener(curriculum: Curriculum, weights: list[float], group: int):

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import random
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from regimen.stages.rewards.scoring import passes, trained_totals
+from regimen.stages.training import streams
 
 log = logging.getLogger("regimen.curriculum")
 STATE = "levels.json"
@@ -146,20 +146,9 @@ class LevelsCurriculum:
         }
 
 
-_LIVE: weakref.WeakValueDictionary[str, LevelsCurriculum] = weakref.WeakValueDictionary()
-
-
-def _generate(token: str) -> Iterator[dict[str, Any]]:
-    yield from _LIVE[token].stream()
-
-
 def dataset(curriculum: LevelsCurriculum):
     """An endless `datasets.IterableDataset` of prompts at the level the curriculum chooses as training goes."""
-    from datasets import IterableDataset
-
-    token = f"levels-{os.getpid()}-{id(curriculum)}"
-    _LIVE[token] = curriculum
-    return IterableDataset.from_generator(_generate, gen_kwargs={"token": token})
+    return streams.dataset(curriculum)
 
 
 def listener(curriculum: LevelsCurriculum, names: list[str], weights: list[float], metric: str | None):

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import random
-import weakref
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from regimen.stages.rewards.scoring import Scorer, columns
+from regimen.stages.training import streams
 from regimen.stages.training.pass_rates import row_id
 
 log = logging.getLogger("regimen.curriculum")
@@ -171,20 +171,9 @@ class Screen:
         return {**self.counts, "samples_per_candidate": self.samples}
 
 
-_LIVE: weakref.WeakValueDictionary[str, Screen] = weakref.WeakValueDictionary()
-
-
-def _generate(token: str) -> Iterator[dict[str, Any]]:
-    yield from _LIVE[token].stream()
-
-
 def dataset(screen: Screen):
     """An endless `datasets.IterableDataset` of the prompts the screen lets through."""
-    from datasets import IterableDataset
-
-    token = f"{os.getpid()}-screen-{id(screen)}"
-    _LIVE[token] = screen
-    return IterableDataset.from_generator(_generate, gen_kwargs={"token": token})
+    return streams.dataset(screen)
 
 
 class ScreenCallback(TrainerCallback):
