@@ -590,17 +590,29 @@ field and the known names."""
 
 
 class Recipe(Section):
-    experiment: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
-    model: ModelSection = ModelSection()
-    data: DataSection = Field(default_factory=lambda: tasks.TASKS["addition"].Options())  # type: ignore[valid-type]
-    teacher: TeacherSection = TeacherSection()
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="answer")], min_length=1)
+    experiment: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=100,
+        description="the experiment's name: its folder in the store, its champion, its frozen held-out set",
+    )
+    model: ModelSection = Field(ModelSection(), description="the policy: `tiny` (built here) or a folder / hub id")
+    data: DataSection = Field(  # type: ignore[valid-type]
+        default_factory=lambda: tasks.TASKS["addition"].Options(),
+        description="the task: its rows for training and its held-out rows (`task:` picks which, with its fields)",
+    )
+    teacher: TeacherSection = Field(TeacherSection(), description="who writes SFT's traces (none: no SFT stage)")
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="answer")],
+        min_length=1,
+        description="the rewards GRPO trains on, each with its weight (0: a monitor), called as TRL calls them",
+    )
     sft: dict[str, Any] = Field(
         {}, validate_default=True, description="TRL SFTConfig fields, resolved: the recipe's over Regimen's defaults"
     )
-    peft: dict[str, Any] | None = None
-    dry_run: DryRunSection = DryRunSection()
-    smoke: SmokeSection = SmokeSection()
+    peft: dict[str, Any] | None = Field(None, description="a LoRA adapter (LoraConfig fields); none: full weights")
+    dry_run: DryRunSection = Field(DryRunSection(), description="the reward audit and the policy sampled before GRPO")
+    smoke: SmokeSection = Field(SmokeSection(), description="a few GRPO steps that must show reward variation")
     grpo: dict[str, Any] = Field(
         {}, validate_default=True, description="TRL GRPOConfig fields, resolved: the recipe's over Regimen's defaults"
     )
@@ -610,13 +622,17 @@ class Recipe(Section):
         "skipped when absent); the teacher is distill.teacher_model_name_or_path: a folder, a hub id, "
         "or champion:<experiment> (that experiment's champion in this store)",
     )
-    probe: ProbeSection = ProbeSection()
-    eval: EvalSection = EvalSection()
-    cycle: CycleSection = CycleSection()
-    promote: PromoteSection = PromoteSection()
-    curriculum: CurriculumSection = CurriculumSection()
-    environment: EnvironmentSection | None = None
-    store: str = "artifacts"
+    probe: ProbeSection = Field(ProbeSection(), description="the held-out probe inside GRPO and the guard it feeds")
+    eval: EvalSection = Field(EvalSection(), description="held-out evaluation: the metric and how it is generated")
+    cycle: CycleSection = Field(CycleSection(), description="cycles and rounds: the target, patience, the guard")
+    promote: PromoteSection = Field(PromoteSection(), description="when a challenger replaces the champion")
+    curriculum: CurriculumSection = Field(
+        CurriculumSection(), description="how GRPO picks its prompts: pass rates, levels, the all-alike screen"
+    )
+    environment: EnvironmentSection | None = Field(
+        None, description="multi-turn episodes with tools (a class written for TRL's environment_factory)"
+    )
+    store: str = Field("artifacts", description="the store: a local folder or a bucket URL (s3://...)")
     keep: KeepSection | None = Field(
         None, description="retention: written `store: {url: ..., keep: {last: K, days: D}}` in a recipe"
     )
@@ -629,9 +645,11 @@ class Recipe(Section):
     tracking_options: dict[TrackerName, dict[str, Any]] = Field(
         {}, description=f"per tracker: {trackers.options_text()}"
     )
-    launcher: Literal["inprocess", "accelerate"] = "inprocess"
-    accelerate: AccelerateSection = AccelerateSection()
-    limits: LimitsSection = LimitsSection()
+    launcher: Literal["inprocess", "accelerate"] = Field(
+        "inprocess", description="training stages in this process, or under `accelerate launch` (accelerate:)"
+    )
+    accelerate: AccelerateSection = Field(AccelerateSection(), description="accelerate launch's settings")
+    limits: LimitsSection = Field(LimitsSection(), description="an operator's ceilings: steps, checkpoints, hours, disk")
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)  # what the recipe itself set (for `regimen check`)
 
     @field_validator("sft")
