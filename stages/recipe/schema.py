@@ -649,7 +649,9 @@ class Recipe(Section):
         "inprocess", description="training stages in this process, or under `accelerate launch` (accelerate:)"
     )
     accelerate: AccelerateSection = Field(AccelerateSection(), description="accelerate launch's settings")
-    limits: LimitsSection = Field(LimitsSection(), description="an operator's ceilings: steps, checkpoints, hours, disk")
+    limits: LimitsSection = Field(
+        LimitsSection(), description="an operator's ceilings: steps, checkpoints, hours, disk"
+    )
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)  # what the recipe itself set (for `regimen check`)
 
     @field_validator("sft")

@@ -22,12 +22,16 @@ from typing import Any
 ROWS, PASS_RATES, LEVELS = "rows", "pass_rates", "levels"
 
 
+def asked(recipe) -> str | None:
+    """The curriculum the recipe asks for (`levels`, `pass_rates`), or None."""
+    return LEVELS if recipe.curriculum.kind == "levels" else PASS_RATES if recipe.curriculum.enabled else None
+
+
 def choose(recipe) -> tuple[str, str]:
     """(kind, reason): `levels` or `pass_rates` when the recipe's curriculum asks for one and can run here, else
     `rows`. A curriculum runs in one process only (under `accelerate launch` each rank would see a share of a group)
     and over a number of steps (its endless stream has no epochs)."""
-    cur = recipe.curriculum
-    wanted = LEVELS if cur.kind == "levels" else PASS_RATES if cur.enabled else None
+    wanted = asked(recipe)
     if wanted is None:
         return ROWS, "no curriculum: TRL's sampler shuffles the training rows"
     if recipe.num_processes() != 1:
@@ -76,10 +80,7 @@ class Sampler:
     def streams(self) -> bool:
         return self.pacing is not None or self.screen is not None
 
-    @property
-    def wanted(self) -> bool:
-        """A curriculum was asked for (whether or not it could run)."""
-        return self.kind != ROWS or not self.reason.startswith("no curriculum")
+    wanted: bool = False  # a curriculum was asked for (whether or not it could run here): `asked(recipe)`
 
     def summary(self) -> dict[str, Any] | None:
         out = self.pacing.summary() if self.pacing is not None else None
@@ -96,6 +97,7 @@ def build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sam
     (pass rates read from the inputs), its listeners registered on `recorder` (TRL's scored groups); with
     `curriculum.skip_all_alike` (and `screen_samples` >= 2), the screen in front of it (`training/screen.py`)."""
     base = _build(recipe, task, train_rows, seen, recorder)
+    base.wanted = asked(recipe) is not None
     if not (recipe.curriculum.skip_all_alike and recipe.curriculum.screen_samples >= 2):
         return base
     from regimen.stages.training import screen as screening
@@ -112,6 +114,7 @@ def build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sam
         base.pacing,
         base.rates,
         screen,
+        wanted=base.wanted,
     )
 
 
