@@ -24,7 +24,7 @@ wrong by the other. The shipped `evaluate` module (`training/metrics/exact_match
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from regimen.stages.rewards.registry import RewardFn, completion_text, from_specs, score
@@ -94,7 +94,6 @@ class Scores:
     values: dict[str, list[float | None]]
     totals: list[float]
     correct: list[float | None]
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def judged(self) -> list[float]:
