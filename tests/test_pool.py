@@ -29,7 +29,7 @@ pytest_plugins = ["prefect_ops", "s3_server"]
 
 EXP = "hostlost"
 MAX_STEPS, SAVE_STEPS = 240, 20
-LEASE_TTL_S = "15"  # the store lease of a lost host expires before its run is rescheduled (45 s: 15 + a 30 s heartbeat)
+LEASE_TTL_S = "15"  # the store lease of a lost host expires before its run is rescheduled (after 60 s: two heartbeats)
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +263,8 @@ def test_pool_setup_is_idempotent_and_deploys_serves_guarded_parameters(server, 
     names = sorted(a["name"] for a in automations)
     assert names == ["regimen-host-lost", "regimen-host-lost-rerun"]  # once each, after two setups
     crash = next(a for a in automations if a["name"] == "regimen-host-lost")
-    # the lease's 15 s + a 30 s heartbeat
-    assert crash["trigger"]["posture"] == "Proactive" and crash["trigger"]["within"] == 45.0
+    # a 30 s heartbeat + the longer of the lease's 15 s and another heartbeat
+    assert crash["trigger"]["posture"] == "Proactive" and crash["trigger"]["within"] == 60.0
     r = server.post("/work_pools/filter", {})
     assert [p["type"] for p in r.json() if p["name"] == "regimen"] == ["process"]
     # a UI run still cannot choose the store: the guarded overrides are the flow's own
