@@ -43,7 +43,7 @@ def held(url: str, extra_env: dict[str, str]) -> dict[str, object]:
         "out = {}\n"
         "for stage in sys.argv[3:]:\n"
         "    listed = st.versions(sys.argv[2], stage)\n"
-        "    out[stage] = [len(listed), st.catalog.next_version(sys.argv[2], stage) - 1,"
+        "    out[stage] = [len(listed), st.next_version(sys.argv[2], stage) - 1,"
         " sum(1 for e in listed if e.get('has_model'))]\n"
         "print(json.dumps(out))\n"
     )

@@ -100,9 +100,7 @@ def upload_rate(s3, mb: int, repeats: int = 6) -> list[dict]:
         os.environ[name] = value
     s3fs.S3FileSystem.clear_instance_cache()
     bucket = s3.make_bucket()
-    work = Store(f"s3://{bucket}/r", cache_dir=scratch("regimen-bench-up-")).workspace.work_dir(
-        "bench", "grpo", "f" * 64
-    )
+    work = Store(f"s3://{bucket}/r", cache_dir=scratch("regimen-bench-up-")).stage("bench", "grpo").work_dir("f" * 64)
     fs = s3.client()
     rows = []
     for i in range(repeats):

@@ -39,10 +39,10 @@ def teacher_model(store: Path) -> str:
     from regimen.stages.training.policy import policy_from_ref
 
     st = Store(store)
-    rec = st.ledger.read("default", "champion.json") if st.workspace.has_experiment("default") else None
+    rec = st.read_record("default", "champion.json") if st.has_experiment("default") else None
     if not (isinstance(rec, dict) and rec.get("champion")):
         res = regimen("run", "configs/default.yaml", "--store", str(store), check=False)
-        rec = st.ledger.read("default", "champion.json")
+        rec = st.read_record("default", "champion.json")
         if not (isinstance(rec, dict) and rec.get("champion")):
             raise SystemExit(f"the default run made no champion (exit {res['rc']}):\n{res['out'][-2000:]}")
     return policy_from_ref(st, "default", rec["champion"]["policy_ref"])["model"]

@@ -59,7 +59,7 @@ def resolve_teacher(recipe) -> dict[str, Any]:
 
         experiment = spec.removeprefix(CHAMPION)
         store = Store(recipe.store)
-        record = store.ledger.read(experiment, "champion.json") if store.workspace.has_experiment(experiment) else None
+        record = store.read_record(experiment, "champion.json") if store.has_experiment(experiment) else None
         current = record.get("champion") if isinstance(record, dict) else None
         if not current:
             raise InputError(

@@ -215,7 +215,7 @@ def test_a_manifest_of_the_wrong_shape_is_a_damaged_version_named_and_not_reused
     assert rc == 0 and "malformed manifest" in out and "Traceback" not in err, (out, err)
     st = Store(store)
     found, _ = st.stage(EXP, "eval").find_intact(fp)  # what the runner asks before it reuses a version
-    assert found is None and st.catalog.next_version(EXP, "eval") == 2  # not reused; a rerun writes v2 beside it
+    assert found is None and st.next_version(EXP, "eval") == 2  # not reused; a rerun writes v2 beside it
 
 
 @pytest.mark.slow

@@ -225,7 +225,7 @@ def test_a_shrunken_run_shows_the_curriculum_in_its_manifest_and_resumes_with_it
     results = run_flow(tiny_recipe, tmp_path, overrides=overrides)
     grpo = next(r for r in results if r["stage"] == "grpo")
     assert grpo["resumed_from_step"] == 4
-    m = Store(tmp_path).manifests("tiny-test", "grpo")[-1]
+    m = Store(tmp_path).scan("tiny-test", "grpo")[0][-1]
     cur = m["curriculum"]
     assert set(cur["bands"]) == {"easy", "normal", "hard", "set_aside"} and sum(cur["bands"].values()) > 0
     assert cur["set_aside"] > 0 and cur["readmitted"] > 0 and cur["groups_skipped"] > 0

@@ -26,7 +26,7 @@ def test_stall_goes_back_to_sft_and_ends_after_the_last_cycle(two_cycles):
     sft = s.versions("cycles", "sft")
     assert [m["cycle"] for m in sft] == [1, 2] and [m["version"] for m in sft] == [1, 2]
     evals = s.versions("cycles", "eval")
-    verdicts = s.ledger.verdicts_by_eval("cycles")  # the flow's decisions, kept beside the evaluations they judged
+    verdicts = s.verdicts_by_eval("cycles")  # the flow's decisions, kept beside the evaluations they judged
     assert [verdicts[m["version"]]["verdict"] for m in evals][0] == "back-to-sft"
     assert verdicts[evals[1]["version"]]["verdict"] in ("stalled", "budget-spent") and evals[1]["cycle"] == 2
     # cycle 2's SFT starts from cycle 1's GRPO policy, on freshly ordered traces

@@ -33,7 +33,7 @@ def test_a_failing_rank_fails_the_stage_and_a_two_process_rerun_completes_with_g
     with pytest.raises(StageStopped, match="accelerate launch .2 processes. exited with code") as exc:
         run_flow(TINY, tmp_path, overrides=two)
     assert "injected fault" in str(exc.value)
-    [fail] = Store(tmp_path).ledger.failures("tiny-test", "grpo")
+    [fail] = Store(tmp_path).failures("tiny-test", "grpo")
     assert "injected fault" in fail["error"]
     assert Store(tmp_path).versions("tiny-test", "grpo") == []
 
@@ -295,7 +295,7 @@ def test_a_machine_that_lent_its_ranks_records_no_failed_attempt(tmp_path, monke
     with pytest.raises(LentToMachineZero) as caught:
         runner.execute(call, store)
     assert caught.value.exit_code == 0
-    assert store.ledger.failures("tiny-test", "sft") == [] and store.versions("tiny-test", "sft") == []
+    assert store.failures("tiny-test", "sft") == [] and store.versions("tiny-test", "sft") == []
 
 
 def test_where_the_processes_run_does_not_enter_the_fingerprint():

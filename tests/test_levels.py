@@ -132,7 +132,7 @@ def test_a_killed_grpo_resumes_its_levels_from_the_checkpoint(tmp_path, monkeypa
         timeout=600,
     )
     st = Store(store)
-    [grpo] = st.manifests("rg-tiny", "grpo") or pytest.fail(done.stderr[-3000:])
+    [grpo] = st.scan("rg-tiny", "grpo")[0] or pytest.fail(done.stderr[-3000:])
     assert grpo["resumed_from_step"] == 2  # killed as step 4 ended, before its checkpoint: resumed from step 2's
     steps = [h["step"] for h in grpo["curriculum"]["levels"]]
     assert steps == [0, 1, 2, 3, 4, 5, 6], steps  # steps 1 and 2's decisions came back from the checkpoint

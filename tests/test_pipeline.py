@@ -33,7 +33,7 @@ def test_all_five_stages_complete_with_intact_files(first_run):
     assert all(not r["reused"] for r in results)
     s = Store(store)
     for stage in STAGES:
-        [m] = s.manifests("tiny-test", stage)
+        [m] = s.scan("tiny-test", stage)[0]
         assert m["status"] == "completed" and m["stage"] == stage and m["version"] == 1 and m["cycle"] == 1
         assert s.verify(m) == []
         for key in ("fingerprint", "inputs", "config", "metrics", "files", "started_at", "finished_at", "code_version"):
@@ -50,7 +50,7 @@ def test_all_five_stages_complete_with_intact_files(first_run):
     assert any(h.get("reward") is not None for h in log)
     assert all(h["wall_s"] >= 0 for h in log if "reward" in h)  # the curve against time, for resume figures
     ev = s.latest("tiny-test", "eval")
-    [decision] = s.ledger.decisions("tiny-test")  # the flow decides; the verdict is kept beside the evaluation
+    [decision] = s.decisions("tiny-test")  # the flow decides; the verdict is kept beside the evaluation
     assert decision["eval_version"] == ev["version"] and decision["verdict"] in (
         "target-reached",
         "budget-spent",
@@ -82,7 +82,7 @@ def test_changing_only_the_cycle_target_reruns_nothing_and_records_a_new_verdict
     results = run_flow(TINY, store, overrides={"cycle.target": 0.0, "cycle.stop_when_taught": False})
     assert all(r["reused"] for r in results)
     assert versions(store) == before
-    latest = Store(store).ledger.decisions("tiny-test")[-1]
+    latest = Store(store).decisions("tiny-test")[-1]
     assert latest["verdict"] == "target-reached" and latest["cycle_settings"]["target"] == 0.0
 
 
@@ -94,7 +94,7 @@ def test_a_cycle_whose_sft_meets_the_target_runs_no_grpo(tmp_path):
     assert ran == ["sft", "eval"], ran
     ev = next(r for r in results if r["stage"] == "eval" and r.get("cycle"))
     assert ev["round"] == 0 and ev["verdict"] == "target-reached"
-    assert Store(tmp_path).ledger.decisions("tiny-test")[-1]["verdict"] == "target-reached"
+    assert Store(tmp_path).decisions("tiny-test")[-1]["verdict"] == "target-reached"
 
 
 def test_a_truncated_file_is_not_reused_the_stage_runs_again_and_status_names_it(first_run, capsys):
@@ -140,7 +140,7 @@ def test_gate_failure_exits_1_records_attempt_and_writes_no_version(first_run, c
     assert "reward-dry-run" in err and "too hard" in err and "more SFT" in err
     s = Store(store)
     assert s.versions("gate", "reward-dry-run") == []
-    [fail] = s.ledger.failures("gate", "reward-dry-run")
+    [fail] = s.failures("gate", "reward-dry-run")
     assert "too hard" in fail["error"]
     assert s.versions("gate", "sft")  # the stage before the gate completed and is kept
     code, out, _ = run_cli(["status", "gate", "--store", str(store)], capsys)
@@ -156,7 +156,7 @@ def test_a_rerun_after_a_change_of_code_versions_reruns_every_stage_once_then_re
     store, _ = first_run
     s = Store(store)
     for stage in STAGES:
-        for m in s.manifests("tiny-test", stage):
+        for m in s.scan("tiny-test", stage)[0]:
             path = store / "tiny-test" / stage / f"v{m['version']}" / "manifest.json"
             before_move = {
                 **m,
@@ -164,7 +164,7 @@ def test_a_rerun_after_a_change_of_code_versions_reruns_every_stage_once_then_re
                 "fingerprint": digest({"made before the move": m["fingerprint"]}),
             }
             path.write_text(json.dumps(before_move, indent=1))
-    assert all(m["code_version"] == "0" * 16 for stage in STAGES for m in s.manifests("tiny-test", stage))
+    assert all(m["code_version"] == "0" * 16 for stage in STAGES for m in s.scan("tiny-test", stage)[0])
 
     after_move = run_flow(TINY, store)
     # the champion's own evaluation (cycle 0) may run too: its version was made before

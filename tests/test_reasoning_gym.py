@@ -217,7 +217,7 @@ def test_a_gameable_reward_stops_the_run_at_the_dry_run_naming_the_reward_and_wh
     assert "dry_run.gameable: warn" in err and "Traceback" not in err
     from regimen.stages.store import Store
 
-    [failed] = Store(store).ledger.failures("tiny-test", "reward-dry-run")
+    [failed] = Store(store).failures("tiny-test", "reward-dry-run")
     assert failed["reward_audit"]["gameable"] == ["rewards_for_tests.reference_anywhere"]
     assert not Store(store).versions("tiny-test", "grpo")  # stopped before GRPO
 

@@ -45,14 +45,16 @@ def build(root: Path, exp: str = EXP) -> Store:
         st, exp, [{"prompt": f"what is {i}+1?", "answer": str(i + 1)} for i in range(30)], 0
     )
     for v, correct in OUTCOMES.items():
-        staging = st.staging_dir(exp, "grpo")
+        staging = st._workspace.staging_dir(exp, "grpo")
         (staging / "model").mkdir()
         (staging / "model" / "weights.bin").write_bytes(bytes([v]) * 64)
-        st.commit(staging, {"experiment": exp, "stage": "grpo", "fingerprint": f"fp{v}", "inputs": {}, "metrics": {}})
+        st._catalog.commit(
+            staging, {"experiment": exp, "stage": "grpo", "fingerprint": f"fp{v}", "inputs": {}, "metrics": {}}
+        )
         ref = policy_from_ref(st, exp, {"stage": "grpo", "fingerprint": f"fp{v}"})
-        staging = st.staging_dir(exp, "eval")
+        staging = st._workspace.staging_dir(exp, "eval")
         (staging / "correct.json").write_text(json.dumps(correct))
-        st.commit(
+        st._catalog.commit(
             staging,
             {
                 "experiment": exp,
@@ -264,7 +266,7 @@ def test_a_damaged_or_missing_frozen_set_stops_the_run_naming_the_file_and_the_w
     store = tmp_path / "store"
     _tiny_experiment(store)
     st = Store(store)  # a champion measured on set v1 (its record names the set)
-    st.ledger.update(
+    st.update_record(
         "tiny-test",
         "champion.json",
         lambda _: {"champion": None, "history": [{"event": "kept", "by": "flow", "reason": "-", "heldout_set": 1}]},
@@ -503,24 +505,24 @@ def test_a_write_whose_revision_was_claimed_meanwhile_is_refused_and_reads_roll_
 
     st = build(tmp_path / "store")
     conclude(st, 1)
-    before = st.ledger.read(EXP, "champion.json")
+    before = st.read_record(EXP, "champion.json")
     rev = before["revision"]
 
     def change(current):
         other = {"revision": rev + 1, "set": {"note": "the other writer"}, "removed": [], "history_added": ["theirs"]}
         assert exclusive_create(
-            st.fs, st.ledger.revision_path(EXP, "champion.json", rev + 1), json.dumps(other).encode()
+            st.fs, st._ledger.revision_path(EXP, "champion.json", rev + 1), json.dumps(other).encode()
         )
         return {**current, "history": [*current["history"], "mine"]}
 
     with pytest.raises(StaleRecord, match=f"revision {rev + 1} was written meanwhile"):
-        st.ledger.update(EXP, "champion.json", change)
+        st.update_record(EXP, "champion.json", change)
     on_disk = json.loads((tmp_path / "store" / EXP / "champion.json").read_text())
     assert on_disk["revision"] == rev  # nothing of the refused write
-    now = st.ledger.read(EXP, "champion.json")  # rolled forward through the other's claim
+    now = st.read_record(EXP, "champion.json")  # rolled forward through the other's claim
     assert now["revision"] == rev + 1 and now["note"] == "the other writer" and now["history"][-1] == "theirs"
     assert "mine" not in now["history"]
-    nxt = st.ledger.update(EXP, "champion.json", lambda cur: {**cur, "history": [*cur["history"], "next"]})
+    nxt = st.update_record(EXP, "champion.json", lambda cur: {**cur, "history": [*cur["history"], "next"]})
     assert nxt["revision"] == rev + 2 and nxt["history"][-2:] == ["theirs", "next"]
     claims = sorted(p.name for p in (tmp_path / "store" / EXP / "revisions" / "champion.json").iterdir())
     assert claims == [f"r{i:08d}.json" for i in range(1, rev + 3)]

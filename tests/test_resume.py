@@ -31,7 +31,7 @@ EARLIER = ("sft", "reward-dry-run", "grpo-smoke")
 
 def snapshot(store: Path) -> dict[str, list[tuple[int, str, dict]]]:
     s = Store(store)
-    return {stage: [(m["version"], m["fingerprint"], m["files"]) for m in s.manifests(EXP, stage)] for stage in EARLIER}
+    return {stage: [(m["version"], m["fingerprint"], m["files"]) for m in s.scan(EXP, stage)[0]] for stage in EARLIER}
 
 
 def regimen_run(store: Path, env: dict, log: Path) -> subprocess.Popen:
@@ -188,7 +188,7 @@ def test_last_checkpoint_at_max_steps_finishes_the_stage_without_an_extra_step(c
     sft = store.latest(EXP, "sft")
     inputs = {"policy": StageResult(sft, True, 0.0, store.local_path(sft)).ref}
     key, _ = stage_key("grpo", recipe, inputs)
-    work = store.workspace.work_dir(EXP, "grpo", key)
+    work = store.stage(EXP, "grpo").work_dir(key)
     shutil.copytree(crash["tmp"] / "good-checkpoint", work / f"checkpoint-{step}")
 
     result = execute(StageCall("grpo", recipe, inputs, experiment=EXP), store)

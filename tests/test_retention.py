@@ -27,12 +27,12 @@ pytest_plugins = ["s3_server"]
 
 
 def commit(st: Store, stage: str, fingerprint: str, *, inputs=None, size: int = 4096, model: bool = True) -> dict:
-    staging = st.staging_dir(EXP, stage)
+    staging = st._workspace.staging_dir(EXP, stage)
     if model:
         (staging / "model").mkdir()
         (staging / "model" / "weights.bin").write_bytes(os.urandom(size))
     (staging / "metrics.json").write_text("{}")
-    return st.commit(
+    return st._catalog.commit(
         staging, {"experiment": EXP, "stage": stage, "fingerprint": fingerprint, "inputs": inputs or {}, "metrics": {}}
     )
 
@@ -46,9 +46,9 @@ def night(st: Store, i: int, correct: list[int], heldout: dict) -> dict:
     """One night: sft v(i) from the base, grpo v(i) from it, its evaluation; returns the grpo version."""
     sft = commit(st, "sft", f"sft{i}", inputs={"policy": {"stage": "base", "fingerprint": "base"}})
     grpo = commit(st, "grpo", f"fp{i}", inputs={"policy": ref(st, sft)})
-    staging = st.staging_dir(EXP, "eval")
+    staging = st._workspace.staging_dir(EXP, "eval")
     (staging / "correct.json").write_text(json.dumps(correct))
-    st.commit(
+    st._catalog.commit(
         staging,
         {
             "experiment": EXP,
@@ -78,17 +78,17 @@ def experiment(root) -> Store:
 
 
 def scanned(st: Store, stage: str) -> list[int]:
-    return [m["version"] for m in st.catalog.scan(EXP, stage)[0]]
+    return [m["version"] for m in st.scan(EXP, stage)[0]]
 
 
 def test_the_index_agrees_with_the_manifests_after_every_commit_and_reuse_still_checks_files(tmp_path):
     st = experiment(tmp_path / "store")
     for stage in ("sft", "grpo", "eval", "reward-dry-run", "heldout", "data"):
         assert [e["version"] for e in st.versions(EXP, stage)] == scanned(st, stage), stage
-    found, _ = st.catalog.find_intact(EXP, "grpo", "fp3")
+    found, _ = st.stage(EXP, "grpo").find_intact("fp3")
     assert found["version"] == 3 and "files" in found  # the chosen version's own manifest, read
     (tmp_path / "store" / EXP / "grpo" / "v3" / "model" / "weights.bin").write_bytes(b"tampered")
-    found, damaged = st.catalog.find_intact(EXP, "grpo", "fp3")
+    found, damaged = st.stage(EXP, "grpo").find_intact("fp3")
     assert found is None and damaged[0]["version"] == 3  # found through the index, refused by its files
 
 
@@ -103,7 +103,7 @@ def test_a_crash_between_the_manifest_and_the_index_hides_nothing_and_invents_no
     index.write_text("{ torn")  # damaged: rebuilt from the manifests
     assert [e["version"] for e in st.versions(EXP, "sft")] == scanned(st, "sft")
     index.unlink()  # missing: rebuilt too
-    assert st.catalog.next_version(EXP, "sft") == 8
+    assert st.next_version(EXP, "sft") == 8
 
 
 def test_reindex_rebuilds_every_stage_and_status_check_compares(tmp_path, capsys):
@@ -123,7 +123,7 @@ def test_reindex_rebuilds_every_stage_and_status_check_compares(tmp_path, capsys
 
 def test_gc_keeps_the_champions_lineage_rollback_targets_records_and_running_inputs(tmp_path):
     st = experiment(tmp_path / "store")
-    with st.workspace.running(EXP, "grpo", {"inputs": {"policy": {"stage": "sft", "version": 2}}}):
+    with st.stage(EXP, "grpo").running({"inputs": {"policy": {"stage": "sft", "version": 2}}}):
         the_plan = plan(st, EXP, last=1, days=None, roots=roots(st, EXP))
     removed = {(r["stage"], r["version"]) for r in the_plan["remove"]}
     kept = {k for reason in the_plan["kept"].values() for k in reason}
@@ -147,7 +147,7 @@ def test_gc_frees_what_it_says_leaves_tombstones_and_the_store_still_reads(tmp_p
     for r in done["remove"]:
         folder = store / EXP / r["stage"] / f"v{r['version']}"
         assert sorted(p.name for p in folder.iterdir()) == [TOMBSTONE]
-    assert st.catalog.next_version(EXP, "grpo") == 7  # numbers are never given again
+    assert st.next_version(EXP, "grpo") == 7  # numbers are never given again
     assert policy_from_ref(st, EXP, {"stage": "grpo", "fingerprint": "fp3"})["version"] == 3
     code, out, _ = run_cli(["status", EXP, "--store", str(store), "--check"], capsys)
     assert code == 0 and "index differed" not in out
@@ -178,7 +178,7 @@ def test_a_gc_killed_at_each_step_leaves_a_readable_store_and_the_next_gc_finish
     assert policy_from_ref(st, EXP, {"stage": "grpo", "fingerprint": "fp3"})["version"] == 3
     code, out, err = run_cli(["status", EXP, "--store", str(store)], capsys)
     assert code == 0, err
-    rebuilt = st.catalog.index.rebuild(EXP, "grpo")  # a rebuild does not bring back what the plan removes
+    rebuilt = st.rebuild_index(EXP, "grpo")  # a rebuild does not bring back what the plan removes
     assert not {("grpo", int(v)) for v in rebuilt["versions"]} & expected
     done = collect(st, EXP, last=1, days=None)  # the next gc carries out the pending plan first
     assert done["resumed"] > 0 or step == "tombstone" or done["remove"] == []
@@ -216,10 +216,10 @@ def promoting_nights(root, nights: int = 4, *, champions: int = 1) -> Store:
     for i in range(1, nights + 1):
         sft = commit(st, "sft", f"sft{i}", inputs={"policy": start, "heldout": dict(heldout)})
         grpo = commit(st, "grpo", f"fp{i}", inputs={"policy": ref(st, sft)})
-        staging = st.staging_dir(EXP, "eval")
+        staging = st._workspace.staging_dir(EXP, "eval")
         correct = [1] * (5 * i - 4) + [0] * (N - 5 * i + 4)
         (staging / "correct.json").write_text(json.dumps(correct))
-        st.commit(
+        st._catalog.commit(
             staging,
             {
                 "experiment": EXP,

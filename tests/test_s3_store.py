@@ -44,7 +44,7 @@ def manifest(stage="sft", key="k1", **extra):
 
 
 def staged(store: Store, text="weights", n=1, stage="sft") -> Path:
-    d = store.staging_dir("exp", stage)
+    d = store._workspace.staging_dir("exp", stage)
     (d / "model").mkdir()
     for i in range(n):
         (d / "model" / f"w{i}.bin").write_text(f"{text}-{i}" * 50)
@@ -55,15 +55,15 @@ def staged(store: Store, text="weights", n=1, stage="sft") -> Path:
 def test_commit_reuse_and_the_cache_checked_against_the_manifest(s3_env, bucket, tmp_path):
     url = f"s3://{bucket}/regimen"
     store = Store(url, cache_dir=tmp_path / "a")
-    m1 = store.commit(staged(store, "a"), manifest(key="k1"))
-    m2 = store.commit(staged(store, "b"), manifest(key="k2"))
+    m1 = store._catalog.commit(staged(store, "a"), manifest(key="k1"))
+    m2 = store._catalog.commit(staged(store, "b"), manifest(key="k2"))
     assert (m1["version"], m2["version"]) == (1, 2)
     fs = s3_env.client()
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/regimen/exp/sft")) == ["index.json", "v1", "v2"]
     assert fs.exists(f"{bucket}/regimen/exp/sft/v1/.claim")  # the number stays taken
     # another host (its own cache) finds the version by fingerprint and reads it through its cache
     other = Store(url, cache_dir=tmp_path / "b")
-    found, damaged = other.catalog.find_intact("exp", "sft", "k1")
+    found, damaged = other._catalog.find_intact("exp", "sft", "k1")
     assert found["version"] == 1 and damaged == []
     local = other.local_path(found)
     assert str(local).startswith(str(tmp_path / "b")) and (local / "model" / "w0.bin").read_text().startswith("a-0")
@@ -76,13 +76,13 @@ def test_commit_reuse_and_the_cache_checked_against_the_manifest(s3_env, bucket,
 def test_a_tampered_object_in_the_bucket_makes_the_version_damaged_on_a_fresh_host(s3_env, bucket, tmp_path):
     url = f"s3://{bucket}/r"
     store = Store(url, cache_dir=tmp_path / "a")
-    store.commit(staged(store, "good"), manifest(key="same"))
+    store._catalog.commit(staged(store, "good"), manifest(key="same"))
     key = f"{bucket}/r/exp/sft/v1/model/w0.bin"
     fs = s3_env.client()
     body = fs.cat_file(key)
     fs.pipe_file(key, b"X" * len(body))  # same size: only the sha256 can tell
     fresh = Store(url, cache_dir=tmp_path / "fresh")
-    found, damaged = fresh.catalog.find_intact("exp", "sft", "same")
+    found, damaged = fresh._catalog.find_intact("exp", "sft", "same")
     assert found is None and damaged[0]["version"] == 1 and "model/w0.bin: sha256 differs" in damaged[0]["problems"][0]
     with pytest.raises(StoreError, match=r"v1 is damaged .*model/w0.bin"):
         fresh.local_path(store.versions("exp", "sft")[0])
@@ -98,7 +98,7 @@ def test_a_version_is_visible_whole_or_not_at_all_and_writers_never_share_a_numb
     def watch():
         fs = s3_env.client()
         while not done.is_set():
-            for m in reader.manifests("exp", "sft"):
+            for m in reader.scan("exp", "sft")[0]:
                 present = {
                     p.rsplit(f"/v{m['version']}/", 1)[-1] for p in fs.find(f"{bucket}/r/exp/sft/v{m['version']}")
                 }
@@ -113,7 +113,7 @@ def test_a_version_is_visible_whole_or_not_at_all_and_writers_never_share_a_numb
         writers = [
             threading.Thread(
                 target=lambda i=i: results.append(
-                    (s := Store(url, cache_dir=tmp_path / f"w{i}")).commit(
+                    (s := Store(url, cache_dir=tmp_path / f"w{i}"))._catalog.commit(
                         staged(s, f"w{i}", n=12), manifest(key=f"k{i}")
                     )
                 )
@@ -140,8 +140,8 @@ def test_a_claim_left_by_a_killed_writer_is_never_a_version_and_is_swept_under_t
     fs.pipe_file(f"{bucket}/r/exp/sft/v1/.claim", b"{}")  # a writer killed after claiming and uploading one file
     fs.pipe_file(f"{bucket}/r/exp/sft/v1/model/w0.bin", b"half")
     store = Store(url, cache_dir=tmp_path / "a")
-    assert store.versions("exp", "sft") == [] and store.catalog.malformed("exp", "sft") == []
-    assert store.commit(staged(store), manifest())["version"] == 2  # the claimed number is not reused
+    assert store.versions("exp", "sft") == [] and store._catalog.malformed("exp", "sft") == []
+    assert store._catalog.commit(staged(store), manifest())["version"] == 2  # the claimed number is not reused
     with store.lock("exp"):
         pass
     assert not fs.exists(f"{bucket}/r/exp/sft/v1/model/w0.bin") and [
@@ -166,14 +166,14 @@ def test_failed_attempts_decisions_and_records_in_the_bucket(s3_env, bucket, tmp
     store = Store(url, cache_dir=tmp_path / "a")
     d = staged(store)
     (d / "trajectories.jsonl").write_text('{"step": 1}\n')
-    where = store.ledger.record_failure(d, manifest(), "boom")
-    store.ledger.record_failure(None, manifest(), "no files")
-    assert sorted(f["error"] for f in store.ledger.failures("exp", "sft")) == ["boom", "no files"]
+    where = store._ledger.record_failure(d, manifest(), "boom")
+    store._ledger.record_failure(None, manifest(), "no files")
+    assert sorted(f["error"] for f in store._ledger.failures("exp", "sft")) == ["boom", "no files"]
     assert s3_env.client().cat_file(f"{where}/trajectories.jsonl") == b'{"step": 1}\n'
     assert store.versions("exp", "sft") == []
-    store.ledger.record_decision("exp", {"eval_version": 3, "verdict": "keep", "cycle": 1})
-    assert [(d["eval_version"], d["verdict"]) for d in store.ledger.decisions("exp")] == [(3, "keep")]
-    rec = store.ledger.update("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), "a"]})
+    store._ledger.record_decision("exp", {"eval_version": 3, "verdict": "keep", "cycle": 1})
+    assert [(d["eval_version"], d["verdict"]) for d in store._ledger.decisions("exp")] == [(3, "keep")]
+    rec = store._ledger.update("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), "a"]})
     assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b").ledger.read("exp", "champion.json")[
         "history"
     ] == ["a"]
@@ -187,10 +187,10 @@ from regimen.stages.store import StaleRecord, Store
 store = Store(sys.argv[1])
 for i in range(int(sys.argv[3])):
     while True:  # as a run decides: read, judge on what was read, write only if nobody moved meanwhile
-        seen = store.ledger.read("exp", "champion.json") or {}
+        seen = store._ledger.read("exp", "champion.json") or {}
         try:
             add = lambda cur: {"history": [*(cur or {}).get("history", []), f"{sys.argv[2]}-{i}"]}
-            store.ledger.update("exp", "champion.json", add,
+            store._ledger.update("exp", "champion.json", add,
                                 expect=seen.get("revision", 0))
             break
         except StaleRecord:
@@ -233,10 +233,10 @@ def test_an_unreadable_record_lock_is_aged_by_its_write_time_and_taken_over_when
     monkeypatch.setenv("REGIMEN_RECORD_LOCK_TTL_S", "3")
     url = f"s3://{bucket}/r"
     store = Store(url, cache_dir=tmp_path / "a")
-    store.ledger.update("exp", "champion.json", lambda cur: {"history": ["a"]})
+    store._ledger.update("exp", "champion.json", lambda cur: {"history": ["a"]})
     s3_env.client().pipe_file(f"{bucket}/r/exp/.records.lock", b"")
     started = time.monotonic()
-    rec = store.ledger.update("exp", "champion.json", lambda cur: {"history": [*cur["history"], "b"]})
+    rec = store._ledger.update("exp", "champion.json", lambda cur: {"history": [*cur["history"], "b"]})
     waited = time.monotonic() - started
     assert rec["history"] == ["a", "b"] and rec["revision"] == 2
     assert waited > 1.5, waited  # a fresh one was respected: it waited for its age, then took it over
@@ -577,7 +577,7 @@ def test_export_from_the_bucket_on_a_host_that_never_ran_it(two_hosts, prefect_s
     ref = champion["policy_ref"]
     [m] = [
         m
-        for m in Store(two_hosts["url"], cache_dir=tmp / "reader2").manifests(EXP, ref["stage"])
+        for m in Store(two_hosts["url"], cache_dir=tmp / "reader2").scan(EXP, ref["stage"])[0]
         if m["version"] == ref["version"]
     ]
     assert hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() == m["files"]["model/model.safetensors"]
@@ -659,7 +659,7 @@ def test_a_promote_made_while_a_rollback_stalls_in_the_record_lock_stands_and_th
         st = build(url)  # grpo v1..v3 evaluated on one frozen set, in the bucket
         conclude(st, 1)
         conclude(st, 2)  # champion v2; a rollback would return to v1
-        before = st.ledger.read(EXP, "champion.json")["revision"]
+        before = st._ledger.read(EXP, "champion.json")["revision"]
         inside = tmp_path / "inside"
         proc = subprocess.Popen(
             [sys.executable, "-c", STALLED_ROLLBACK, str(inside), url],

@@ -131,7 +131,7 @@ def test_a_killed_grpo_resumes_its_screen_from_the_checkpoint(tmp_path):
     env.pop("REGIMEN_KILL")
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     st = Store(store)
-    [grpo] = st.manifests("tiny-test", "grpo") or pytest.fail(done.stderr[-3000:])
+    [grpo] = st.scan("tiny-test", "grpo")[0] or pytest.fail(done.stderr[-3000:])
     assert grpo["resumed_from_step"] == 2
     log = [json.loads(x) for x in (st.local_path(grpo) / "train_log.jsonl").read_text().splitlines()]
     screened = [(h["step"], h["screen/screened"]) for h in log if "screen/screened" in h]

@@ -27,7 +27,7 @@ def manifest(stage="sft", key="k1", **extra):
 
 
 def stage_files(store: Store, text="weights") -> Path:
-    d = store.staging_dir("exp", "sft")
+    d = store._workspace.staging_dir("exp", "sft")
     (d / "model").mkdir()
     (d / "model" / "w.bin").write_text(text)
     (d / "metrics.json").write_text("{}")
@@ -36,7 +36,7 @@ def stage_files(store: Store, text="weights") -> Path:
 
 def test_commit_writes_version_with_digests(tmp_path):
     store = Store(tmp_path)
-    m = store.commit(stage_files(store), manifest())
+    m = store._catalog.commit(stage_files(store), manifest())
     vdir = tmp_path / "exp" / "sft" / "v1"
     assert m["version"] == 1 and m["status"] == "completed"
     on_disk = json.loads((vdir / MANIFEST).read_text())
@@ -48,8 +48,8 @@ def test_commit_writes_version_with_digests(tmp_path):
 
 def test_versions_are_never_overwritten_and_count_up(tmp_path):
     store = Store(tmp_path)
-    store.commit(stage_files(store, "a"), manifest(key="k1"))
-    m2 = store.commit(stage_files(store, "b"), manifest(key="k2"))
+    store._catalog.commit(stage_files(store, "a"), manifest(key="k1"))
+    m2 = store._catalog.commit(stage_files(store, "b"), manifest(key="k2"))
     assert m2["version"] == 2
     assert (tmp_path / "exp/sft/v1/model/w.bin").read_text() == "a"
     assert [m["version"] for m in store.versions("exp", "sft")] == [1, 2]
@@ -57,16 +57,16 @@ def test_versions_are_never_overwritten_and_count_up(tmp_path):
 
 def test_find_reuses_by_fingerprint_and_ignores_damaged_versions(tmp_path):
     store = Store(tmp_path)
-    store.commit(stage_files(store), manifest(key="same"))
-    assert store.catalog.find("exp", "sft", "same")["version"] == 1
-    assert store.catalog.find("exp", "sft", "other") is None
+    store._catalog.commit(stage_files(store), manifest(key="same"))
+    assert store._catalog.find("exp", "sft", "same")["version"] == 1
+    assert store._catalog.find("exp", "sft", "other") is None
     os.remove(tmp_path / "exp/sft/v1/model/w.bin")
-    assert store.catalog.find("exp", "sft", "same") is None
+    assert store._catalog.find("exp", "sft", "same") is None
 
 
 def test_tampered_file_is_detected(tmp_path):
     store = Store(tmp_path)
-    m = store.commit(stage_files(store), manifest())
+    m = store._catalog.commit(stage_files(store), manifest())
     (tmp_path / "exp/sft/v1/model/w.bin").write_text("tampered")
     assert store.verify(m) == ["model/w.bin"]
 
@@ -76,17 +76,17 @@ def test_half_written_staging_is_not_a_version(tmp_path):
     stage_files(store)  # a crash before commit leaves only a staging folder
     (tmp_path / "exp/sft/v7").mkdir()  # and a folder without a manifest is not a version either
     assert store.versions("exp", "sft") == []
-    assert store.catalog.find("exp", "sft", "k1") is None
+    assert store._catalog.find("exp", "sft", "k1") is None
 
 
 def test_failed_attempt_is_recorded_beside_versions_not_as_one(tmp_path):
     store = Store(tmp_path)
     d = stage_files(store)
-    store.ledger.record_failure(d, manifest(), "boom")
+    store._ledger.record_failure(d, manifest(), "boom")
     assert store.versions("exp", "sft") == []
-    [fail] = store.ledger.failures("exp", "sft")
+    [fail] = store._ledger.failures("exp", "sft")
     assert fail["error"] == "boom" and fail["status"] == "failed"
-    assert store.catalog.next_version("exp", "sft") == 1
+    assert store._catalog.next_version("exp", "sft") == 1
 
 
 def test_lock_refuses_a_second_run_of_the_same_experiment(tmp_path):
@@ -108,19 +108,19 @@ def test_fingerprint_is_order_independent():
 
 def test_fsspec_memory_store_keeps_the_same_contract(tmp_path):
     store = Store("memory://regimen-test", cache_dir=tmp_path / "cache")
-    m = store.commit(stage_files(store, "remote"), manifest(key="r"))
+    m = store._catalog.commit(stage_files(store, "remote"), manifest(key="r"))
     assert m["version"] == 1
     assert store.fs.exists("/regimen-test/exp/sft/v1/manifest.json")
-    assert store.catalog.find("exp", "sft", "r")["files"] == m["files"]
+    assert store._catalog.find("exp", "sft", "r")["files"] == m["files"]
     assert store.verify(m) == []
     local = store.local_path(m)
     assert (local / "model" / "w.bin").read_text() == "remote"
     assert {
         p.relative_to(local).as_posix(): sha256_file(p) for p in local.rglob("*") if p.is_file() and p.name != MANIFEST
     } == m["files"]
-    store.ledger.record_failure(stage_files(store), manifest(key="f"), "nope")
-    assert store.ledger.failures("exp", "sft")[0]["error"] == "nope"
-    m2 = store.commit(stage_files(store, "two"), manifest(key="r2"))
+    store._ledger.record_failure(stage_files(store), manifest(key="f"), "nope")
+    assert store._ledger.failures("exp", "sft")[0]["error"] == "nope"
+    m2 = store._catalog.commit(stage_files(store, "two"), manifest(key="r2"))
     assert m2["version"] == 2 and [v["version"] for v in store.versions("exp", "sft")] == [1, 2]
 
 
@@ -133,8 +133,8 @@ def test_a_remote_commit_never_reuses_a_claimed_number_and_a_claim_without_manif
     with store.fs.open("/regimen-claims/exp/sft/v1/.claim", "xb") as fh:  # a writer killed after claiming v1
         fh.write(b"{}")
     store.fs.pipe_file("/regimen-claims/exp/sft/v1/model/w.bin", b"half")
-    assert store.versions("exp", "sft") == [] and store.catalog.malformed("exp", "sft") == []
-    m = store.commit(stage_files(store, "whole"), manifest(key="k"))
+    assert store.versions("exp", "sft") == [] and store._catalog.malformed("exp", "sft") == []
+    m = store._catalog.commit(stage_files(store, "whole"), manifest(key="k"))
     assert m["version"] == 2 and store.fs.exists("/regimen-claims/exp/sft/v2/.claim")
     with store.lock("exp"):
         assert not store.fs.exists("/regimen-claims/exp/sft/v1/model/w.bin")
@@ -154,36 +154,36 @@ def test_latest_policy_skips_evaluations_that_suspected_hacking(tmp_path):
     from regimen.stages.training.policy import latest_policy
 
     store = Store(tmp_path)
-    good = store.commit(stage_files(store, "good"), manifest(stage="sft", key="g1"))
+    good = store._catalog.commit(stage_files(store, "good"), manifest(stage="sft", key="g1"))
     for key, verdict in (("g1", "back-to-sft"), ("g2", "reward-hacking-suspected")):
-        d = store.staging_dir("exp", "grpo")
+        d = store._workspace.staging_dir("exp", "grpo")
         (d / "model").mkdir()
         (d / "model" / "w.bin").write_text(key)
-        store.commit(d, manifest(stage="grpo", key=key))
-        e = store.staging_dir("exp", "eval")
+        store._catalog.commit(d, manifest(stage="grpo", key=key))
+        e = store._workspace.staging_dir("exp", "eval")
         (e / "metrics.json").write_text("{}")
-        ev = store.commit(
+        ev = store._catalog.commit(
             e, manifest(stage="eval", key="e" + key, inputs={"policy": {"stage": "grpo", "fingerprint": key}})
         )
-        store.ledger.record_decision("exp", {"eval_version": ev["version"], "verdict": verdict})
+        store._ledger.record_decision("exp", {"eval_version": ev["version"], "verdict": verdict})
     assert good["version"] == 1
     assert latest_policy(store, "exp", "eval", ("grpo",))["fingerprint"] == "g1"
 
 
 def test_truncated_file_makes_a_version_damaged_and_not_reused(tmp_path):
     store = Store(tmp_path)
-    m = store.commit(stage_files(store, "weights" * 100), manifest(key="same"))
+    m = store._catalog.commit(stage_files(store, "weights" * 100), manifest(key="same"))
     assert store.check(m) == []
     with open(tmp_path / "exp/sft/v1/model/w.bin", "r+b") as fh:
         fh.truncate(10)
-    found, damaged = store.catalog.find_intact("exp", "sft", "same")
+    found, damaged = store._catalog.find_intact("exp", "sft", "same")
     assert found is None
     assert damaged[0]["version"] == 1 and "model/w.bin" in damaged[0]["problems"][0]
 
 
 def test_same_size_change_is_caught_by_the_full_hash_when_mtime_moved(tmp_path):
     store = Store(tmp_path)
-    m = store.commit(stage_files(store, "aaaa"), manifest(key="same"))
+    m = store._catalog.commit(stage_files(store, "aaaa"), manifest(key="same"))
     path = tmp_path / "exp/sft/v1/model/w.bin"
     before = path.stat()
     path.write_text("bbbb")  # same size, new mtime (moved by a second, for filesystems with coarse timestamps)
@@ -197,24 +197,24 @@ def test_malformed_manifest_is_reported_not_a_crash(tmp_path):
     """Lookups read the index, not every manifest: a manifest damaged after its commit is found when its version
     is read (reuse reads it), reported as damaged, never reused, and the index rebuilt without it."""
     store = Store(tmp_path)
-    store.commit(stage_files(store), manifest(key="k"))
+    store._catalog.commit(stage_files(store), manifest(key="k"))
     (tmp_path / "exp/sft/v1" / MANIFEST).write_text('{"status": "completed"}')
-    found, damaged = store.catalog.find_intact("exp", "sft", "k")
+    found, damaged = store._catalog.find_intact("exp", "sft", "k")
     assert found is None and damaged == [{"version": 1, "problems": ["manifest.json: missing or damaged"]}]
     assert store.versions("exp", "sft") == []  # the index rebuilt from the manifests
-    assert store.catalog.malformed("exp", "sft") == [str(tmp_path / "exp/sft/v1" / MANIFEST)]
+    assert store._catalog.malformed("exp", "sft") == [str(tmp_path / "exp/sft/v1" / MANIFEST)]
     (tmp_path / "exp/sft/v1" / MANIFEST).write_text("not json")
-    assert store.catalog.index.rebuild("exp", "sft")["versions"] == {} and store.catalog.malformed("exp", "sft")
+    assert store._catalog.index.rebuild("exp", "sft")["versions"] == {} and store._catalog.malformed("exp", "sft")
 
 
 def test_a_planted_symlink_in_the_store_is_refused_and_its_target_untouched(tmp_path):
     target = tmp_path / "victim.txt"
     target.write_text("precious")
     store = Store(tmp_path / "store")
-    store.workspace.stage_dir("exp", "sft")
+    store._workspace.stage_dir("exp", "sft")
     (tmp_path / "store/exp/sft/running.json").symlink_to(target)
     with pytest.raises(StoreError, match="symbolic link"):
-        with store.workspace.running("exp", "sft", {"x": 1}):
+        with store._workspace.running("exp", "sft", {"x": 1}):
             pass
     assert target.read_text() == "precious"
     # a linked stage folder is refused before anything is written through it
@@ -222,7 +222,7 @@ def test_a_planted_symlink_in_the_store_is_refused_and_its_target_untouched(tmp_
     elsewhere.mkdir()
     (tmp_path / "store/exp/grpo").symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(StoreError, match="symbolic link"):
-        store.staging_dir("exp", "grpo")
+        store._workspace.staging_dir("exp", "grpo")
     assert list(elsewhere.iterdir()) == []
     # the lock's owner file
     (tmp_path / "store/exp/.lock.owner").symlink_to(target)
@@ -289,7 +289,7 @@ def test_a_run_that_lost_its_lease_never_commits(tmp_path):
         while not lost_lease(url, "exp").is_set() and _time.time() < deadline:
             _time.sleep(0.05)
         with pytest.raises(StoreError, match="lost the experiment's lease"):
-            store.commit(stage_files(store), manifest())
+            store._catalog.commit(stage_files(store), manifest())
     assert store.versions("exp", "sft") == []
 
 
@@ -304,7 +304,7 @@ def test_a_consumer_is_reused_only_for_the_weights_it_consumed(tmp_path):
     store = Store(tmp_path)
     refs = []
     for text in ("weights-a", "weights-b", "weights-a"):
-        m = store.commit(stage_files(store, text), manifest(key="same-fingerprint"))
+        m = store._catalog.commit(stage_files(store, text), manifest(key="same-fingerprint"))
         refs.append(StageResult(m, False, 0.0, store.local_path(m)).ref)
     assert (
         len({r["fingerprint"] for r in refs}) == 1
@@ -323,15 +323,15 @@ def test_latest_policy_takes_the_intact_version_with_the_weights_that_were_evalu
     store = Store(tmp_path)
     versions = []
     for _ in range(2):  # the same weights committed twice under one fingerprint (v1 later damaged, v2 its rerun)
-        d = store.staging_dir("exp", "grpo")
+        d = store._workspace.staging_dir("exp", "grpo")
         (d / "model").mkdir()
         (d / "model" / "w.bin").write_text("weights")
-        versions.append(store.commit(d, manifest(stage="grpo", key="g")))
+        versions.append(store._catalog.commit(d, manifest(stage="grpo", key="g")))
     ref = StageResult(versions[0], False, 0.0, store.local_path(versions[0])).ref
-    e = store.staging_dir("exp", "eval")
+    e = store._workspace.staging_dir("exp", "eval")
     (e / "metrics.json").write_text("{}")
-    ev = store.commit(e, manifest(stage="eval", key="e", inputs={"policy": ref}))
-    store.ledger.record_decision("exp", {"eval_version": ev["version"], "verdict": "back-to-sft"})
+    ev = store._catalog.commit(e, manifest(stage="eval", key="e", inputs={"policy": ref}))
+    store._ledger.record_decision("exp", {"eval_version": ev["version"], "verdict": "back-to-sft"})
     (store.local_path(versions[0]) / "model" / "w.bin").write_text("damaged")
     found = latest_policy(store, "exp", "eval", ("grpo",))
     assert found["version"] == 2 and found["content"] == ref["content"]
@@ -378,16 +378,16 @@ def test_a_commit_the_store_refuses_records_the_attempt_and_says_what_it_left(tm
     handle = store.stage("exp", "sft")
     staging = stage_files(store)
 
-    def refuse(staging, manifest):
+    def refuse(staging, manifest, **_):
         raise StoreError("s3://bucket/r: the credentials were refused while uploading (InvalidAccessKeyId)")
 
-    monkeypatch.setattr(handle.catalog, "commit", refuse)
+    monkeypatch.setattr(handle._catalog, "commit", refuse)
     dirs = SimpleNamespace(out=staging, checkpoints=tmp_path / "work")
     with pytest.raises(StoreError) as info:
         runner._commit(handle, dirs, {**manifest(key="k"), "started_at": "now"})
     message = str(info.value)
     assert "credentials were refused" in message and "the stage had finished" in message and "left nothing" in message
-    [failed] = store.ledger.failures("exp", "sft")
+    [failed] = store._ledger.failures("exp", "sft")
     assert failed["error"].startswith("commit refused:") and store.versions("exp", "sft") == []
 
 
@@ -400,6 +400,6 @@ def test_an_attempt_the_store_could_not_take_is_recorded_there_when_it_answers_a
     store = Store(tmp_path / "store")
     with store.lock("exp"):
         pass
-    [failed] = store.ledger.failures("exp", "sft")
+    [failed] = store._ledger.failures("exp", "sft")
     assert failed["error"] == "the bucket was down" and failed["recorded_late"] is True
     assert not Path(kept).exists() and len(list((tmp_path / "cache" / "unrecorded").glob("*.json"))) == 1

@@ -131,7 +131,7 @@ def test_the_champion_is_registered_by_reference_with_the_alias_after_a_promotio
     store = tmp_path / "store"
     st = build(store)  # grpo v1..v3, each evaluated on one frozen set
     conclude(st, 1)
-    st.ledger.write(REC, "tracking.json", {"tracking": ["mlflow"], "options": {}})  # as a tracked run records it
+    st.write_record(REC, "tracking.json", {"tracking": ["mlflow"], "options": {}})  # as a tracked run records it
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:

@@ -92,13 +92,14 @@ def test_rows_whose_prompts_repeat_get_their_own_ids():
 
 
 def _commit_eval(st: Store, rows: list[dict], fingerprint: str) -> dict:
-    staging = st.staging_dir(EXP, "eval")
+    handle = st.stage(EXP, "eval")
+    staging = handle.staging_dir()
     with (staging / "heldout.jsonl").open("w") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     (staging / "metrics.json").write_text("{}")
     acc = sum(r["correct"] or 0 for r in rows) / len(rows)
-    return st.commit(
+    return handle.commit(
         staging,
         {
             "experiment": EXP,

@@ -85,7 +85,7 @@ def champion(experiment: Annotated[str, typer.Argument(help="experiment name")],
     from regimen.stages.store import Store
 
     st = Store(store)
-    if not st.workspace.has_experiment(experiment):
+    if not st.has_experiment(experiment):
         raise InputError(f"champion: no experiment {experiment!r} in store {store}")
     rec = record(st, experiment)
     current = rec.get("champion")

@@ -48,7 +48,7 @@ def gc(
     if keep_last is None and keep_days is None:
         raise InputError("gc: say what to keep: --keep-last K, --keep-days D, or both")
     st = Store(store)
-    if not st.workspace.has_experiment(experiment):
+    if not st.has_experiment(experiment):
         raise InputError(f"gc: no experiment {experiment!r} in store {store}")
     if dry_run:
         report = collect(st, experiment, last=keep_last, days=keep_days, champions=keep_champions, dry_run=True)
@@ -88,10 +88,10 @@ def reindex(
 
     check_name(experiment)
     st = Store(store)
-    if not st.workspace.has_experiment(experiment):
+    if not st.has_experiment(experiment):
         raise InputError(f"reindex: no experiment {experiment!r} in store {store}")
     with st.lock(experiment):
         for stage in stages_of(st, experiment):
-            index = st.catalog.index.rebuild(experiment, stage)
+            index = st.rebuild_index(experiment, stage)
             if index["versions"] or index["next"] > 1:
                 console.print(f"{stage}: {len(index['versions'])} version(s), next v{index['next']}", markup=False)

@@ -28,11 +28,11 @@ log = logging.getLogger("regimen.run")
 def record(store: Store, experiment: str) -> dict[str, Any]:
     """The experiment's champion record (empty when it has none). An unreadable one stops whoever reads it:
     treating it as empty would write a fresh history over the old one."""
-    return _parsed(store, experiment, store.ledger.read(experiment, rule.RECORD))
+    return _parsed(store, experiment, store.read_record(experiment, rule.RECORD))
 
 
 def _parsed(store: Store, experiment: str, found: Any) -> dict[str, Any]:
-    if found is None and not store.ledger.has(experiment, rule.RECORD):
+    if found is None and not store.has_record(experiment, rule.RECORD):
         return rule.empty()
     if not (isinstance(found, dict) and isinstance(found.get("history"), list)):
         raise StoreError(
@@ -127,7 +127,7 @@ def conclude(
             return new
 
         try:
-            store.ledger.update(experiment, rule.RECORD, apply, expect=rec.get("revision", 0))
+            store.update_record(experiment, rule.RECORD, apply, expect=rec.get("revision", 0))
         except StaleRecord as exc:
             log.warning("champion: %s (a person's move, most likely): deciding again on the record as it is now", exc)
             continue
@@ -232,7 +232,7 @@ def person_promotes(store: Store, experiment: str, spec: str, reason: str) -> di
         )
         return rec
 
-    return store.ledger.update(experiment, rule.RECORD, apply)["history"][-1]
+    return store.update_record(experiment, rule.RECORD, apply)["history"][-1]
 
 
 def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, Any]:
@@ -291,7 +291,7 @@ def person_rolls_back(store: Store, experiment: str, reason: str) -> dict[str, A
         )
         return rec
 
-    return store.ledger.update(experiment, rule.RECORD, apply)["history"][-1]
+    return store.update_record(experiment, rule.RECORD, apply)["history"][-1]
 
 
 def export(store: Store, experiment: str, out: str) -> Path:

@@ -204,7 +204,7 @@ def record_verdict(
         "history": history,
         **decision,
     }
-    run.store.ledger.record_decision(run.experiment, record)
+    run.store.record_decision(run.experiment, record)
     if run.trackers:
         run.trackers.verdict(record, step=len(history))
     run.presenter.submit(publish_verdict, run.experiment, record, eval_result["path"])
@@ -430,10 +430,10 @@ def retain(recipe: Recipe, run: Run) -> None:
 
 
 def _publish_stopped(experiment: str, st: Store, exc: StageStopped) -> None:
-    failures = st.ledger.failures(experiment, exc.stage)
+    failures = st.failures(experiment, exc.stage)
     attempt = None
     if failures:
-        attempt = str(Path(st.backend.stage_path(experiment, exc.stage)) / "failed")
+        attempt = str(Path(st.stage_path(experiment, exc.stage)) / "failed")
         found = sorted(Path(attempt).glob("*/trajectories.jsonl"))
         attempt = str(found[-1].parent) if found else None
     publish_stopped(experiment, exc.stage, exc.reason, attempt)

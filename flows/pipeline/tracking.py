@@ -151,7 +151,7 @@ class Trackers:
                 name, lambda n=name, o=options: made.adapters.append(_make(n, o, experiment, group, tags, store))
             )
         try:
-            store.ledger.write(
+            store.write_record(
                 experiment, RECORD, {"tracking": list(recipe.tracking), "options": recipe.tracking_options}
             )
         except Exception as exc:  # noqa: BLE001 - a person's promote then does not move MLflow's alias; said once
@@ -231,8 +231,7 @@ def _make(name: str, options: dict[str, Any], experiment: str, group: str, tags:
     trackers = registered()
     if name not in trackers:
         raise ValueError(f"no tracker is registered as {name!r} (registered: {', '.join(sorted(trackers))})")
-    backend = store.backend
-    folder = (Path(backend.root) if backend.local else Path(backend.cache)) / experiment / name
+    folder = (Path(store.root) if store.local else Path(store.cache)) / experiment / name
     return trackers[name](options, experiment, group, tags, folder)
 
 
@@ -242,8 +241,8 @@ def champion_move(store, experiment: str, line: dict[str, Any]) -> dict[str, Any
     ref = line.get("policy_ref") or {}
     if not ref.get("stage") or not ref.get("version"):
         return None
-    source = store.backend.join(experiment, ref["stage"], f"v{ref['version']}", "model")
-    if store.backend.local:
+    source = store.join(experiment, ref["stage"], f"v{ref['version']}", "model")
+    if store.local:
         source = Path(source).resolve().as_uri()
     move = {"source": source, "event": line.get("event"), "by": line.get("by"), "policy": line.get("policy")}
     for k in ("heldout_accuracy", "heldout_set", "eval_version", "reason"):
@@ -257,7 +256,7 @@ def person_moved(store, experiment: str, line: dict[str, Any]) -> str | None:
     """A person's promote or rollback, mirrored into the trackers the experiment's runs used (`tracking.json`) that
     keep a model registry (`Tracker.moved_by_person`: MLflow's); a line saying what happened, or None when none
     does."""
-    recorded = store.ledger.read(experiment, RECORD)
+    recorded = store.read_record(experiment, RECORD)
     if not isinstance(recorded, dict):
         return None
     trackers = registered()

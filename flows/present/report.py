@@ -18,8 +18,8 @@ def history(store: Store, experiment: str) -> list[dict[str, Any]]:
     rows = [m for stage in (*teach, *train, judge) for m in store.versions(experiment, stage)]
     rows.sort(key=lambda m: m.get("finished_at", ""))
     by_fp = {m["fingerprint"]: m for m in rows if m["stage"] in train}
-    whole = {m["fingerprint"]: m for stage in train for m in store.manifests(experiment, stage)}  # config, curriculum
-    verdicts = store.ledger.verdicts_by_eval(experiment)
+    whole = {m["fingerprint"]: m for stage in train for m in store.scan(experiment, stage)[0]}  # config, curriculum
+    verdicts = store.verdicts_by_eval(experiment)
     out = []
     for m in rows:
         met = m.get("metrics", {})

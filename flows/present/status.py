@@ -17,22 +17,22 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
     checked, malformed manifests named, and the index compared with the manifests."""
     check_name(experiment)
     store = Store(store_url)
-    if not store.workspace.has_experiment(experiment):
+    if not store.has_experiment(experiment):
         raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
     from regimen.stages.store.retention import pending_versions
 
-    verdicts = store.ledger.verdicts_by_eval(experiment)
+    verdicts = store.verdicts_by_eval(experiment)
     rows = [heldout_row(store, experiment)]
     leaving = pending_versions(store, experiment)
     for stage in registry.NAMES:
         versions, malformed, drift = _versions(store, experiment, stage, check)
-        if not check and versions and store.catalog.manifest(experiment, stage, versions[-1]["version"]) is None:
+        if not check and versions and store.manifest(experiment, stage, versions[-1]["version"]) is None:
             # the index names a version whose manifest is gone or damaged: read this stage's manifests instead
             versions, malformed, drift = _versions(store, experiment, stage, True)
-        n_failed, last_fail = store.ledger.last_failure(experiment, stage)
-        running = store.workspace.running_info(experiment, stage)
+        n_failed, last_fail = store.last_failure(experiment, stage)
+        running = store.running_info(experiment, stage)
         damaged = _damaged(store, experiment, stage, versions, check)
-        ckpts = [c for d in store.workspace.work_dirs(experiment, stage) if (c := last_checkpoint(d))]
+        ckpts = [c for d in store.work_dirs(experiment, stage) if (c := last_checkpoint(d))]
         latest = versions[-1] if versions else None
         if running and not running.get("stale"):
             state = "running"
@@ -88,7 +88,7 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
 def _damaged(store: Store, experiment: str, stage: str, versions: list[dict[str, Any]], check: bool) -> list[str]:
     """Damaged versions, each with its problems: every version with --check; else the latest, and those a run found
     damaged and passed over (`Ledger.record_damaged`), checked again now (one repaired is no longer named)."""
-    found = store.ledger.damaged(experiment, stage) if not check else {}
+    found = store.damaged(experiment, stage) if not check else {}
     looked = versions if check else [m for m in versions[:-1] if m["version"] in found] + versions[-1:]
     return [
         f"v{m['version']} ({'; '.join(p)}"
@@ -108,12 +108,12 @@ def _versions(store: Store, experiment: str, stage: str, check: bool) -> tuple[l
         return store.versions(experiment, stage), [], ""
     leaving = {v for s, v in pending_versions(store, experiment) if s == stage}  # a stopped gc's plan: not versions
     listed = {m["version"] for m in store.versions(experiment, stage)} - leaving  # (the next gc unlists them)
-    versions, malformed = store.catalog.scan(experiment, stage)
+    versions, malformed = store.scan(experiment, stage)
     versions = [m for m in versions if m["version"] not in leaving]
     found = {m["version"] for m in versions}
     drift = ""
     if listed != found:
-        rebuilt = {int(v) for v in store.catalog.index.rebuild(experiment, stage)["versions"]}
+        rebuilt = {int(v) for v in store.rebuild_index(experiment, stage)["versions"]}
         if rebuilt != listed:  # "rebuilt" only when the rebuild changed what the index lists
             drift = ", ".join(
                 [f"v{v} listed, not a version" for v in sorted(listed - rebuilt)]

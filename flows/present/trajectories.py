@@ -22,8 +22,7 @@ from regimen.stages import registry
 from regimen.stages.core.errors import InputError
 from regimen.stages.decide import reading
 from regimen.stages.rewards.scoring import passes
-from regimen.stages.store import Store
-from regimen.stages.store.backend import StoreError
+from regimen.stages.store import Store, StoreError
 from regimen.stages.training import trajectories
 
 
@@ -33,7 +32,7 @@ def pick(store: Store, experiment: str, stage: str | None, version: int | None) 
     stage = stage or registry.judge()
     if stage not in registry.NAMES:
         raise InputError(f"trajectories: unknown stage {stage!r}; stages: {', '.join(registry.NAMES)}")
-    if not store.workspace.has_experiment(experiment):
+    if not store.has_experiment(experiment):
         raise InputError(f"trajectories: no experiment {experiment!r} in store {store.url}")
     versions = store.versions(experiment, stage)
     if not versions:
@@ -79,11 +78,11 @@ def read_rows(store: Store, entry: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _jsonl(store: Store, entry: dict[str, Any], name: str) -> list[dict[str, Any]] | None:
-    manifest = store.catalog.whole(entry)
+    manifest = store.whole(entry)
     sha = (manifest.get("files") or {}).get(name)
     if sha is None:
         return None
-    where = store.backend.version_path(entry["experiment"], entry["stage"], entry["version"])
+    where = store.version_path(entry["experiment"], entry["stage"], entry["version"])
     try:
         data = Path(where, name).read_bytes() if store.local else store.fs.cat_file(f"{where}/{name}")
     except OSError as exc:

@@ -73,7 +73,7 @@ def _number(entry: str) -> int:
 
 def problem(store: Store, experiment: str) -> str | None:
     """Why the experiment's frozen held-out set cannot be used (damaged, edited, missing), or None."""
-    versions, malformed = store.catalog.scan(experiment, HELDOUT)
+    versions, malformed = store.scan(experiment, HELDOUT)
     newest = versions[-1]["version"] if versions else 0
     later = [m for m in malformed if _number(m) > newest]
     if later:  # a damaged manifest newer than the newest good set (an older one was replaced by a person's refresh)
@@ -82,13 +82,11 @@ def problem(store: Store, experiment: str) -> str | None:
         newest = versions[-1]
         bad = store.check(newest)
         if bad:
-            where = store.backend.version_path(experiment, HELDOUT, newest["version"])
+            where = store.version_path(experiment, HELDOUT, newest["version"])
             return f"set v{newest['version']} at {where} no longer matches its recorded digests ({'; '.join(bad)})"
         return None
-    if store.versions(experiment, DATA) or store.ledger.has(experiment, "champion.json"):
-        return (
-            f"the experiment has run before, but its set is gone from {store.backend.stage_path(experiment, HELDOUT)}"
-        )
+    if store.versions(experiment, DATA) or store.has_record(experiment, "champion.json"):
+        return f"the experiment has run before, but its set is gone from {store.stage_path(experiment, HELDOUT)}"
     return None
 
 
@@ -113,10 +111,11 @@ def freeze(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write `rows` as the experiment's new frozen held-out set; returns its reference."""
-    staging = store.staging_dir(experiment, HELDOUT)
+    handle = store.stage(experiment, HELDOUT)
+    staging = handle.staging_dir()
     try:
         (staging / ROWS).write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
-        manifest = store.commit(
+        manifest = handle.commit(
             staging,
             {
                 "experiment": experiment,
@@ -181,7 +180,7 @@ def trained(store: Store, experiment: str) -> tuple[set[str], set[str]]:
 def _named_sets(store: Store, experiment: str) -> int:
     """The highest set number the champion's record names (a set deleted from the store keeps its number:
     a new set never takes it, so two sets are never compared as one)."""
-    rec = store.ledger.read(experiment, "champion.json")
+    rec = store.read_record(experiment, "champion.json")
     lines = [*(rec.get("history") or []), rec.get("champion") or {}] if isinstance(rec, dict) else []
     return max(
         (int(h["heldout_set"]) for h in lines if isinstance(h, dict) and isinstance(h.get("heldout_set"), int)),
@@ -236,11 +235,12 @@ def record_training_data(
         "gone": len(before - now),
         "dropped_heldout": dropped_heldout,
     }
-    staging = store.staging_dir(experiment, DATA)
+    handle = store.stage(experiment, DATA)
+    staging = handle.staging_dir()
     try:
         (staging / "rows.json").write_text(json.dumps(sorted(now)))
         (staging / "prompts.json").write_text(json.dumps(sorted({prompt_key(r.get("prompt")) for r in train})))
-        manifest = store.commit(
+        manifest = handle.commit(
             staging,
             {
                 "experiment": experiment,

@@ -18,53 +18,55 @@ from regimen.stages.store.workspace import Workspace
 
 @dataclass(frozen=True)
 class StageHandle:
-    catalog: Catalog
-    ledger: Ledger
-    workspace: Workspace
+    _catalog: Catalog
+    _ledger: Ledger
+    _workspace: Workspace
     experiment: str
     stage: str
 
     def find_intact(self, key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """The newest intact version with fingerprint `key`, and the damaged ones passed over."""
-        return self.catalog.find_intact(self.experiment, self.stage, key)
+        return self._catalog.find_intact(self.experiment, self.stage, key)
 
     def local_path(self, manifest: dict[str, Any]) -> Path:
-        return self.catalog.local_path(manifest)
+        return self._catalog.local_path(manifest)
 
     def note_damaged(self, found: list[dict[str, Any]]) -> None:
         """Keep the damaged versions a run passed over, for `regimen status` (`Ledger.record_damaged`)."""
-        self.ledger.record_damaged(self.experiment, self.stage, found)
+        self._ledger.record_damaged(self.experiment, self.stage, found)
 
     def staging_dir(self) -> Path:
-        return self.workspace.staging_dir(self.experiment, self.stage)
+        return self._workspace.staging_dir(self.experiment, self.stage)
 
     def work_dir(self, key: str) -> Path:
         """The resumable work folder (Trainer checkpoints) of fingerprint `key`."""
-        return self.workspace.work_dir(self.experiment, self.stage, key)
+        return self._workspace.work_dir(self.experiment, self.stage, key)
 
     def running(self, info: dict[str, Any]) -> AbstractContextManager[None]:
         """The stage's running marker, there while the block runs."""
-        return self.workspace.running(self.experiment, self.stage, info)
+        return self._workspace.running(self.experiment, self.stage, info)
 
-    def commit(self, staging: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-        """The staged folder as this stage's next version."""
-        return self.catalog.commit(staging, {**manifest, "experiment": self.experiment, "stage": self.stage})
+    def commit(self, staging: Path, manifest: dict[str, Any], *, min_version: int = 1) -> dict[str, Any]:
+        """The staged folder as this stage's next version (N at least `min_version`: `Catalog.commit`)."""
+        return self._catalog.commit(
+            staging, {**manifest, "experiment": self.experiment, "stage": self.stage}, min_version=min_version
+        )
 
     def left_behind(self, stage: str) -> str:
         """What a commit that failed midway left in the store: the claims and files past the stage's index (a
         remote store's claimed folder with some files; a local commit is one rename: nothing)."""
-        return self.catalog.left_behind(self.experiment, stage)
+        return self._catalog.left_behind(self.experiment, stage)
 
     def cache_dir(self) -> Path:
         """This host's cache of the store (where a remote store's copies and the staging folders live)."""
-        return self.workspace.b.cache
+        return self._workspace.b.cache
 
     def drop_work(self, key: str) -> None:
         """A committed fingerprint's work folder, here and in a remote store's bucket."""
-        self.workspace.drop_work(self.experiment, self.stage, key)
+        self._workspace.drop_work(self.experiment, self.stage, key)
 
     def record_failure(self, staging: Path | None, manifest: dict[str, Any], error: str) -> str:
         """A failed attempt kept beside the versions."""
-        return self.ledger.record_failure(
+        return self._ledger.record_failure(
             staging, {**manifest, "experiment": self.experiment, "stage": self.stage}, error
         )

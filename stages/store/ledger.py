@@ -77,7 +77,7 @@ class StaleRecord(StoreError):
 
 
 class Ledger:
-    """The experiment-level records, the verdicts and the failed attempts of one store (`Store.ledger`)."""
+    """The experiment-level records, the verdicts and the failed attempts of one store (behind `Store`)."""
 
     def __init__(self, backend: Backend):
         self.b = backend

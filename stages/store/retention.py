@@ -91,7 +91,7 @@ def plan(
     for ref in roots:
         protect(ref, "the champion's lineage, a rollback target or the latest policy")
     for stage in stages:
-        running = store.workspace.running_info(experiment, stage)
+        running = store.running_info(experiment, stage)
         for ref in refs_in((running or {}).get("inputs")):
             protect(ref, "held by a running stage")
     now = time.time()
@@ -118,9 +118,9 @@ def plan(
 
 def stages_of(store, experiment: str) -> list[str]:
     out = []
-    for entry in store.backend.entries(store.backend.join(experiment)):
+    for entry in store._backend.entries(store._backend.join(experiment)):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if not name.startswith(".") and name not in ("decisions", "revisions") and store.backend.fs.isdir(entry):
+        if not name.startswith(".") and name not in ("decisions", "revisions") and store._backend.fs.isdir(entry):
             out.append(name)
     return sorted(out)
 
@@ -128,7 +128,7 @@ def stages_of(store, experiment: str) -> list[str]:
 def remove(store, the_plan: dict[str, Any]) -> int:
     """Carry out a plan (see the module doc for the order); the bytes it freed. Resumable: a plan left pending
     by a killed gc is carried out by the next one before anything else."""
-    b = store.backend
+    b = store._backend
     experiment = the_plan["experiment"]
     pending = b.join(experiment, PENDING)
     b.write_text(pending, json.dumps(the_plan, default=str))
@@ -137,7 +137,7 @@ def remove(store, the_plan: dict[str, Any]) -> int:
     for r in the_plan["remove"]:
         by_stage.setdefault(r["stage"], []).append(r["version"])
     for stage, versions in by_stage.items():
-        store.catalog.index.drop(experiment, stage, versions)
+        store._catalog.index.drop(experiment, stage, versions)
     _step("unindexed")
     freed = 0
     for r in the_plan["remove"]:
@@ -147,7 +147,7 @@ def remove(store, the_plan: dict[str, Any]) -> int:
 
 
 def _remove_version(store, experiment: str, stage: str, version: int, size: int) -> int:
-    b = store.backend
+    b = store._backend
     base = b.version_path(experiment, stage, version)
     if _exists(b, f"{base}/{TOMBSTONE}") and not _exists(b, f"{base}/{MANIFEST}"):
         return 0  # removed already (a resumed plan)
@@ -212,14 +212,14 @@ def _rm_tree_but(b, base: str) -> int:
 
 def resume_pending(store, experiment: str) -> int:
     """A plan a killed gc left, carried out (0 when there is none)."""
-    found = store.backend.read_json(store.backend.join(experiment, PENDING))
+    found = store._backend.read_json(store._backend.join(experiment, PENDING))
     if isinstance(found, dict) and isinstance(found.get("remove"), list):
         return remove(store, found)
     return 0
 
 
 def pending_versions(store, experiment: str) -> set[tuple[str, int]]:
-    found = store.backend.read_json(store.backend.join(experiment, PENDING))
+    found = store._backend.read_json(store._backend.join(experiment, PENDING))
     if not isinstance(found, dict):
         return set()
     return {(r["stage"], r["version"]) for r in found.get("remove", []) if isinstance(r, dict)}
@@ -269,7 +269,7 @@ def roots(store, experiment: str, champions: int = DEFAULT_CHAMPIONS) -> list[tu
     it), the `champions` earlier champions a rollback can return to (each with its evaluations), and the newest
     evaluation with the policy it measured (`cycle.start_from: latest`). Older champions are not roots: their
     lineage goes like anything else, and their history lines stay. Read from champion.json and the indexes."""
-    record = store.ledger.read(experiment, "champion.json")
+    record = store._ledger.read(experiment, "champion.json")
     lines, _older = champions_kept(record, champions)
     out: list[tuple[str, int]] = []
     crowned: set[int] = set()
@@ -335,7 +335,7 @@ def _keys(the_plan: dict[str, Any]) -> set[tuple[str, int]]:
 
 def _pending_left(store, experiment: str) -> list[dict[str, Any]]:
     """The entries of a pending plan (a gc killed after planning) that are not removed yet."""
-    b = store.backend
+    b = store._backend
     found = b.read_json(b.join(experiment, PENDING))
     if not isinstance(found, dict) or not isinstance(found.get("remove"), list):
         return []
@@ -352,6 +352,6 @@ def _pending_left(store, experiment: str) -> list[dict[str, Any]]:
 
 def removed(store, experiment: str, stage: str, version: int) -> bool:
     """Whether gc removed this version (its folder holds a tombstone and no manifest)."""
-    b = store.backend
+    b = store._backend
     base = b.version_path(experiment, stage, version)
     return _exists(b, f"{base}/{TOMBSTONE}") and not _exists(b, f"{base}/{MANIFEST}")

@@ -71,7 +71,7 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     evaluations)."""
     from regimen.stages.decide.verdicts import OVERFITTING_VERDICT, REWARD_HACKING
 
-    verdicts = store.ledger.verdicts_by_eval(experiment)
+    verdicts = store.verdicts_by_eval(experiment)
     ev = next(
         (
             m
@@ -105,7 +105,7 @@ def policy_from_ref(store, experiment: str, ref: dict) -> dict | None:
     manifest = next((m for m in same if not store.check(m)), None)
     if manifest is None:
         return None
-    manifest = store.catalog.whole(manifest)
+    manifest = store.whole(manifest)
     path = store.local_path(manifest)
     return {
         "stage": ref["stage"],
