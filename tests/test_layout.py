@@ -454,6 +454,16 @@ def test_a_move_a_rename_and_a_reformat_change_no_code_version_and_a_change_to_w
     tree.body[0].value.value = "GRPO, reformatted by a tool and its docstring rewritten."
     grpo.write_text(ast.unparse(tree) + "\n# a comment\n")
     assert grpo.read_text() != (ROOT / "stages" / "grpo.py").read_text()
+    hoisted = 0  # every import inside a function of the dry run moved to the top of its module (issue 47 item 7)
+    dry_run = copy / "dry_run.py"
+    tree = ast.parse(dry_run.read_text())
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        inner = [n for n in fn.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        fn.body = [n for n in fn.body if n not in inner] or [ast.Pass()]
+        tree.body[2:2] = inner  # after the docstring and `from __future__ import annotations`
+        hoisted += len(inner)
+    dry_run.write_text(ast.unparse(tree))
+    assert hoisted > 0
     moved = code_versions_of(copy, monkeypatch)
     assert moved == real
 
@@ -469,7 +479,13 @@ def test_a_move_a_rename_and_a_reformat_change_no_code_version_and_a_change_to_w
 
     edited = copy / "grpo.py"
     edited.write_text(edited.read_text().replace("def ", "def _renamed_helper():\n    return 0\n\n\ndef ", 1))
-    assert {n for n, v in code_versions_of(copy, monkeypatch).items() if v != changed[n]} == {"grpo"}
+    renamed = code_versions_of(copy, monkeypatch)
+    assert {n for n, v in renamed.items() if v != changed[n]} == {"grpo"}
+    # importing something else, wherever it stands, is a change
+    edited.write_text(
+        edited.read_text().replace("def _renamed_helper():\n", "def _renamed_helper():\n    import decimal\n")
+    )
+    assert {n for n, v in code_versions_of(copy, monkeypatch).items() if v != renamed[n]} == {"grpo"}
 
 
 def test_every_import_of_our_modules_resolves_including_those_inside_functions():

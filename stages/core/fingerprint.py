@@ -10,9 +10,10 @@ including those inside functions, plus module names written as strings such as `
 package `__init__` of each, the files a module lists in `CODE_FILES`, and the versions of the libraries
 that compute results (TRL, transformers, torch, peft, accelerate, datasets). Each module enters as its
 syntax tree (`code_digest`): without docstrings, line numbers or comments, and with the names of our own
-modules in its imports and module strings blanked out; the closure enters as the sorted list of those
-digests, keyed by nothing else. So reformatting a file, editing a comment or a docstring, moving a helper
-module to another folder or renaming it reruns nothing, while a change to what a function computes reruns
+modules in its imports and module strings blanked out, and its imports as one sorted set wherever they
+stand; the closure enters as the sorted list of those digests, keyed by nothing else. So reformatting a
+file, editing a comment or a docstring, moving an import to the top of the file or into a function,
+moving a helper module to another folder or renaming it reruns nothing, while a change to what a function computes reruns
 every stage whose closure holds it. (A module whose tree is empty, an `__init__` with only a docstring,
 is left out: a move that adds such a package changes nothing either.) Left out on purpose, because they
 cannot change what a stage computes:
@@ -173,27 +174,16 @@ def _is_docstring(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
-def _sorted_imports(body: list[ast.stmt]) -> list[ast.stmt]:
-    """`body` with each run of consecutive import statements as one import per name, sorted: the order of
-    imports and how names are grouped into statements (what an import sorter changes) leave no trace."""
-    out: list[ast.stmt] = []
-    run: list[ast.stmt] = []
-    for node in [*body, None]:
-        if isinstance(node, ast.Import):
-            run += [ast.Import(names=[a]) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            run += [ast.ImportFrom(module=node.module, names=[a], level=node.level) for a in node.names]
-        else:
-            out += sorted(run, key=ast.dump)
-            run = []
-            if node is not None:
-                out.append(node)
-    return out
-
-
 class _Normalise(ast.NodeTransformer):
-    """A module's tree as it enters a code digest: docstrings dropped, our modules' names blanked, imports
-    sorted, annotations written as strings read as the expressions they name."""
+    """A module's tree as it enters a code digest: docstrings dropped, our modules' names blanked, annotations
+    written as strings read as the expressions they name, and every import taken out of wherever it stands
+    (module, class, function, `if` or `try` block) into `imports`, one name per import, which the digest
+    holds as one sorted set. So the order of imports, how names are grouped into statements (what an import
+    sorter changes) and whether an import sits at the top or inside the function that uses it (moving it
+    there) leave no trace, while importing something else does."""
+
+    def __init__(self) -> None:
+        self.imports: set[str] = set()
 
     def generic_visit(self, node):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
@@ -210,8 +200,19 @@ class _Normalise(ast.NodeTransformer):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                setattr(node, field, _sorted_imports(block))
+                setattr(node, field, [n for n in block if not self._took(n)])
         return node
+
+    def _took(self, node: ast.stmt) -> bool:
+        if isinstance(node, ast.Import):
+            self.imports.update(ast.dump(ast.Import(names=[a])) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            self.imports.update(
+                ast.dump(ast.ImportFrom(module=node.module, names=[a], level=node.level)) for a in node.names
+            )
+        else:
+            return False
+        return True
 
     def visit_Import(self, node: ast.Import):
         for alias in node.names:
@@ -235,10 +236,13 @@ def _code_digest(path: str, mtime_ns: int, size: int) -> str | None:
     text = Path(path).read_bytes()
     if not path.endswith(".py"):
         return hashlib.sha256(text).hexdigest()
-    tree = _Normalise().visit(ast.parse(text, path))
-    if not tree.body:
+    normalise = _Normalise()
+    tree = normalise.visit(ast.parse(text, path))
+    if not tree.body and not normalise.imports:
         return None
-    return hashlib.sha256(ast.dump(tree, annotate_fields=False, include_attributes=False).encode()).hexdigest()
+    h = hashlib.sha256(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
+    h.update("\n".join(sorted(normalise.imports)).encode())
+    return h.hexdigest()
 
 
 def code_digest(path: str | Path) -> str | None:
