@@ -13,8 +13,8 @@ syntax tree (`code_digest`): without docstrings, line numbers or comments, and w
 modules in its imports and module strings blanked out, and its imports as one sorted set wherever they
 stand; the closure enters as the sorted list of those digests, keyed by nothing else. So reformatting a
 file, editing a comment or a docstring, moving an import to the top of the file or into a function,
-moving a helper module to another folder or renaming it reruns nothing, while a change to what a function computes reruns
-every stage whose closure holds it. (A module whose tree is empty, an `__init__` with only a docstring,
+moving a helper module to another folder or renaming it reruns nothing, while a change to what a function
+computes reruns every stage whose closure holds it. (A module whose tree is empty, an `__init__` with only a docstring,
 is left out: a move that adds such a package changes nothing either.) Left out on purpose, because they
 cannot change what a stage computes:
 - presentation (`regimen.flows`: tables, plots, report, status), which stages never import;
