@@ -30,6 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
+from regimen.stages.core.errors import InputError
+from regimen.stages.recipe.trl import device_for, for_stage
+from regimen.stages.tasks.registry import identity, load_task
+from regimen.stages.training import trajectories
+from regimen.stages.training.heldout import heldout_eval, spread
+from regimen.stages.training.model import TINY, build_char_tokenizer, load_model, load_tokenizer
+from regimen.stages.training.policy import base_policy, is_main_process, peft_config, save_policy
+from regimen.stages.training.sampling import encode_prompts, generate
 
 NAME = "distill"
 ROLE = "teach"
@@ -50,8 +58,6 @@ def teacher_spec(recipe) -> str:
 def resolve_teacher(recipe) -> dict[str, Any]:
     """The teacher as {"path": what from_pretrained loads, "identity": what enters the fingerprint and the
     manifest}. Raises InputError for a champion that does not exist or a folder that is not a model."""
-    from regimen.stages.core.errors import InputError
-
     spec = teacher_spec(recipe)
     if spec.startswith(CHAMPION):
         from regimen.stages.store import Store
@@ -101,8 +107,6 @@ def resolve_teacher(recipe) -> dict[str, Any]:
 def door(recipe) -> dict[str, Any]:
     """Checked at the run's preflight, before anything is written: the teacher resolves, and its tokenizer
     is the student's (same vocabulary and special tokens). Returns the teacher's identity."""
-    from regimen.stages.core.errors import InputError
-
     teacher = resolve_teacher(recipe)
     student = _student_tokenizer(recipe)
     try:
@@ -127,8 +131,6 @@ def door(recipe) -> dict[str, Any]:
 
 
 def _student_tokenizer(recipe):
-    from regimen.stages.training.model import TINY, build_char_tokenizer, load_tokenizer
-
     if recipe.model.name_or_path == TINY:
         tok = build_char_tokenizer()  # the tiny model's tokenizer, without building the model
         if recipe.model.tiny.chat:
@@ -139,14 +141,11 @@ def _student_tokenizer(recipe):
 
 def _tiny_path(recipe) -> str:
     from regimen.stages.store import Store
-    from regimen.stages.training.policy import base_policy
 
     return base_policy(recipe, Store(recipe.store))["model"]
 
 
 def config_section(recipe) -> dict[str, Any]:
-    from regimen.stages.tasks.registry import identity
-
     return {
         "data": identity(recipe.data),
         "distill": {k: v for k, v in recipe.distill.items() if k != "teacher_model_name_or_path"},
@@ -166,12 +165,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from datasets import Dataset
     from trl import DistillationTrainer
 
-    from regimen.stages.recipe.trl import for_stage
-    from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import limits, progress
     from regimen.stages.training.checkpoints import MarkComplete, train_resumable
-    from regimen.stages.training.model import load_model, load_tokenizer
-    from regimen.stages.training.policy import is_main_process, peft_config, save_policy
     from regimen.stages.training.probe import HeldoutProbe, probe_rows, restore_best
 
     teacher = resolve_teacher(recipe)
@@ -233,9 +228,6 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
 def _measure(student, teacher_model, tokenizer, recipe, task, history, metrics: dict[str, float], out) -> None:
     """The distilled student's held-out accuracy beside its teacher's, graded samples (with the reverse KL
     of each), the training divergence's first and last; writes the trajectories."""
-    from regimen.stages.recipe.trl import device_for
-    from regimen.stages.training import trajectories
-    from regimen.stages.training.heldout import heldout_eval, spread
     from regimen.stages.training.probe import probe_rows
 
     device = device_for(recipe)
@@ -275,8 +267,6 @@ def graded_samples(student, teacher, tokenizer, recipe, rows: list[dict[str, Any
     grading of its tokens summarised: mean reverse KL(student || teacher) over the completion's tokens, and
     the mean log-probability each model gives the tokens the student sampled."""
     import torch
-
-    from regimen.stages.training.sampling import encode_prompts, generate
 
     if not rows:
         return []

@@ -14,10 +14,15 @@ from typing import Any
 
 from regimen.stages.core.contract import StageOutput
 from regimen.stages.rewards import GAMEABLE_WARNING, Scorer, columns, gameable_names
+from regimen.stages.rewards import identity as rewards_identity
 from regimen.stages.rewards.audit import MAX_ROWS, audit, summary
 from regimen.stages.rewards.scoring import completion_ids
 from regimen.stages.tasks import shuffled
+from regimen.stages.tasks.registry import identity, load_task
 from regimen.stages.training import trajectories
+from regimen.stages.training.episodes import complete, transcript
+from regimen.stages.training.model import load_policy
+from regimen.stages.training.pass_rates import PassRates, row_id
 
 log = logging.getLogger("regimen.dry_run")
 
@@ -40,9 +45,6 @@ GENERATION_FIELDS = (
 
 
 def config_section(recipe) -> dict[str, Any]:
-    from regimen.stages.rewards import identity as rewards_identity
-    from regimen.stages.tasks.registry import identity
-
     return {
         "data": identity(recipe.data),
         "rewards": rewards_identity(recipe.rewards),
@@ -139,10 +141,6 @@ def _gameable_diagnosis(report: dict[str, Any]) -> str:
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
-    from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training.episodes import complete, transcript
-    from regimen.stages.training.model import load_policy
-
     g, cfg = recipe.grpo_value, recipe.dry_run
     group, seed = int(g("num_generations")), int(g("seed") or 0)
     task = load_task(recipe.data, inputs.get("heldout"))
@@ -186,7 +184,6 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     scores = scorer(prompts, completions, cols)
     per_reward, totals = scores.values, scores.totals
     stats = group_stats(totals, group)
-    from regimen.stages.training.pass_rates import PassRates, row_id
 
     rates = PassRates()  # each sampled prompt's group: where GRPO's curriculum starts
     rates.add_groups([row_id(r) for r in rows for _ in range(group)], totals, group, 0, "dry_run")

@@ -10,6 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
+from regimen.stages.decide.reading import flag_counts, flags
+from regimen.stages.rewards import identity as rewards_identity
+from regimen.stages.tasks.registry import identity, load_task
+from regimen.stages.training import trajectories
+from regimen.stages.training.heldout import heldout_eval, spread
+from regimen.stages.training.model import load_policy
+from regimen.stages.training.pass_rates import PassRates, row_id
 
 NAME = "eval"
 ROLE = "judge"
@@ -22,9 +29,6 @@ def config_section(recipe, inputs: dict[str, Any] | None = None) -> dict[str, An
     """With a frozen held-out set among the inputs, the training data is not part of what evaluation
     measures (the set enters through the inputs): a champion's evaluation is reused night after night
     while the training data grows."""
-    from regimen.stages.rewards import identity as rewards_identity
-    from regimen.stages.tasks.registry import identity
-
     return {
         "data": {"task": recipe.data.task} if (inputs or {}).get("heldout") else identity(recipe.data),
         "rewards": rewards_identity(recipe.rewards),
@@ -35,11 +39,6 @@ def config_section(recipe, inputs: dict[str, Any] | None = None) -> dict[str, An
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
-    from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training import trajectories
-    from regimen.stages.training.heldout import heldout_eval
-    from regimen.stages.training.model import load_policy
-
     task = load_task(recipe.data, inputs.get("heldout"))
     model, tokenizer = load_policy(inputs["policy"]["model"], recipe)
     metrics, rows = heldout_eval(model, tokenizer, recipe, task.heldout)
@@ -60,21 +59,17 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
         if rest:
             metrics["heldout_accuracy_unprobed"] = sum(rest) / len(rest)
             metrics["heldout_unprobed_size"] = float(len(rest))
-    from regimen.stages.training.heldout import spread
 
     trajectories.write(dirs.out, [rows[i] for i in spread(task.heldout, max(recipe.eval.trajectories, 1))])
-    from regimen.stages.decide.reading import flag_counts, flags
 
     flagged = flags(rows)  # what looks like a hack, each with its reason
     metrics.update({f"flags/{k}": float(v) for k, v in flag_counts(flagged).items()})
     # every held-out row (prompt id, completion, each reward, the task's verdict, its flags): `regimen trajectories`
     # compares two evaluations row for row
     trajectories.write(dirs.out / HELDOUT_FILE, [{**t, "flags": f} for t, f in zip(rows, flagged)])
-    import json
 
     # each held-out prompt's outcome, in the set's order: the champion's comparison is paired over these
     (dirs.out / "correct.json").write_text(json.dumps([t["correct"] for t in rows]))
-    from regimen.stages.training.pass_rates import PassRates, row_id
 
     rates = PassRates()  # one greedy attempt per held-out prompt: solved or not
     for t, r in zip(rows, task.heldout):

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
-from regimen.stages.training import sampler
+from regimen.stages.decide.verdicts import GUARD_VERDICTS, HACKING, SHARPENING, describe
+from regimen.stages.rewards import GAMEABLE_WARNING, gameable_names
+from regimen.stages.tasks.registry import load_task
+from regimen.stages.training import sampler, trajectories
+from regimen.stages.training.model import load_tokenizer
+from regimen.stages.training.pass_rates import PassRates
+from regimen.stages.training.policy import is_main_process, save_policy
 
 NAME = "grpo"
 ROLE = "train"
@@ -82,11 +88,7 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
 
 def build(recipe, inputs: dict[str, Any], dirs) -> Built:
     """The task's rows (as chats for an environment), the held-out probe, the curriculum, the trainer."""
-    from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training import trajectories
     from regimen.stages.training.grpo_trainer import build_trainer
-    from regimen.stages.training.model import load_tokenizer
-    from regimen.stages.training.pass_rates import PassRates
     from regimen.stages.training.probe import HeldoutProbe, probe_rows
 
     policy = inputs["policy"]["model"]
@@ -140,7 +142,6 @@ def train(built: Built, dirs) -> tuple[int, float]:
 
 def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[str, float], dict[str, Any]]:
     """The stage's metrics (the curves', the pace's, the probe's, the curriculum's) and its manifest extras."""
-    from regimen.stages.rewards import GAMEABLE_WARNING, gameable_names
     from regimen.stages.training.grpo_trainer import curve_metrics
     from regimen.stages.training.probe import HeldoutProbe
 
@@ -188,9 +189,6 @@ def measure(recipe, built: Built, resumed: int, train_s: float) -> tuple[dict[st
 
 def write_logs(built: Built, dirs) -> None:
     """The training curve, the scored batches and the pass rates, written by the main process."""
-    from regimen.stages.training import trajectories
-    from regimen.stages.training.policy import is_main_process
-
     rates = built.sampler.rates
     if is_main_process(built.trainer):
         with open(Path(dirs.out) / "train_log.jsonl", "w") as fh:
@@ -205,8 +203,6 @@ def write_logs(built: Built, dirs) -> None:
 
 def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]) -> StageOutput | None:
     """What the reward-hacking guard found, into the manifest; the stage's failure when a finding stopped it."""
-    from regimen.stages.decide.verdicts import GUARD_VERDICTS, HACKING, SHARPENING, describe
-
     probe = built.probe
     # what stopped it, else the whole curves' reading
     found = probe.fired or probe.final_look(built.trainer.state.log_history) or probe.warned or probe.noted
@@ -245,7 +241,6 @@ def guard_verdict(built: Built, metrics: dict[str, float], extra: dict[str, Any]
 def keep_best(recipe, built: Built, dirs, metrics: dict[str, float], extra: dict[str, Any]) -> None:
     """Save the best-probing policy (`probe.keep: best`, when the probe's curve vouches for it and the
     model is whole on each rank), else the last one, as the version's model."""
-    from regimen.stages.training.policy import is_main_process, save_policy
     from regimen.stages.training.probe import restore_best
 
     trainer, probe = built.trainer, built.probe

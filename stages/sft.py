@@ -4,11 +4,21 @@ the chat template and trains on the assistant turn only), then the held-out accu
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
 from regimen.stages.core.errors import StageStopped
+from regimen.stages.recipe.trl import device_for, for_stage
+from regimen.stages.rewards import identity as rewards_identity
+from regimen.stages.tasks.registry import identity, load_task
+from regimen.stages.training.heldout import heldout_eval, spread
+from regimen.stages.training.model import load_model, load_tokenizer
+from regimen.stages.training.policy import is_main_process, peft_config, save_policy
+from regimen.stages.training.teacher import as_sft_rows, teacher_accuracy, traces
 
 NAME = "sft"
 ROLE = "teach"
@@ -22,9 +32,6 @@ def applies(recipe) -> bool:
 
 
 def config_section(recipe) -> dict[str, Any]:
-    from regimen.stages.rewards import identity as rewards_identity
-    from regimen.stages.tasks.registry import identity
-
     section = {
         "model": recipe.model.model_dump(mode="json"),
         "data": identity(recipe.data),
@@ -53,12 +60,6 @@ def oracle_traces(recipe) -> bool:
 def cached_traces(recipe, task, cycle: int, policy: str, work: Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The teacher's traces, made once: kept in the work folder (a resumed stage does not regenerate
     them), and under `accelerate launch` made by rank 0 while the other ranks wait, then read."""
-    import contextlib
-    import json
-    import os
-
-    from regimen.stages.training.teacher import traces
-
     cache = work / f"traces-cycle{cycle}.json"
     context = contextlib.nullcontext()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -80,14 +81,8 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from regimen.stages.recipe.trl import device_for, for_stage
-    from regimen.stages.tasks.registry import load_task
     from regimen.stages.training import limits, progress, trajectories
     from regimen.stages.training.checkpoints import MarkComplete, train_resumable
-    from regimen.stages.training.heldout import heldout_eval
-    from regimen.stages.training.model import load_model, load_tokenizer
-    from regimen.stages.training.policy import is_main_process, peft_config, save_policy
-    from regimen.stages.training.teacher import as_sft_rows, teacher_accuracy
 
     policy = inputs["policy"]["model"]
     task = load_task(recipe.data, inputs.get("heldout"))
@@ -134,7 +129,6 @@ def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
     if (acc := teacher_accuracy(recipe, task)) is not None:
         metrics["teacher_heldout_accuracy"] = acc
     sample = [{"kind": "trace", "prompt": r["prompt"], "completion": r["completion"]} for r in rows[:10]]
-    from regimen.stages.training.heldout import spread
 
     shown = [heldout_rows[i] for i in spread(task.heldout, recipe.eval.trajectories)]
     trajectories.write(dirs.out, sample + [{"kind": "heldout", **r} for r in shown])

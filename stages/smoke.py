@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages.core.contract import StageOutput
+from regimen.stages.training import trajectories
 
 NAME = "grpo-smoke"
 ROLE = "gate"
@@ -48,7 +49,6 @@ def verdict(logs: list[dict[str, Any]]) -> str | None:
 
 
 def run(recipe, inputs: dict[str, Any], dirs) -> StageOutput:
-    from regimen.stages.training import trajectories
     from regimen.stages.training.grpo_trainer import build_trainer
 
     policy = inputs["policy"]["model"]

@@ -6,6 +6,8 @@ happened and what to do. The commands live beside it, one module per concern (`r
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import sys
 from typing import Annotated
@@ -33,9 +35,6 @@ ExperimentOpt = Annotated[str | None, typer.Option("--experiment", help="experim
 
 
 def main() -> None:
-    import atexit
-    import gc
-
     # Runs after every exit handler registered later (Prefect's, which send the run's last events and logs):
     # the interpreter's final garbage collection over a heap of models and libraries took 1.8 s of a tiny
     # run's exit and frees nothing the operating system would not free at once.

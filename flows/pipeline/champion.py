@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,10 @@ from regimen.stages import registry
 from regimen.stages.core.errors import InputError, StoreError
 from regimen.stages.decide import promotion as rule
 from regimen.stages.records import datasets as data_records
+from regimen.stages.rewards import from_specs, gameable_names
 from regimen.stages.store import StaleRecord, Store, now_iso
 from regimen.stages.store.retention import removed
+from regimen.stages.training.policy import policy_from_ref
 
 log = logging.getLogger("regimen.run")
 
@@ -57,8 +60,6 @@ def start_policy(store: Store, experiment: str, data_digest: str | None) -> dict
     """Where `cycle.start_from: champion` starts: the champion; or, when the champion was trained on exactly
     tonight's data, what it was trained from (the same training again: every stage is reused, and the
     challenger is the champion). None without a champion (the caller starts from the base model)."""
-    from regimen.stages.training.policy import policy_from_ref
-
     current = record(store, experiment).get("champion")
     if not current:
         return None
@@ -152,7 +153,6 @@ def _decision(
         champ = measured(current["policy_ref"], ev, {"version": challenger.heldout_set})
     elif current and challenger is not None:
         champ = challenger
-    from regimen.stages.rewards import from_specs, gameable_names
 
     gameable = gameable_names(from_specs([s for s in recipe.rewards if s.weight > 0]))
     if challenger is None:
@@ -180,8 +180,6 @@ def _decision(
 
 def policy_version(store: Store, experiment: str, spec: str) -> dict[str, Any]:
     """A person's `VERSION` argument (`grpo/v3`, `v3`, `3`: a train stage's version; `sft/v2`) as a policy reference."""
-    from regimen.stages.training.policy import policy_from_ref
-
     stage, _, version = spec.rpartition("/")
     stage = stage or registry.in_role("train")[-1]
     try:
@@ -300,8 +298,6 @@ def export(store: Store, experiment: str, out: str) -> Path:
     Written into a fresh folder atomically: the copy is made in a private temporary folder beside the
     target and renamed into place only when complete, so a failure (a full disk, a damaged version, Ctrl-C)
     leaves nothing behind. The target must be new (or an empty folder); a link or a file there is refused."""
-    import tempfile
-
     target = Path(out)
     if target.is_symlink():
         raise InputError(f"{out}: is a symbolic link; export into a new folder (the link is not followed)")

@@ -19,10 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_client, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
+from prefect.events import emit_event
+from prefect.logging.loggers import flow_run_logger
 from prefect.states import Cancelled, Completed, Failed
 
+from regimen.flows.pipeline import champion
 from regimen.flows.pipeline.publish import (
     Presenter,
     publish,
@@ -32,6 +36,8 @@ from regimen.flows.pipeline.publish import (
     publish_stopped,
     publish_verdict,
 )
+from regimen.flows.pipeline.tracking import Trackers
+from regimen.flows.serving import boundary, orchestrator
 from regimen.stages import registry
 from regimen.stages.core.errors import RegimenError, StageInterrupted, StageStopped
 from regimen.stages.decide.verdicts import (
@@ -43,9 +49,13 @@ from regimen.stages.decide.verdicts import (
     decide,
 )
 from regimen.stages.recipe import Recipe, load_recipe
+from regimen.stages.records import datasets as data_records
+from regimen.stages.run import preflight as checks
 from regimen.stages.run.runner import StageCall, StageResult, execute
 from regimen.stages.store import Store, check_name
-from regimen.stages.store.lock import machine_slot
+from regimen.stages.store.lock import lease_lost_here, machine_slot
+from regimen.stages.store.retention import collect
+from regimen.stages.tasks.registry import load_task
 from regimen.stages.training import sampler
 from regimen.stages.training.pass_rates import FILE as PASS_RATES
 from regimen.stages.training.policy import base_policy, latest_policy
@@ -218,15 +228,11 @@ def _refuse_when_tampered(flow, flow_run, state) -> None:
     calls this hook when it reports the crash) is refused like any run of a tampered deployment: the
     reason as its state's message, the tampered event, a line in the log. A run the body already refused,
     or one that failed or crashed for another reason, is left as it is."""
-    from regimen.flows.serving import boundary
-
     if str(state.message or "").startswith("refused:"):
         return
     refused = boundary.check_deployment(flow_run.deployment_id)
     if not refused:
         return
-    from prefect import get_client
-    from prefect.logging.loggers import flow_run_logger
 
     flow_run_logger(flow_run, flow).error("refused: %s", refused)
     _tampered_event(refused, flow_run)
@@ -246,8 +252,6 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
         overrides: training hyperparameters to override, as dotted keys (e.g. {"grpo.beta": 0.08});
             keys that choose code or places are refused unless the operator allowed them.
     """
-    from regimen.flows.serving import boundary
-
     if refused := boundary.check_deployment():  # a deployment changed through the API since serve registered it
         get_run_logger().error("refused: %s", refused)
         _tampered_event(refused)
@@ -258,8 +262,6 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
 def resolve_ui_recipe(config: Any, overrides: Any) -> Recipe:
     """The door of a run started from the UI or the API: the overrides against the allow-list, then the
     operator's limits (after them: `limits.*` is the operator's), then the recipe resolved and bounded."""
-    from regimen.flows.serving import boundary
-
     extra = dict(boundary.check_overrides(overrides))
     extra.update(boundary.operator_limits())
     if os.environ.get("REGIMEN_STORE") and "store" not in extra:
@@ -269,9 +271,6 @@ def resolve_ui_recipe(config: Any, overrides: Any) -> Recipe:
 
 def _tampered_event(reason: str, run=None) -> None:
     """`regimen.deployment.tampered`, for an operator's automation (Prefect's event feed keeps it)."""
-    from prefect.context import FlowRunContext
-    from prefect.events import emit_event
-
     run = run or FlowRunContext.get().flow_run
     emit_event(
         event="regimen.deployment.tampered",
@@ -290,8 +289,6 @@ def regimen_cycle_recipe(recipe: Recipe, experiment: str | None = None):
 @task(name="preflight", cache_policy=NO_CACHE, persist_result=False)
 def preflight(recipe: Recipe) -> dict[str, Any]:
     """Data and rewards checked before anything trains or anything is written (`stages/run/preflight.py`)."""
-    from regimen.stages.run import preflight as checks
-
     summary = checks.check(recipe)
     summary["doors"] = registry.doors(recipe)  # the stages' own (distill: the teacher resolves, same tokenizer)
     return summary
@@ -302,8 +299,6 @@ def run_cycles(recipe: Recipe, experiment: str | None = None):
     whole run. Returns a RunResult; a run that a gate, the guard, a stage or the store stopped ends as
     Failed, an interrupted one (Ctrl-C, SIGTERM, a cancel) as Cancelled, each with its message and the
     RunResult as the state's data."""
-    from regimen.flows.serving import orchestrator
-
     with orchestrator.watching():
         outcome = _run_cycles(recipe, experiment or recipe.experiment)
     if getattr(outcome, "type", None) is not None and _taken_over(experiment or recipe.experiment):
@@ -324,8 +319,6 @@ def _taken_over(experiment: str) -> bool:
     """Whether this attempt lost the experiment's lease and the flow run is another attempt's now: the server's run
     count moved past ours (a lost host's run scheduled again and started elsewhere), or its state is final while we
     still run. Such an attempt must not write the run's final state (Failed over the other host's Completed)."""
-    from regimen.stages.store.lock import lease_lost_here
-
     if not lease_lost_here(experiment):
         return False
     try:
@@ -383,8 +376,6 @@ def _run_cycles(recipe: Recipe, experiment: str):
 @contextlib.contextmanager
 def _tracked(recipe: Recipe, run: Run):
     """The run's trackers, open while it runs (`tracking:`), closed as it ends (failed or not)."""
-    from regimen.flows.pipeline.tracking import Trackers
-
     run.trackers = Trackers.open(recipe, run.experiment, run.store, _prefect_tags().get("prefect.flow_run_id"))
     if run.trackers:
         from regimen.flows.pipeline.publish import publish_trackers
@@ -414,7 +405,6 @@ def retain(recipe: Recipe, run: Run) -> None:
     that fails says so and leaves the run's result as it is."""
     if recipe.keep is None:
         return
-    from regimen.stages.store.retention import collect
 
     try:
         done = collect(
@@ -480,9 +470,6 @@ def train_round(
 def prepare_data(recipe: Recipe, run: Run) -> None:
     """The experiment's frozen held-out set (frozen now on its first run) and tonight's training data next
     to its last version (`stages/records/datasets.py`)."""
-    from regimen.stages.records import datasets as data_records
-    from regimen.stages.tasks.registry import load_task
-
     run.heldout, frozen_now = data_records.resolve(run.store, run.experiment, load_task(recipe.data).heldout)
     task = load_task(recipe.data, run.heldout)
     run.data = data_records.record_training_data(run.store, run.experiment, task.train, task.dropped_heldout)
@@ -503,8 +490,6 @@ def prepare_data(recipe: Recipe, run: Run) -> None:
 def starting_policy(recipe: Recipe, run: Run) -> dict[str, Any]:
     """Cycle 1's policy, by `cycle.start_from`: the champion (or, on the data it was trained on, what it was
     trained from: the same training again), the latest good policy, or the base model."""
-    from regimen.flows.pipeline import champion
-
     st = run.store
     if recipe.cycle.start_from == "champion":
         found = champion.start_policy(st, run.experiment, _data_digest(run))
@@ -527,8 +512,6 @@ def _data_digest(run: Run) -> str | None:
 def crown(recipe: Recipe, run: Run, stopped: str | None) -> None:
     """The challenger against the champion, decided and recorded (`flows/pipeline/champion.py`); then its artifact
     and event. Never the run's failure: a problem here is a warning."""
-    from regimen.flows.pipeline import champion
-
     if run.heldout is None:
         return
     measured = champion.measured(run.challenger[0], run.challenger[1], run.heldout) if run.challenger else None

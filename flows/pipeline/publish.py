@@ -17,14 +17,20 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.events import emit_event
 
+from regimen.flows.present import plots
+from regimen.flows.present import trajectories as present
 from regimen.flows.present.fmt import cell, rounded
+from regimen.flows.present.report import history, make_plots
+from regimen.flows.serving import orchestrator
 from regimen.stages import registry
+from regimen.stages.rewards.audit import summary
 from regimen.stages.run.runner import StageResult
 from regimen.stages.training import trajectories
 
@@ -64,8 +70,6 @@ class Presenter:
 
     @staticmethod
     def _guarded(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-        from regimen.flows.serving import orchestrator
-
         if orchestrator.down():  # nobody to publish to: the store keeps the results, the warning was said once
             return
         try:
@@ -83,10 +87,6 @@ class Presenter:
         """Wait for what is queued, then stop the thread. Not while Prefect's API is down (what is queued is
         dropped; a call stuck in the client's retries is left to the exit), and not past `patience`
         seconds when given (an interrupted run: the person asked to stop)."""
-        from concurrent.futures import wait
-
-        from regimen.flows.serving import orchestrator
-
         if self.closed:
             return
         self.closed = True
@@ -132,8 +132,6 @@ def trajectories_markdown(path: Path, title: str, limit: int = 12) -> str:
 
 def audit_markdown(report: dict[str, Any], title: str) -> str:
     """The reward audit as markdown: what it searched, then each finding with its witness (escaped, in a code span)."""
-    from regimen.stages.rewards.audit import summary
-
     lines = [f"### {title}", ""]
     for line in summary(report):
         lines.append(f"- {cell(line.strip(), width=600)}")
@@ -207,8 +205,6 @@ def publish_changes(store, m: dict[str, Any]) -> None:
     """After an evaluation: the page of every held-out row against the evaluation before (the experiment's `pages`
     folder) and, in the UI, its counts, flags and first flips as markdown (a browser will not follow a `file://`
     link from the UI's http page, so the tables themselves travel, with the page's path and the command)."""
-    from regimen.flows.present import trajectories as present
-
     v = present.view(store, m["experiment"], m["stage"], m["version"])
     page = present.write_page(v, store.experiment_dir(m["experiment"], "pages") / f"{m['stage']}_v{m['version']}.html")
     create_markdown_artifact(
@@ -227,8 +223,6 @@ def publish_curves(
     kind: str = "training",
 ) -> None:
     """The training curves (with the held-out probe) as an image the UI shows."""
-    from regimen.flows.present import plots
-
     try:
         (plots.training_curves if kind == "training" else plots.divergence_curves)(runs, png, title)
     except OSError:
@@ -280,8 +274,6 @@ def champion_table(record: dict[str, Any], gone: set[str] | frozenset[str] = fro
 def publish_champion(experiment: str, record: dict[str, Any], line: dict[str, Any]) -> None:
     """The champion's history as a table artifact with a stable key (the UI's artifact history is the
     champion history), and the event `regimen.model.promoted` or `regimen.model.kept` with the figures."""
-    from prefect.events import emit_event
-
     current = record.get("champion") or {}
     create_table_artifact(
         table=champion_table(record),
@@ -371,9 +363,6 @@ def hacked_trajectories_markdown(path: Path, limit: int = 12, training: bool = F
 
 def publish_report(store, recipe, experiment: str) -> None:
     """Regenerate the experiment's plots and show them (and the history table) in Prefect."""
-    from regimen.flows.present import plots
-    from regimen.flows.present.report import history, make_plots
-
     for png in make_plots(store, experiment, recipe.cycle.target):
         title = f"{experiment}: {png.stem.replace('_', ' ')}"
         create_markdown_artifact(

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from regimen.flows.present import plots
 from regimen.flows.present.fmt import num
 from regimen.stages.core.errors import InputError
@@ -27,8 +29,6 @@ COLUMNS = (
 
 def parse_sweep(items: list[str]) -> tuple[str, list[Any], list[str]]:
     """From `--set` items, the one with comma-separated values is the sweep; the rest are overrides."""
-    import yaml
-
     swept = [
         i for i in items if "=" in i and "," in i.split("=", 1)[1] and not i.split("=", 1)[1].strip().startswith("[")
     ]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from regimen.stages import rewards as rewards_module
-from regimen.stages.rewards import weighted_total
+from regimen.stages.rewards import completion_text, weighted_total
 
 TABLE_ROWS = 20
 
@@ -23,8 +23,6 @@ def _fmt(value: float | None) -> str:
 
 
 def _clip(value: Any, width: int = 60) -> str:
-    from regimen.stages.rewards import completion_text
-
     text = (
         value
         if isinstance(value, str)

@@ -7,7 +7,10 @@ from typing import Any
 
 from regimen.stages import registry
 from regimen.stages.core.errors import InputError
+from regimen.stages.core.fingerprint import environment
+from regimen.stages.records import datasets as data_records
 from regimen.stages.store import Store, check_name
+from regimen.stages.store.retention import pending_versions
 from regimen.stages.training.checkpoints import last_checkpoint
 
 
@@ -19,7 +22,6 @@ def experiment_status(store_url: str, experiment: str, *, check: bool = False) -
     store = Store(store_url)
     if not store.has_experiment(experiment):
         raise InputError(f"status: no experiment {experiment!r} in store {store_url}")
-    from regimen.stages.store.retention import pending_versions
 
     verdicts = store.verdicts_by_eval(experiment)
     rows = [heldout_row(store, experiment)]
@@ -102,8 +104,6 @@ def _damaged(store: Store, experiment: str, stage: str, versions: list[dict[str,
 def _versions(store: Store, experiment: str, stage: str, check: bool) -> tuple[list[dict[str, Any]], list[str], str]:
     """The stage's versions: from its index; with `check`, from the manifests (less a stopped gc's plan, which the
     index rightly leaves out), the index rebuilt if it differed, and the drift reported only when it changed."""
-    from regimen.stages.store.retention import pending_versions
-
     if not check:
         return store.versions(experiment, stage), [], ""
     leaving = {v for s, v in pending_versions(store, experiment) if s == stage}  # a stopped gc's plan: not versions
@@ -124,8 +124,6 @@ def _versions(store: Store, experiment: str, stage: str, check: bool) -> tuple[l
 
 def heldout_row(store: Store, experiment: str) -> dict[str, Any]:
     """The frozen held-out set's line: its version, or why it cannot be used (runs stop until it is fixed)."""
-    from regimen.stages.records import datasets as data_records
-
     versions = store.versions(experiment, data_records.HELDOUT)
     latest = versions[-1] if versions else None
     why = data_records.problem(store, experiment)
@@ -154,8 +152,6 @@ def libraries_line(rows: list[dict[str, Any]]) -> str | None:
     """The library versions the latest versions were made with (their manifests record them), and where
     they differ from what is installed now: those stages' code versions changed, so the next run redoes
     them."""
-    from regimen.stages.core.fingerprint import environment
-
     recorded = next((r["libraries"] for r in reversed(rows) if isinstance(r.get("libraries"), dict)), None)
     if recorded is None:
         return None

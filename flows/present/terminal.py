@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from contextlib import contextmanager
 
@@ -68,7 +69,6 @@ def terminal(console, *, verbose: bool):
     previous_env = os.environ.get("REGIMEN_VERBOSE")
     os.environ["REGIMEN_VERBOSE"] = "1" if verbose else "0"
     changed: list[tuple[logging.Handler, int]] = []
-    import sys
 
     for handler in _terminal_handlers():
         if getattr(handler, "console", None) is not None and getattr(handler.console, "file", None) is not sys.stderr:

@@ -18,12 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from regimen.flows.present.fmt import cell
 from regimen.stages import registry
 from regimen.stages.core.errors import InputError
 from regimen.stages.decide import reading
 from regimen.stages.rewards.scoring import passes
 from regimen.stages.store import Store, StoreError
 from regimen.stages.training import trajectories
+from regimen.stages.training.pass_rates import prompt_id
 
 
 def pick(store: Store, experiment: str, stage: str | None, version: int | None) -> dict[str, Any]:
@@ -59,7 +61,6 @@ def read_rows(store: Store, entry: dict[str, Any]) -> list[dict[str, Any]]:
     rows = _jsonl(store, entry, name) if name else None
     if rows is None:
         rows = _jsonl(store, entry, trajectories.FILE) or []
-    from regimen.stages.training.pass_rates import prompt_id
 
     missing = [r for r in rows if r.get("id") is None]  # a version written before rows had ids: its prompts' digests
     for r, rid in zip(missing, reading.row_ids([r.get("prompt") for r in missing], prompt_id)):
@@ -217,8 +218,6 @@ def _clip(text: Any, n: int) -> str:
 def markdown(v: dict[str, Any], page: str | None = None, limit: int = 8) -> str:
     """The diff as Prefect shows it (a markdown artifact): the counts, the flags, the first flips side by side, and
     where the whole page is. Every cell is escaped (`fmt.cell`)."""
-    from regimen.flows.present.fmt import cell
-
     title = f"### What {v['stage']} v{v['version']} changed"
     out = [title, ""]
     d = v["diff"]

@@ -19,14 +19,19 @@ power and never goes through this module.
 
 from __future__ import annotations
 
+import enum
 import fnmatch
+import hashlib
+import json
 import os
 import re
+import stat
 import typing
 from pathlib import Path
 from typing import Any
 
 from regimen.stages.core.errors import InputError
+from regimen.stages.recipe.defaults import trl_class, trl_fields
 
 SAFE_SECTIONS = ("dry_run", "smoke", "eval", "cycle", "probe", "curriculum")
 OPERATOR_POLICY_IN_SAFE_SECTIONS = ("cycle.guard.",)
@@ -43,8 +48,6 @@ _EXTRA_TRL: set[str] = set()
 
 def _plain_type(annotation: Any) -> bool:
     """Numbers, booleans, fixed string choices (Literal or Enum), or Optional of those."""
-    import enum
-
     if annotation in (int, float, bool):
         return True
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
@@ -59,8 +62,6 @@ def _plain_type(annotation: Any) -> bool:
 
 
 def trl_hyperparameter(section: str, key: str) -> bool:
-    from regimen.stages.recipe.defaults import trl_class, trl_fields
-
     if key in _EXTRA_TRL:
         return True
     if key not in trl_fields(section) or _PLACE_OR_CODE.search(key):
@@ -134,8 +135,6 @@ def resolve_config(config: Any) -> Path:
 
 def check_owner_only(path: Path) -> None:
     """A recipe chooses code and places: one that other users can write is refused (exit 2)."""
-    import stat
-
     if path.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise InputError(
             f"config {path.name}: {path} is writable by other users (mode {stat.S_IMODE(path.stat().st_mode):o}); "
@@ -156,8 +155,6 @@ DEFAULT_LIMITS = {"max_steps": 100_000, "max_checkpoints": 5, "max_hours": 24.0,
 def operator_limits() -> dict[str, Any]:
     """The operator's ceilings for this served run, as recipe overrides (`limits.*`, which UI parameters
     cannot set); {} outside `regimen serve`."""
-    import json
-
     raw = os.environ.get("REGIMEN_UI_LIMITS")
     if not raw:
         return {}
@@ -194,9 +191,6 @@ _LIMIT_FIELDS = ("id", "name", "limit", "active", "slot_decay_per_second")
 
 def record_digest(deployment: Any) -> tuple[str, dict[str, str]]:
     """A digest of the guarded fields of a deployment record (an API object or a mapping), and each field's."""
-    import hashlib
-    import json
-
     data = dict(deployment if isinstance(deployment, dict) else deployment.model_dump(mode="json"))
     if isinstance(data.get("global_concurrency_limit"), dict):
         data["global_concurrency_limit"] = {k: data["global_concurrency_limit"].get(k) for k in _LIMIT_FIELDS}
@@ -214,9 +208,6 @@ def check_deployment(deployment_id: Any = NOT_GIVEN) -> str | None:
     `regimen serve` registered: the names of the changed fields), or None. Runs started otherwise (the
     CLI, a work pool's worker) are not checked here. `deployment_id`: the run's (default: the current
     flow run's)."""
-    import json
-    import os
-
     registered = os.environ.get("REGIMEN_DEPLOYMENTS")
     if not registered:
         return None

@@ -34,18 +34,35 @@ paused again.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import os
-from datetime import UTC
+import signal
+import stat
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 from uuid import UUID
 
-from prefect.client.schemas.actions import DeploymentScheduleCreate
+from prefect import get_client
+from prefect.client.schemas.actions import DeploymentScheduleCreate, DeploymentUpdate, GlobalConcurrencyLimitUpdate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.deployments.runner import EntrypointType
+from prefect.exceptions import ObjectNotFound, TerminationSignal
+from prefect.runner import Runner
+from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_API_URL
+from prefect.utilities.callables import parameter_schema
+from pydantic import ValidationError
 
+from regimen.flows.serving import boundary
+from regimen.flows.serving.boundary import operator_limits, record_digest
 from regimen.stages.core.errors import InputError
+from regimen.stages.recipe import load_recipe, read_yaml
 
 FLOW = "regimen-cycle"
 ON_DEMAND = "on-demand"
@@ -94,8 +111,6 @@ def closed_parameter_schema(flow) -> dict[str, Any]:
     """The flow's parameter schema (Prefect's public `parameter_schema`) with `additionalProperties:
     false`, so the server also refuses an unknown parameter (a typo such as `overide`) with 409 instead
     of creating a run that crashes."""
-    from prefect.utilities.callables import parameter_schema
-
     schema = parameter_schema(flow).model_dump_for_openapi()
     schema["additionalProperties"] = False
     return schema
@@ -103,10 +118,6 @@ def closed_parameter_schema(flow) -> dict[str, Any]:
 
 def check_schedule(cron: str, timezone: str) -> None:
     """Refuse a bad cron expression or time zone before anything is registered (exit code 2)."""
-    from pydantic import ValidationError
-
-    from regimen.stages.core.errors import InputError
-
     try:
         CronSchedule(cron=cron, timezone=timezone)
     except ValidationError as exc:
@@ -115,9 +126,6 @@ def check_schedule(cron: str, timezone: str) -> None:
 
 def nightly_paused_by_a_person() -> bool:
     """Whether the nightly deployment, as the server holds it, is paused or has its schedule switched off."""
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
     with get_client(sync_client=True) as client:
         try:
             d = client.read_deployment_by_name(f"{FLOW}/{NIGHTLY}")
@@ -133,14 +141,6 @@ def operator_environment(
     inside the configs folder (the deployments' default `config`). UI runs choose recipes from
     `configs_dir` (default: `./configs`), which must hold the served recipe and be writable only by its
     owner (a recipe chooses code and places: whoever can write one there can choose them)."""
-    import json
-    import os
-    import stat
-    from pathlib import Path
-
-    from regimen.flows.serving import boundary
-    from regimen.stages.core.errors import InputError
-
     path = Path(config).resolve()
     if not path.is_file():
         raise InputError(f"recipe {config}: file does not exist")
@@ -171,12 +171,6 @@ def operator_environment(
 def check_api_protected(allow_unauthenticated: bool = False) -> None:
     """Serving a Prefect API that other machines can reach, without authentication, is refused: with
     Prefect OSS, anyone who can write to the API is an operator (it has no roles). Exit 2 with what to do."""
-    from urllib.parse import urlparse
-
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_API_URL
-
-    from regimen.stages.core.errors import InputError
-
     url = PREFECT_API_URL.value() or ""
     host = (urlparse(url).hostname or "").lower()
     local = host in ("", "127.0.0.1", "localhost", "::1") or host.startswith("127.")
@@ -211,9 +205,6 @@ def serve_deployments(
     err = Console(stderr=True, soft_wrap=True)
     check_api_protected(allow_unauthenticated)
     refuse_serve_beside_a_pool()  # serve is the one-host path: not beside a work pool's deployments of the same names
-    import signal
-
-    from prefect.exceptions import TerminationSignal
 
     # until serve's loop runs (`_serve`): a SIGTERM while starting still releases the claim
     def _terminate(signum, frame):
@@ -229,16 +220,11 @@ def serve_deployments(
 
 
 def _serve_holding(flow, config, store, cron, timezone, allow, configs_dir, limits, lease, err) -> None:
-    import asyncio
-
-    from regimen.stages.recipe import load_recipe, read_yaml
-
     data = read_yaml(config)  # parsed once: validated as given, then within the operator's limits
     # a bad recipe is refused here (exit 2), not at 2 am
     recipe = load_recipe(config, {"store": store} if store else {}, data=data)
     check_schedule(cron, timezone)
     name = operator_environment(config, recipe.store, list(allow or []), configs_dir, limits)
-    from regimen.flows.serving.boundary import operator_limits
 
     # the served recipe itself keeps inside the limits
     load_recipe(config, {"store": recipe.store, **operator_limits()}, data=data)
@@ -252,7 +238,6 @@ def _serve_holding(flow, config, store, cron, timezone, allow, configs_dir, limi
             markup=False,
             highlight=False,
         )
-    from prefect.exceptions import TerminationSignal
 
     try:
         asyncio.run(_serve(flow, deployment_options(name, cron=cron, timezone=timezone, nightly_paused=paused), lease))
@@ -278,14 +263,6 @@ def _serve_holding(flow, config, store, cron, timezone, allow, configs_dir, limi
 async def _guard_records(flow, deployment_ids) -> None:
     """Set each registered deployment's guarded fields to what serve means (no path, pull steps or storage,
     the closed parameter schema) and put their digests in this process's environment, which runs inherit."""
-    import json
-    import os
-
-    from prefect import get_client
-    from prefect.client.schemas.actions import DeploymentUpdate
-
-    from regimen.flows.serving.boundary import record_digest
-
     schema = closed_parameter_schema(flow)
     digests = {}
     async with get_client() as client:
@@ -320,15 +297,8 @@ async def _serve(flow, options: dict[str, dict[str, Any]], lease: Any = None) ->
     each run inherits: a run of a deployment whose record has changed since is refused
     (`check_deployment`). When the Prefect API goes away, the runner stops; serve waits for the API to
     answer again, registers anew and goes on serving (runs that were due show as Late meanwhile)."""
-    import asyncio
-    import logging
-    import signal
-    import sys
-
     # imported now: a SIGTERM in the middle of an import (FastAPI's models, which the runner imports as it
     # starts) comes out as a pydantic SchemaError, not as a stop
-    import prefect.runner.server  # noqa: F401
-    from prefect.runner import Runner
 
     log = logging.getLogger("regimen.serve")
     # a SIGTERM cancels this loop at its next await, a clean stop (not an exception raised in whatever code is
@@ -382,8 +352,6 @@ def _api_unreachable(exc: BaseException) -> bool:
 
 
 async def _api_answers() -> bool:
-    from prefect import get_client
-
     try:
         async with get_client() as client:
             return (await client.api_healthcheck()) is None
@@ -402,9 +370,6 @@ _HELD: dict[str, Any] = {}  # serve's current lease (taken anew if the server lo
 
 def pool_deployments() -> dict[str, str]:
     """`on-demand`/`nightly` of regimen-cycle as the server holds them, that belong to a work pool: name -> pool."""
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
     found = {}
     with get_client(sync_client=True) as client:
         for name in (ON_DEMAND, NIGHTLY):
@@ -461,8 +426,6 @@ def claim_serve() -> UUID:
     and that nobody took for `STALE_S` (2 minutes) is reset and taken; one taken moments ago by a serve
     still starting (its runner has not polled yet) is not. The deployments' `last_polled` alone would
     refuse a serve restarted right after a clean stop for a minute and more."""
-    from prefect import get_client
-
     lease_s = serve_lease_s()  # a bad REGIMEN_SERVE_LEASE_S is refused before anything reaches the server
     with get_client(sync_client=True) as client:
         client.upsert_global_concurrency_limit_by_name(SERVE_LIMIT, 1)
@@ -490,7 +453,6 @@ def claim_serve() -> UUID:
 
 async def take_serve_slot() -> UUID | None:
     import httpx
-    from prefect import get_client
 
     async with get_client() as client:
         try:
@@ -509,16 +471,11 @@ STALE_S = 120.0  # a serve slot nobody took and whose deployments nobody polled 
 
 def lately(when: Any) -> bool:
     """`when` (a server timestamp) is less than STALE_S ago."""
-    from datetime import datetime
-
     return when is not None and (datetime.now(UTC) - when).total_seconds() < STALE_S
 
 
 def served_lately() -> bool:
     """A runner polled `on-demand` or `nightly` less than STALE_S ago."""
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
     with get_client(sync_client=True) as client:
         for name in (ON_DEMAND, NIGHTLY):
             try:
@@ -531,9 +488,6 @@ def served_lately() -> bool:
 
 
 def _reset_stale_slot() -> None:
-    from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
     with get_client(sync_client=True) as client:
         client.update_global_concurrency_limit(SERVE_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
 
@@ -541,10 +495,6 @@ def _reset_stale_slot() -> None:
 async def keep_serve_claim(lease: UUID, period_s: float | None = None) -> None:
     """Renew serve's lease (every third of it) until cancelled; a lease the server no longer knows (it
     restarted) is taken anew."""
-    import logging
-
-    from prefect import get_client
-
     log = logging.getLogger("regimen.serve")
     period_s = period_s or serve_lease_s() / 3
     while True:
@@ -563,9 +513,6 @@ async def keep_serve_claim(lease: UUID, period_s: float | None = None) -> None:
 
 
 async def _retake() -> UUID | None:
-    from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
     lease = await take_serve_slot()
     if lease is None:
         async with get_client() as client:
@@ -577,10 +524,6 @@ async def _retake() -> UUID | None:
 def release_serve(lease: UUID, err: Any = None) -> None:
     """Give serve's slot back (three tries a second apart); where the server does not answer, say that the
     slot stays taken until its lease expires."""
-    import time
-
-    from prefect import get_client
-
     lease = _HELD.pop("lease", lease)
     for attempt in range(3):
         try:  # a lease the server no longer knows (it restarted) is answered 204 too: nothing of ours is left
@@ -600,9 +543,6 @@ def release_serve(lease: UUID, err: Any = None) -> None:
 
 
 def serve_limit_exists() -> bool:
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
     with get_client(sync_client=True) as client:
         try:
             client.read_global_concurrency_limit_by_name(SERVE_LIMIT)

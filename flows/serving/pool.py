@@ -45,8 +45,20 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from regimen.flows.serving.deploy import DEFAULT_POOL
+from prefect import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import ConcurrencyOptions, StateType
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+from prefect.workers.process import ProcessWorker
+
+from regimen.flows.serving import deploy
+from regimen.flows.serving.deploy import DEFAULT_POOL, closed_parameter_schema, entrypoint
 from regimen.stages.core.errors import InputError
+from regimen.stages.recipe import load_recipe
+from regimen.stages.run.preflight import check_store
 
 HOST_LOST = "HostLost"
 AUTOMATION_CRASH = "regimen-host-lost"
@@ -59,10 +71,6 @@ DEFAULT_HEARTBEAT_S = 30
 
 def refuse_pool_while_serving() -> None:
     """pool setup while a serve holds `regimen-serve` (a live one: its lease is renewed) is refused."""
-    from prefect import get_client
-
-    from regimen.flows.serving import deploy
-
     if not deploy.serve_limit_exists():
         return
     with get_client(sync_client=True) as client:
@@ -96,7 +104,6 @@ def check_store_url(store: str) -> None:
         rest = store.split("://", 1)[1]
         if not rest or rest.startswith("/") or not rest.split("/", 1)[0]:
             raise InputError(f"--store {store!r}: no bucket name (s3://bucket/prefix)")
-    from regimen.stages.run.preflight import check_store
 
     try:
         check_store(store)
@@ -137,9 +144,6 @@ def pool_setup(
 ) -> dict[str, Any]:
     """Create or update the pool, its two deployments of `flow` (handed in by the command line) and the two
     automations; returns what was made."""
-    from regimen.flows.serving import deploy
-    from regimen.stages.recipe import load_recipe
-
     if heartbeat_s < 30:
         raise InputError(f"--heartbeat-s {heartbeat_s}: Prefect sends flow-run heartbeats at most every 30 s")
     lost_after = host_lost_after_s if host_lost_after_s is not None else host_lost_after(heartbeat_s)
@@ -149,7 +153,6 @@ def pool_setup(
         )
     if not pool or not pool.replace("-", "").replace("_", "").isalnum():
         raise InputError(f"--pool {pool!r}: a work pool name of letters, digits, - and _")
-    from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
         raise InputError(
@@ -194,14 +197,6 @@ def pool_setup(
 async def _apply(
     flow, pool: str, options: dict[str, dict[str, Any]], env: dict[str, str], project: Path
 ) -> dict[str, UUID]:
-    from prefect import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.client.schemas.objects import ConcurrencyOptions
-    from prefect.exceptions import ObjectNotFound
-    from prefect.workers.process import ProcessWorker
-
-    from regimen.flows.serving.deploy import closed_parameter_schema, entrypoint
-
     schema = closed_parameter_schema(flow)
     async with get_client() as client:
         try:
@@ -247,11 +242,6 @@ async def _apply(
 
 async def _automations(deployment_ids: list[UUID], lost_after_s: int) -> None:
     """The two automations of the module doc, replaced whole on each setup (idempotent)."""
-    from prefect import get_client
-    from prefect.client.schemas.objects import StateType
-    from prefect.events.actions import ChangeFlowRunState
-    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
-
     runs = {"prefect.resource.id": "prefect.flow-run.*"}
     of_ours = {
         "prefect.resource.role": "deployment",

@@ -16,6 +16,7 @@ waits for `/api/health` right before the flow starts.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -132,7 +133,6 @@ def api_for_this_run():
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         yield lambda: None
         return
-    import atexit
 
     server = TemporaryServer()
     # Also stopped at exit (a run that ends by an exception); it dies with this process anyway (PR_SET_PDEATHSIG).

@@ -33,7 +33,9 @@ import functools
 import hashlib
 import importlib.util
 import json
+import platform
 import re
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +130,6 @@ def closure(module: str) -> list[str]:
 
 @functools.cache
 def library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for lib in LIBRARIES:
         try:
@@ -143,9 +143,6 @@ def library_versions() -> dict[str, str]:
 def environment() -> dict[str, str]:
     """What a manifest records of the software that made it: Python and the libraries that compute results
     (the same versions enter every code version), plus Prefect and Regimen, which do not change results."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": platform.python_version(), **library_versions()}
     for dist in ("prefect", "regimen-rl"):
         try:

@@ -4,6 +4,7 @@ decorator whose failures end an episode, `Episode`, and `register`."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,8 +120,6 @@ def register(name: str):
 
 def tools_of(instance: Any) -> list[Callable[..., Any]]:
     """The tools an instance exposes, as TRL finds them: public methods other than reset/get_reward."""
-    import inspect
-
     return [
         getattr(instance, n)
         for n, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from regimen.stages.environments.base import Environment, register, tool
+from regimen.stages.rewards import get_reward
 
 TEST_COLUMNS = ("tests", "test_list")
 
@@ -28,7 +29,6 @@ class CodeEnvironment(Environment):
 
     def __init__(self, max_turns: int | None = None, **options: Any):
         super().__init__(max_turns)
-        from regimen.stages.rewards import get_reward
 
         self._judge = get_reward("unit_tests", **options)
 

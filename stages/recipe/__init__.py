@@ -18,8 +18,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from regimen.stages.core.errors import InputError
-from regimen.stages.recipe import defaults
+from regimen.stages.recipe import defaults, trl
 from regimen.stages.recipe.schema import Recipe, RewardSpec
+from regimen.stages.tasks.registry import TASKS
 
 __all__ = [
     "Recipe",
@@ -105,8 +106,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def _loc(err: dict[str, Any]) -> tuple:
     """The error's location without pydantic's union tags (`data.addition.max_operand` -> `data.max_operand`)."""
-    from regimen.stages.tasks.registry import TASKS
-
     loc = tuple(err["loc"])
     if len(loc) > 1 and loc[0] == "data" and loc[1] in TASKS:
         loc = (loc[0], *loc[2:])
@@ -146,8 +145,6 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
 
 
 def _allowed_fields(loc: tuple, err: dict[str, Any]) -> list[str]:
-    from regimen.stages.tasks.registry import TASKS
-
     if loc[:1] == ("data",) and len(err["loc"]) > 1 and err["loc"][1] in TASKS:
         return list(TASKS[err["loc"][1]].Options.model_fields)
     model: Any = Recipe
@@ -170,8 +167,6 @@ def _allowed_fields(loc: tuple, err: dict[str, Any]) -> list[str]:
 
 def trl_check(recipe: Recipe) -> None:
     """Build TRL's own config objects (`recipe/trl.py`): TRL's validation runs now, at the door."""
-    from regimen.stages.recipe import trl
-
     try:
         trl.check(recipe)
     except trl.Rejected as exc:
@@ -273,8 +268,6 @@ def _explain_trl(
 ) -> None:
     """A TRL section as training will use it: every value read from the config object itself
     (`recipe/trl.py`), commented with where it came from."""
-    from regimen.stages.recipe import trl
-
     built = trl.config(recipe, section)
     lines.append(f"{section}:  # TRL {type(built).__name__}, as training builds it")
     given = given if isinstance(given, dict) else {}

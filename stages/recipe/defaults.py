@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import os
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -187,9 +189,6 @@ SECTION_WHY = {("distill", "beta"): ": distill.beta chooses the divergence (0 fo
 
 def check_number(section: str, key: str, value: Any) -> None:
     """A TRL number the door accepts (see BOUNDS); raises ValueError naming the field."""
-    import math
-    import os
-
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if isinstance(value, float) and not math.isfinite(value):

@@ -4,13 +4,17 @@ dataclasses; `data:` is validated by the chosen task's own options (`tasks/regis
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from regimen.stages.recipe import defaults, trackers
+from regimen.stages.environments.registry import factory, get, trl_protocol
+from regimen.stages.recipe import defaults, trackers, trl
+from regimen.stages.rewards import check_specs
 from regimen.stages.tasks import registry as tasks
 
 
@@ -368,16 +372,12 @@ class EnvironmentSection(Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from regimen.stages.environments.registry import get
-
         get(v)  # raises InputError naming the field
         return v
 
     @model_validator(mode="after")
     def _builds(self) -> EnvironmentSection:
         """One instance, made as training will make them: bad `args` are refused at the door."""
-        from regimen.stages.environments.registry import factory
-
         try:
             factory(self)()
         except Exception as exc:  # noqa: BLE001 - an environment's constructor is user code: its error, named
@@ -523,7 +523,6 @@ class AccelerateSection(Section):
                     f"machine reaches"
                 )
             return v
-        import ipaddress
 
         try:
             ip = ipaddress.ip_address(v)
@@ -693,7 +692,6 @@ class Recipe(Section):
     def _peft_fields(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is None:
             return v
-        import dataclasses
 
         from peft import LoraConfig
 
@@ -748,8 +746,6 @@ class Recipe(Section):
     def _rules(self) -> Recipe:
         """Regimen's own rules; TRL's (group sizes, batch divisibility, ...) run when the configs are built
         (`recipe/trl.py`, at the door: `load_recipe`)."""
-        from regimen.stages.rewards import check_specs
-
         names = check_specs(self.rewards)
         if not any(r.weight > 0 for r in self.rewards):
             raise ValueError("rewards: every reward has weight 0 (monitors only); at least one must train (weight > 0)")
@@ -822,8 +818,6 @@ class Recipe(Section):
 
     def _rewards_fit_the_environment(self, names: list[str]) -> None:
         """`episode` judges Regimen's environments (their `Episode`); `get_reward` calls a TRL-protocol class's own."""
-        from regimen.stages.environments.registry import get, trl_protocol
-
         cls = get(self.environment.name)
         listed = {s.name for s in self.rewards}
         if trl_protocol(cls) and "episode" in listed:
@@ -862,14 +856,10 @@ class Recipe(Section):
     # -- resolved values ----------------------------------------------------------------------
     def grpo_value(self, key: str) -> Any:
         """A GRPO setting as training uses it: read from the recipe's `GRPOConfig` itself (`recipe/trl.py`)."""
-        from regimen.stages.recipe import trl
-
         return getattr(trl.config(self, "grpo"), key)
 
     def sft_value(self, key: str) -> Any:
         """An SFT setting as training uses it: read from the recipe's `SFTConfig` itself."""
-        from regimen.stages.recipe import trl
-
         return getattr(trl.config(self, "sft"), key)
 
     def max_new_tokens(self) -> int:

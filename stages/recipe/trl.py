@@ -21,7 +21,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import warnings
 from typing import Any
+
+from regimen.stages.recipe.defaults import trl_class
 
 PLACEHOLDER_DIR = "regimen-stage-work-folder"
 """`output_dir` of the shared object; `for_stage` replaces it with the stage's work folder."""
@@ -176,10 +179,6 @@ def _construct(section: str, values: dict[str, Any], world: int = 1):
     """TRL's config class built from `values`. TRL validates a GRPO batch against the world size of the
     process that builds the config; a recipe that trains on N processes is built and validated here as
     each of its N ranks will build it: the class's public `world_size` property answers N."""
-    import warnings
-
-    from regimen.stages.recipe.defaults import trl_class
-
     cls = trl_class(section)
     if world > 1:
         cls = type(cls.__name__, (cls,), {"world_size": property(lambda self: world), "__module__": cls.__module__})

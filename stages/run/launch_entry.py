@@ -12,6 +12,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from regimen.stages import registry
+from regimen.stages.core.contract import StageDirs
+from regimen.stages.recipe import recipe_from_dict
 from regimen.stages.run.launcher import die_with_parent, record_rank
 
 
@@ -21,10 +24,6 @@ def main(spec_path: str) -> None:
     work = Path(spec["checkpoints"])
     rank = global_rank()
     record_rank(work, rank)
-
-    from regimen.stages import registry
-    from regimen.stages.core.contract import StageDirs
-    from regimen.stages.recipe import recipe_from_dict
 
     # TRL's configs built now, before any Trainer: building one after the Accelerator exists resets its state
     recipe = recipe_from_dict(spec["recipe"], "launch spec", check_trl=True)

@@ -18,6 +18,7 @@ bucket, where the other machine then finds it by fingerprint).
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from regimen.stages.core.contract import StageOutput
 from regimen.stages.core.errors import RegimenError, StageStopped
 
 log = logging.getLogger("regimen.launch")
@@ -48,8 +50,6 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 def ranks_dir(work: Path) -> Path:
     """Where ranks record their pids: a private folder in this user's cache, never the (possibly shared)
     store, so nobody can plant a pid for us to kill. One folder per work folder."""
-    import hashlib
-
     base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "ranks"
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     d = base / hashlib.sha256(str(Path(work).resolve()).encode()).hexdigest()[:16]
@@ -121,8 +121,6 @@ def accelerate_command(recipe, spec: Path) -> list[str]:
 
 
 def run_with_accelerate(stage: str, recipe, inputs: dict[str, Any], dirs) -> Any:
-    from regimen.stages.core.contract import StageOutput
-
     work = Path(dirs.checkpoints)
     spec = work / "launch.json"
     output = work / "launch_output.json"

@@ -21,9 +21,13 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from regimen.stages.core.errors import InputError
+from regimen.stages.rewards import from_specs, preflight
+from regimen.stages.tasks.hf import _local_paths
+from regimen.stages.tasks.registry import load_task
 
 log = logging.getLogger("regimen.preflight")
 
@@ -38,8 +42,6 @@ def _shown(row: dict[str, Any]) -> str:
 def _rewards_at_the_door(recipe, task) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """Every reward called on a few training rows with their reference answers, as TRL calls it (with an environment:
     each row's own, reset, before any episode)."""
-    from regimen.stages.rewards import from_specs, preflight
-
     rows = task.train[:ROWS]
     completions = [task.reference(r) or "" for r in rows]
     fns = from_specs(recipe.rewards)
@@ -55,8 +57,6 @@ def check(recipe, *, offline: bool = False) -> dict[str, Any]:
     """Raise InputError for the first problem found; returns a short summary of what was checked. `offline`
     (`regimen check`): nothing that needs a server or the network (the store, a dataset from the hub), and what was
     skipped is said in the summary's `skipped`."""
-    from regimen.stages.tasks.registry import load_task
-
     if offline:
         if from_hub(recipe.data):
             return {
@@ -133,9 +133,6 @@ def from_hub(data) -> bool:
     """Whether the recipe's data comes from the hub (an `hf` task whose path and files are not local)."""
     if getattr(data, "task", None) != "hf":
         return False
-    from pathlib import Path
-
-    from regimen.stages.tasks.hf import _local_paths
 
     return not ([f for f in _local_paths(data.data_files) if "://" not in f] or Path(data.path).exists())
 

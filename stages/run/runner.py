@@ -9,12 +9,14 @@ is reported and never reused: the stage runs again."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
 import shutil
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from regimen.stages.core.fingerprint import (
     environment,
     input_digests,
 )
+from regimen.stages.recipe.trl import device_for
 from regimen.stages.store import StageHandle, Store, now_iso
 
 log = logging.getLogger("regimen.runner")
@@ -93,8 +96,6 @@ def stage_key(stage: str, recipe, inputs: dict[str, Any]) -> tuple[str, dict[str
 
 
 def _takes_inputs(fn) -> bool:
-    import inspect
-
     return len(inspect.signature(fn).parameters) >= 2
 
 
@@ -239,8 +240,6 @@ def _run(
 def _commit(handle: StageHandle, dirs: StageDirs, manifest: dict[str, Any]) -> dict[str, Any]:
     """The version committed; when the store refuses (a bucket down, full, or its credentials revoked mid-run), the
     attempt is recorded (in the store, else on this host: `_record_failure`) and the stop says what the run left."""
-    from regimen.stages.core.errors import StoreError
-
     try:
         return handle.commit(dirs.out, manifest)
     except StoreError as exc:
@@ -293,7 +292,6 @@ def _device(recipe, module) -> dict[str, Any]:
     """Where this stage computes (recorded in its manifest); on CUDA the peak-memory counter is reset."""
     if recipe.launcher == "accelerate" and module.TRAINS:
         return {"device": f"accelerate launch x{recipe.num_processes()}", "cuda": False}
-    from regimen.stages.recipe.trl import device_for
 
     device = device_for(recipe)
     if device.startswith("cuda"):
@@ -353,8 +351,6 @@ def _record_failure(handle: StageHandle, staging: Path | None, manifest: dict[st
 
 def _record_elsewhere(manifest: dict[str, Any], error: str) -> str | None:
     """A failed attempt the store could not take, kept in the user's cache (`$REGIMEN_CACHE/unrecorded`)."""
-    import uuid
-
     try:
         base = Path(os.environ.get("REGIMEN_CACHE", Path.home() / ".cache" / "regimen")) / "unrecorded"
         base.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,4 @@ class StageIndex:
         self.write(experiment, stage, index)
 
     def _exists(self, path: str) -> bool:
-        import os
-
         return os.path.lexists(path) if self.b.local else bool(self.b.fs.exists(path))

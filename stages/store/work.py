@@ -31,6 +31,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
+from regimen.stages.store.lock import lost_lease
+
 log = logging.getLogger("regimen.store")
 
 LINK = ".regimen-remote.json"
@@ -40,8 +44,6 @@ _CKPT = re.compile(r"^checkpoint-(\d+)$")
 def filesystem(url: str) -> tuple[Any, str]:
     """(fsspec filesystem, root path) for a store URL. For S3, s3fs's listing cache is off: other hosts
     write the same bucket, and a cached listing or size would be stale (a torn read of a record)."""
-    import fsspec
-
     if fsspec.core.split_protocol(url)[0] in ("s3", "s3a"):
         return fsspec.core.url_to_fs(url, use_listings_cache=False)
     return fsspec.core.url_to_fs(url)
@@ -63,8 +65,6 @@ def linked(work: Path) -> tuple[Any, str] | None:
 
 def _lost(work: Path) -> bool:
     """Whether this process's run lost the experiment's lease (another run may own the bucket folder now)."""
-    from regimen.stages.store.lock import lost_lease
-
     try:
         info = json.loads((Path(work) / LINK).read_text())
     except (OSError, ValueError):

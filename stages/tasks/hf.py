@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -180,8 +181,6 @@ def identity(opts: Options) -> dict[str, Any]:
 @functools.lru_cache(maxsize=16)
 def _rows_digest(key: str) -> str:
     """A hub dataset's identity: the sha256 of its rows as loaded (its content, not a library's cache key)."""
-    import hashlib
-
     opts = Options.model_validate(json.loads(key))
     task = load(opts)
     h = hashlib.sha256()

@@ -29,9 +29,11 @@ trip: refused, naming the task).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -307,8 +309,6 @@ def load(opts: Options) -> Task:
 def split_seed(seed: int, split: str) -> int:
     """A split's seed, far from the other split's: reasoning-gym draws item i from `Random(seed + i)`, so seeds a
     few apart would give the two splits the same items shifted by one."""
-    import hashlib
-
     return int(hashlib.sha256(f"{seed}:{split}".encode()).hexdigest()[:8], 16) % (2**31)
 
 
@@ -318,8 +318,6 @@ def _label(opts: Options) -> str:
 
 def identity(opts: Options) -> dict[str, Any]:
     """The options and the library's version: the same seed gives other problems in another release."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         made_by = version("reasoning-gym")
     except PackageNotFoundError:

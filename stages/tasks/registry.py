@@ -4,6 +4,7 @@ and add it here; the recipe's `data:` section validates against the task's `Opti
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from regimen.stages.tasks import Task, addition, code, hf, jsonl, reasoning_gym, tool_probe, with_frozen_heldout
@@ -25,8 +26,6 @@ _LOADED: dict[str, Task] = {}
 
 def frozen_rows(ref: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of a frozen held-out set (`rows.jsonl` in the version folder its reference names)."""
-    from pathlib import Path
-
     text = (Path(ref["path"]) / "rows.jsonl").read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 

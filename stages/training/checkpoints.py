@@ -19,7 +19,7 @@ import re
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 
 MARKER = "regimen_complete"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
@@ -129,8 +129,6 @@ def train_resumable(trainer, output_dir: Path, max_steps: int, on_finished=None,
     `on_finished(state)` lets callbacks see the restored log history (the guard re-reads its curves);
     `restore(path)` lets them reload what they saved in that checkpoint (the curriculum's state), since
     no `on_train_begin` runs then."""
-    from transformers import TrainerState
-
     last = last_checkpoint(output_dir)
     if last is None:
         trainer.train()

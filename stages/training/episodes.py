@@ -15,7 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import random
 from typing import Any
+
+from regimen.stages.core.errors import InputError
+from regimen.stages.environments.base import tools_of
+from regimen.stages.environments.bounds import counts, own_episodes
+from regimen.stages.environments.registry import factory
+from regimen.stages.tasks import EPISODE
+from regimen.stages.training.sampling import generate
 
 
 def complete(
@@ -31,8 +39,6 @@ def complete(
 ) -> tuple[list[list[Any]], list[list[Any]] | None]:
     """(completions per row, environments per row or None). Without `environment:` these are `generate`'s
     completions; with it, episodes."""
-    from regimen.stages.training.sampling import generate
-
     max_new = sampling.pop("max_new_tokens", recipe.max_new_tokens())
     if recipe.environment is None:
         return generate(
@@ -63,8 +69,6 @@ def chat_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def prepare_tokenizer(tokenizer) -> None:
     """A response parser for the tokenizer: its own, or the one TRL knows for its chat template."""
-    from regimen.stages.core.errors import InputError
-
     if (
         getattr(tokenizer, "response_template", None) is not None
         or getattr(tokenizer, "response_schema", None) is not None
@@ -95,10 +99,6 @@ def run_episodes(
 ) -> tuple[list[list[dict[str, Any]]], list[Any]]:
     """One episode per row: (the messages after the prompt, the environment instance that scored it)."""
     from trl.chat_template_utils import parse_response
-
-    from regimen.stages.environments.base import tools_of
-    from regimen.stages.environments.registry import factory
-    from regimen.stages.training.sampling import generate
 
     prepare_tokenizer(tokenizer)
     make = factory(recipe.environment)
@@ -162,8 +162,6 @@ def _reset(env, row: dict[str, Any]) -> list[dict[str, Any]]:
     episode row (`tasks.EPISODE`) is reset with Python's and NumPy's global random generators seeded by its number
     (and put back after), so an environment that draws from them (TRL's `Game2048Env` does, with no seed argument)
     gives the same held-out episodes every time."""
-    from regimen.stages.tasks import EPISODE
-
     prompt = (
         [dict(m) for m in row["prompt"]]
         if isinstance(row["prompt"], list)
@@ -182,8 +180,6 @@ def _reset(env, row: dict[str, Any]) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def _seeded(episode: int):
     """Python's and NumPy's global generators seeded for one episode, then put back as they were."""
-    import random
-
     import numpy as np
 
     state, np_state = random.getstate(), np.random.get_state()
@@ -198,9 +194,6 @@ def _seeded(episode: int):
 
 def _tool_replies(env, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tool messages answering one turn's calls, in order."""
-    from regimen.stages.environments.base import tools_of
-    from regimen.stages.environments.bounds import own_episodes
-
     tools = {t.__name__: t for t in tools_of(env)}
     replies = []
     with own_episodes():  # counted from these messages (bounds.counts), not as GRPO's rollouts
@@ -228,8 +221,6 @@ def _tool_reply(tools: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
 def bound_counts(completions: list[Any]) -> dict[str, float]:
     """Tool replies over these episodes that hit a bound (`environments/bounds.counts`): for the stages, which reach
     the environments through the training pieces."""
-    from regimen.stages.environments.bounds import counts
-
     return counts(completions)
 
 
@@ -248,9 +239,6 @@ def tool_errors(completions: list[Any]) -> int:
 def schema_calls(completions: list[Any], envs: list[Any]) -> float:
     """The share of episodes with at least one tool call that fits the environment's tool schema: a tool it has, called
     with arguments that bind to the tool's signature (what a model learnt of the tool's format)."""
-    import inspect
-
-    from regimen.stages.environments.base import tools_of
 
     def fits(completion: Any, env: Any) -> bool:
         tools = {t.__name__: t for t in tools_of(env)} if env is not None else {}
@@ -294,9 +282,6 @@ def reset_environments(recipe, rows: list[dict[str, Any]]) -> tuple[list[dict[st
     """The rows as an episode starts them (chat prompts with the `reset()` observation appended, as TRL does) and one
     fresh environment per row, reset on it: what a reward that reads `environments` can be called with before any
     episode has run (the door)."""
-    from regimen.stages.core.errors import InputError
-    from regimen.stages.environments.registry import factory
-
     make = factory(recipe.environment)
     envs, shown = [], []
     for i, r in enumerate(chat_rows(rows), 1):
@@ -319,10 +304,6 @@ def try_environment(recipe, train: list[dict[str, Any]], heldout: list[dict[str,
     render them (transformers' `get_json_schema`, which TRL uses: a tool without a docstring for an argument fails
     there). InputError naming the class, the row and the error; the tools' names when it can."""
     from transformers.utils import get_json_schema
-
-    from regimen.stages.core.errors import InputError
-    from regimen.stages.environments.base import tools_of
-    from regimen.stages.environments.registry import factory
 
     name = recipe.environment.name
     try:

@@ -14,7 +14,16 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from regimen.stages.training import progress, trajectories
+from regimen.stages.recipe.trl import for_stage, stage_time
+from regimen.stages.rewards import from_specs
+from regimen.stages.rewards import identity as rewards_identity
+from regimen.stages.rewards.registry import error_counts
+from regimen.stages.tasks.registry import identity
+from regimen.stages.training import limits, progress, trajectories
+from regimen.stages.training.alike import AllAlike
+from regimen.stages.training.checkpoints import MarkComplete
+from regimen.stages.training.model import load_tokenizer
+from regimen.stages.training.policy import peft_config
 
 
 class StepCounter(TrainerCallback):
@@ -44,8 +53,6 @@ class RewardErrors(TrainerCallback):
     raised, counted since training began (the reward's own count, `registry.error_counts`)."""
 
     def __init__(self, fns: dict[str, Any]):
-        from regimen.stages.rewards.registry import error_counts
-
         self.fns, self.count = fns, error_counts
         self.start = error_counts(fns)
 
@@ -95,14 +102,6 @@ def build_trainer(
     prompts: a curriculum's stream (an IterableDataset read in order: `shuffle_dataset` off, and no batches skipped on
     resume, since its own state comes back from the checkpoint) or the rows TRL's sampler shuffles. Without one (the
     smoke test), the task's rows."""
-    from regimen.stages.recipe.trl import for_stage, stage_time
-    from regimen.stages.rewards import from_specs
-    from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training import limits
-    from regimen.stages.training.checkpoints import MarkComplete
-    from regimen.stages.training.model import load_tokenizer
-    from regimen.stages.training.policy import peft_config
-
     fns = from_specs(recipe.rewards)  # in the recipe's order, as the config's reward_weights (rewards[].weight)
     args = for_stage(recipe, "grpo", output_dir, **overrides)
     # every scored group with its rewards and advantages (groups.jsonl): which groups taught something
@@ -155,8 +154,6 @@ def build_trainer(
 
 def _out_of_loss(recipe, args, recorder):
     """curriculum.skip_all_alike: all-alike groups give no gradient (`training/alike.py`), told by the rewards."""
-    from regimen.stages.training.alike import AllAlike
-
     weights = list(recipe.reward_weights().values())
     out = AllAlike(weights, args.num_generations, getattr(args, "multi_objective_aggregation", "sum_then_normalize"))
     recorder.listen(out.listener(), len(weights))
@@ -183,9 +180,6 @@ def trainer_class():
 def config_section(recipe) -> dict[str, Any]:
     """What GRPO and its smoke test share in their fingerprints: the data, the rewards, TRL's GRPO settings, the
     adapter and the model's precision (each adds its own part: the smoke test's steps, GRPO's probe and curriculum)."""
-    from regimen.stages.rewards import identity as rewards_identity
-    from regimen.stages.tasks.registry import identity
-
     return {
         "data": identity(recipe.data),
         "rewards": rewards_identity(recipe.rewards),

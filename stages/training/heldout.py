@@ -8,10 +8,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from regimen.stages.decide.reading import row_ids
 from regimen.stages.rewards import Scorer, columns
 from regimen.stages.rewards.registry import error_counts
 from regimen.stages.rewards.scoring import completion_ids
 from regimen.stages.training import trajectories
+from regimen.stages.training.episodes import complete, transcript
+from regimen.stages.training.pass_rates import prompt_id
+from regimen.stages.training.sampling import encode_prompts
 
 
 def heldout_eval(
@@ -19,8 +23,6 @@ def heldout_eval(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy completions for `rows`; `heldout_accuracy` by `eval.metric`; each reward's held-out mean (`metric_only`:
     only the metric's reward, for a stage whose identity holds no other)."""
-    from regimen.stages.training.episodes import complete, transcript
-
     prompts = [r["prompt"] for r in rows]
     outs, envs = complete(model, tokenizer, recipe, rows, batch_size=recipe.eval.batch_size, desc=desc)
     completions = [c[0] for c in outs]
@@ -50,8 +52,6 @@ def heldout_eval(
         metrics.update(counts(completions))  # tool calls past the time limit, replies cut to the size limit
     metrics.update(accuracy_by_group(rows, correct))
     rendered = [_rendered(tokenizer, p) for p in prompts]
-    from regimen.stages.decide.reading import row_ids
-    from regimen.stages.training.pass_rates import prompt_id
 
     context: dict[str, list[Any]] = {
         "id": row_ids(prompts, prompt_id),  # the row's identity: two evaluations are compared row for row by it
@@ -108,6 +108,5 @@ def _rendered(tokenizer, prompt: Any) -> str | None:
     """What the model actually saw for a conversation (the chat template's rendering); None for text."""
     if isinstance(prompt, str):
         return None
-    from regimen.stages.training.sampling import encode_prompts
 
     return encode_prompts(tokenizer, [prompt])[0]

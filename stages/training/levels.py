@@ -33,7 +33,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from regimen.stages.rewards.scoring import passes, trained_totals
+from regimen.stages.tasks import normalized_prompt
 from regimen.stages.training import streams
+from regimen.stages.training.pass_rates import prompt_id
 
 log = logging.getLogger("regimen.curriculum")
 STATE = "levels.json"
@@ -83,8 +85,6 @@ class LevelsCurriculum:
     """GRPO's stream of generated prompts and its controller (the `curriculum` build_trainer takes)."""
 
     def __init__(self, task_module, data, cfg, seed: int, heldout: list[dict[str, Any]]):
-        from regimen.stages.tasks import normalized_prompt
-
         self.task, self.data, self.cfg, self.seed = task_module, data, cfg, seed
         top = cfg.top if cfg.top is not None else task_module.top_level(data)
         self.controller = LevelController(cfg, top)
@@ -102,9 +102,6 @@ class LevelsCurriculum:
         return self.controller.level
 
     def stream(self) -> Iterator[dict[str, Any]]:
-        from regimen.stages.tasks import normalized_prompt
-        from regimen.stages.training.pass_rates import prompt_id
-
         while True:
             level = self.next_level()
             row = self.task.row_at(self.data, level, self.seed, self.index)

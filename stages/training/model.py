@@ -10,11 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import string
 import uuid
 from pathlib import Path
 from typing import Any
+
+from regimen.stages.core.errors import StoreError
+from regimen.stages.core.fingerprint import file_digest
+from regimen.stages.recipe.trl import device_for
 
 TINY = "tiny"  # model.name_or_path value that selects the embedded model
 SPECIAL_TOKENS = {"pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>"}
@@ -142,8 +147,6 @@ DIGEST = "regimen_digest.json"
 
 
 def _file_digests(folder: Path) -> dict[str, str]:
-    from regimen.stages.core.fingerprint import file_digest
-
     return {
         p.relative_to(folder).as_posix(): file_digest(p)
         for p in sorted(folder.rglob("*"))
@@ -154,7 +157,6 @@ def _file_digests(folder: Path) -> dict[str, str]:
 def check_built(out_dir: Path) -> Path:
     """A built base model, as built: no link the store did not make (the folder or anything in it), and
     every file matching the digest written when it was built. Raises StoreError naming the path."""
-    from regimen.stages.core.errors import StoreError
     from regimen.stages.store.files import check_tree_no_links
 
     if out_dir.is_symlink():
@@ -207,8 +209,6 @@ def load_model(path: str, *, dtype: str = "float32", device: str | None = None):
 
 def load_policy(path: str, recipe):
     """(model, tokenizer) for generation outside TRL: on the device the Trainer uses, in the recipe's dtype."""
-    from regimen.stages.recipe.trl import device_for
-
     return load_model(path, dtype=recipe.model.dtype, device=device_for(recipe)), load_tokenizer(path)
 
 
@@ -224,8 +224,6 @@ REAL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
 def _corpus() -> list[str]:
     """Text the BPE tokenizer learns its merges from: numbers, arithmetic, code and a few English words."""
-    import random
-
     rng = random.Random(0)
     words = (
         "what is the sum of and answer with number only question write a python function that returns def return "

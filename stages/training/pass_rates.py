@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regimen.stages.tasks import EPISODE, normalized_prompt
+
 log = logging.getLogger("regimen.pass_rates")
 FILE = "pass_rates.jsonl"
 
@@ -21,8 +23,6 @@ FILE = "pass_rates.jsonl"
 def row_id(row: dict[str, Any]) -> str:
     """A row's id for pass rates: its prompt's (`prompt_id`); an episode's (`tasks.EPISODE`) apart from the other
     episodes of the same prompt."""
-    from regimen.stages.tasks import EPISODE
-
     pid = prompt_id(row["prompt"])
     return pid if row.get(EPISODE) is None else f"{pid}-e{row[EPISODE]}"
 
@@ -30,8 +30,6 @@ def row_id(row: dict[str, Any]) -> str:
 def prompt_id(prompt: Any) -> str:
     """A short stable id for a prompt: its normalised text's digest (the same normalisation as the
     train/held-out overlap check, so copies of a prompt share one id)."""
-    from regimen.stages.tasks import normalized_prompt
-
     if isinstance(prompt, str):  # a text prompt and the one-message conversation made of it are one prompt
         prompt = [{"role": "user", "content": normalized_prompt(prompt)}]
     return hashlib.sha256(normalized_prompt(prompt).encode()).hexdigest()[:16]

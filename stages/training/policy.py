@@ -3,7 +3,13 @@ folder any later stage (or user) loads with `from_pretrained`, the adapter merge
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+
+from regimen.stages.core.fingerprint import content_digest
+from regimen.stages.decide.verdicts import OVERFITTING_VERDICT, REWARD_HACKING
+from regimen.stages.training.model import TINY, resolve_base_model, tiny_spec_hash
 
 
 def peft_config(recipe):
@@ -37,11 +43,6 @@ def save_policy(trainer, tokenizer, out: Path, *, merge: bool = True):
 
 def base_policy(recipe, store) -> dict:
     """The base model as an input reference: where to load it and a digest that identifies it."""
-    import hashlib
-    import json
-
-    from regimen.stages.training.model import TINY, resolve_base_model, tiny_spec_hash
-
     name = recipe.model.name_or_path
     if name == TINY:
         spec = recipe.model.tiny.model_dump(exclude_defaults=False)
@@ -69,8 +70,6 @@ def latest_policy(store, experiment: str, judge: str, trained_by: tuple[str, ...
     policy the `judge` stage last measured, made by one of the `trained_by` stages (the caller reads both
     from the registry), never one whose verdict suspected reward hacking (verdicts are kept beside the
     evaluations)."""
-    from regimen.stages.decide.verdicts import OVERFITTING_VERDICT, REWARD_HACKING
-
     verdicts = store.verdicts_by_eval(experiment)
     ev = next(
         (
@@ -92,8 +91,6 @@ def policy_from_ref(store, experiment: str, ref: dict) -> dict | None:
     """The intact version a policy reference names (by stage and fingerprint, and content when given: a
     retrained version can share the fingerprint of a damaged one), as a fresh reference with local paths;
     None when no intact version holds it. A base-model reference is returned as it is."""
-    from regimen.stages.core.fingerprint import content_digest
-
     if ref.get("stage") == "base":
         return ref
     same = [

@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 
 from regimen.stages.decide.verdicts import SHARPENING, describe, read_guard, stops
 from regimen.stages.rewards.scoring import Scorer, as_trained, columns, completion_ids
+from regimen.stages.training.episodes import complete
 
 log = logging.getLogger("regimen.probe")
 BEST = "best"
@@ -115,8 +116,6 @@ class HeldoutProbe(TrainerCallback):
     ) -> float | tuple[float, float]:
         """Greedy accuracy on `rows` (default: the held-out sample); with `with_reward`, also the mean
         weighted reward."""
-        from regimen.stages.training.episodes import complete
-
         rows = self.rows if rows is None else rows
         t0 = time.perf_counter()
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from regimen.stages.training.pass_rates import row_id
+
 ROWS, PASS_RATES, LEVELS = "rows", "pass_rates", "levels"
 
 
@@ -148,7 +150,5 @@ def rows(train_rows: list[dict[str, Any]], reason: str) -> Sampler:
     """The training rows as they are (TRL's sampler shuffles them), each with its `prompt_id`; nothing listens. The
     smoke test's sampler: a few steps that show reward variation, whatever the recipe's curriculum."""
     from datasets import Dataset
-
-    from regimen.stages.training.pass_rates import row_id
 
     return Sampler(ROWS, reason, Dataset.from_list([{**r, "prompt_id": row_id(r)} for r in train_rows]))

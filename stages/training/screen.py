@@ -37,6 +37,7 @@ from transformers import TrainerCallback
 
 from regimen.stages.rewards.scoring import Scorer, columns
 from regimen.stages.training import streams
+from regimen.stages.training.episodes import complete
 from regimen.stages.training.pass_rates import row_id
 
 log = logging.getLogger("regimen.curriculum")
@@ -112,8 +113,6 @@ class Screen:
 
     def screen(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The candidates whose screening answers do not all score alike."""
-        from regimen.stages.training.episodes import complete
-
         g = self.recipe.grpo_value
         outs, envs = complete(
             self.model,

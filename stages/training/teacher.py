@@ -10,6 +10,8 @@ from typing import Any
 
 from regimen.stages.rewards import Scorer, columns
 from regimen.stages.tasks import Task, shuffled
+from regimen.stages.training.model import load_policy
+from regimen.stages.training.sampling import generate
 
 
 def traces(recipe, task: Task, *, cycle: int, policy_path: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -68,9 +70,6 @@ def teacher_accuracy(recipe, task: Task) -> float | None:
 
 
 def _rejection_sample(recipe, rows: list[dict[str, Any]], source: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    from regimen.stages.training.model import load_policy
-    from regimen.stages.training.sampling import generate
-
     t = recipe.teacher
     model, tokenizer = load_policy(source, recipe)
     prompts = [r["prompt"] for r in rows]

@@ -11,7 +11,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from regimen.stages.core.errors import InputError
+from regimen.stages.environments.bounds import rollout_counts
 from regimen.stages.rewards import completion_text
+from regimen.stages.rewards.registry import check_values
 from regimen.stages.rewards.scoring import trained_totals
 
 FILE = "trajectories.jsonl"
@@ -67,9 +70,6 @@ def checked(name: str, fn, step) -> Any:
     value names the reward, the row, the value and the training step (`step()`), at every step, not only at the door."""
 
     def call(prompts, completions, **kwargs):
-        from regimen.stages.core.errors import InputError
-        from regimen.stages.rewards.registry import check_values
-
         try:
             return check_values(name, fn(prompts=prompts, completions=completions, **kwargs), len(completions))
         except InputError as exc:
@@ -198,7 +198,6 @@ class Recorder:
         self.order: list[str] = []
         self.groups: Groups | None = None  # set by the trainer's builder: every scored group, per step
         self.tool_bounds: dict[str, float] = {}  # rollouts' tool calls past a bound, over this process's training
-        from regimen.stages.environments.bounds import rollout_counts
 
         self._bounds_seen = rollout_counts()  # what earlier stages of this process counted is theirs
 
@@ -227,8 +226,6 @@ class Recorder:
         """This batch's rollouts' tool calls past the time limit and replies cut (`environments/bounds.py` counts
         them as TRL's loop makes them): into TRL's training log through its `log_metric` (per batch, averaged over
         a logging step) and into the totals."""
-        from regimen.stages.environments.bounds import rollout_counts
-
         now = rollout_counts()
         seen, self._bounds_seen = self._bounds_seen, now
         for key, total in now.items():
