@@ -4,6 +4,7 @@ runner, nor flows, nor Prefect), and per-stage code versions that ignore present
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 import zipfile
@@ -799,3 +800,129 @@ def test_under_xdist_a_file_runs_on_one_worker_and_the_ui_test_joins_the_operati
 
 if __name__ == "__main__":
     print("ARCHITECTURE.md " + ("rewritten" if write_architecture_table() else "already current"))
+
+
+# -- imports at the top (issue 47 item 7) ---------------------------------------------------------------
+
+LIGHT = {"yaml", "pydantic"}  # `regimen --help` loads pydantic already; yaml costs a few ms
+"""Third-party packages an import at the top may bring in where the module did not load them before."""
+
+
+def _top_imports(path: Path) -> list[ast.stmt]:
+    """Module-level imports, those in a top-level `try`/`if` included (not `if TYPE_CHECKING`)."""
+    out: list[ast.stmt] = []
+
+    def walk(body: list[ast.stmt]) -> None:
+        for n in body:
+            if isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
+                walk(n.body)
+                walk(n.orelse)
+            elif isinstance(n, ast.Try):
+                for block in (n.body, n.orelse, n.finalbody, *[h.body for h in n.handlers]):
+                    walk(block)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "__future__":
+                out.append(n)
+
+    walk(ast.parse(path.read_text()).body)
+    return out
+
+
+def _targets(name: str, path: Path, node: ast.stmt) -> list[str]:
+    """The modules an import statement loads (ours by full name; a library by its top-level name)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    return [n if n in MODULES else n.split(".")[0] for n in names]
+
+
+def _library(target: str) -> bool:
+    return target not in MODULES and target not in sys.stdlib_module_names and target not in LIGHT
+
+
+@functools.cache
+def loads(name: str) -> frozenset[str]:
+    """The libraries importing module `name` loads: its top-level imports and theirs, its packages' `__init__`s."""
+    parts = name.split(".")
+    todo = [name, *[".".join(parts[:i]) for i in range(2, len(parts))]]
+    seen: set[str] = set()
+    found: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in MODULES:
+            continue
+        seen.add(m)
+        for node in _top_imports(MODULES[m]):
+            for t in _targets(m, MODULES[m], node):
+                if t in MODULES:
+                    todo.append(t)
+                elif _library(t):
+                    found.add(t)
+    return frozenset(found)
+
+
+def imports_that_belong_at_the_top(name: str, path: Path) -> list[str]:
+    """Imports standing in a function's body that load nothing the module does not load already: the
+    standard library, LIGHT, a library the module imports at the top, or a module of ours that brings no
+    library the importer's own imports do not. What may stay in a function: a heavy or optional library
+    (torch, trl, prefect, fsspec, ...) or a module of ours that would bring one (the CLI stays light), and
+    anything inside a `try` or an `if` in the function (optional, or chosen at run time)."""
+    have = loads(name)
+    found = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in fn.body:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            targets = _targets(name, path, node)
+            heavier = [t for t in targets if (t in MODULES and not loads(t) <= have) or (_library(t) and t not in have)]
+            if not heavier and name not in targets:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_imports_stand_at_the_top_unless_they_would_load_something_heavier():
+    found = [
+        hit
+        for name, path in MODULES.items()
+        if "sandbox" not in name  # runs as `python -I -S` from its own folder: imports of its siblings by name
+        for hit in imports_that_belong_at_the_top(name, path)
+    ]
+    assert found == [], "imports to move to the top of their module:\n" + "\n".join(found)
+
+
+def test_the_rule_on_imports_would_catch_one_in_a_function(tmp_path, monkeypatch):
+    name = "regimen.stages.decide.verdicts"
+    planted = tmp_path / "verdicts.py"
+    planted.write_text(MODULES[name].read_text() + "\n\ndef planted():\n    import json\n\n    return json\n")
+    monkeypatch.setitem(MODULES, name, planted)
+    loads.cache_clear()
+    try:
+        hits = imports_that_belong_at_the_top(name, planted)
+    finally:
+        loads.cache_clear()
+    assert hits == [f"{planted}:{len(planted.read_text().splitlines()) - 2}: import json"]
+
+
+def test_the_command_line_help_and_check_load_no_training_or_orchestration_library(tmp_path):
+    """`regimen --help` stays light after the imports moved to the top: no torch, trl, transformers,
+    datasets or prefect. (`regimen check` does load TRL: it validates the recipe's TRL fields against TRL's
+    own config classes, so that it refuses what the run refuses.)"""
+    heavy = ("torch", "trl", "transformers", "datasets", "prefect")
+    code = (
+        "import sys\n"
+        "sys.argv = ['regimen', '--help']\n"
+        "from regimen.flows.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        f"print('LOADED', sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "LOADED []", r.stdout[-500:]
