@@ -7,6 +7,9 @@
 - `reference/manifest.md`: a version's manifest and its index entry, from the store's schemas;
 - `reference/exit-codes.md`: the exit codes, from Regimen's error classes;
 - `reference/events.md`: the Prefect events Regimen emits, found in the code;
+- `reference/layout.md`: the map of the house, every folder and module of `stages/` and `flows/` with the first
+  sentence of its docstring, and the registries' names (stages, tasks, rewards, environments, trackers, recipe
+  sections), so the tour's lists cannot go stale;
 - `benchmarks/*.md`: each `bench/results/*.jsonl` as a table (every row's date, machine and commit as recorded).
 """
 
@@ -46,18 +49,22 @@ def _plain(value: Any) -> Any:
 
 
 def _default(field) -> str:
+    """The field's default as a short value. A section (a pydantic model) does not put its whole default in
+    the column: its own table below gives each of its fields' defaults; a long list of sections says how many."""
     if field.is_required():
         return "required"
-    if field.default_factory is not None:
-        try:
-            value = field.default_factory()
-        except TypeError:
-            return "(computed)"
-        value = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-        return f"`{json.dumps(value, default=_plain)}`"
-    value = field.default
-    value = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-    return f"`{json.dumps(value, default=_plain)}`"
+    try:
+        value = field.get_default(call_default_factory=True)
+    except TypeError:
+        return "(computed)"
+    if hasattr(value, "model_dump"):
+        return "each field's default (its table below)"
+    text = json.dumps(value, default=_plain)
+    if len(text) > 60 and _models(field.annotation) and isinstance(value, list):
+        names = [getattr(v, "name", None) for v in value]
+        listed = ", ".join(str(n) for n in names) if all(names) else f"{len(value)} entries"
+        return f"[{listed}] (an entry's fields: the table below)"
+    return f"`{text}`"
 
 
 def _models(annotation: Any) -> list[type]:
@@ -110,7 +117,7 @@ def recipe_page() -> str:
     ]
 
     def table(model, prefix: str, title: str) -> None:
-        lines.extend([f"## `{title}`", "", (model.__doc__ or "").strip().replace("\n", " "), ""])
+        lines.extend([f"## `{title}`", "", " ".join((model.__doc__ or "").split()), ""])
         lines.extend(["| field | type | default | bounds | description |", "|---|---|---|---|---|"])
         nested = []
         for name, field in model.model_fields.items():
@@ -308,6 +315,62 @@ def benchmark_pages() -> dict[str, str]:
     return pages
 
 
+def _summary(path: Path) -> str:
+    """The first sentence of a module's docstring (its first line when there is no full stop in it)."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    cut = first.find(". ")
+    text = first[: cut + 1] if cut != -1 else first
+    return text.replace("|", "\\|")
+
+
+def layout_page() -> str:
+    from regimen.stages import registry
+    from regimen.stages.environments.registry import known
+    from regimen.stages.recipe.schema import Recipe
+    from regimen.stages.recipe.trackers import NAMES as TRACKERS
+    from regimen.stages.rewards.registry import known_rewards
+    from regimen.stages.tasks.registry import TASKS
+
+    lines = [
+        "# Layout",
+        "",
+        "Generated from the code at every build (`docs/gen_reference.py`): every folder and module of `stages/` "
+        "(plain Python, never imports Prefect) and `flows/` (Prefect, by concern), each with the first sentence of "
+        "its docstring, then the registries. The rooms and what each may import: "
+        "[Architecture](../explanation/architecture.md).",
+        "",
+        "## Registries",
+        "",
+        "| registry | names |",
+        "|---|---|",
+        "| stages, in order (role) | " + ", ".join(f"`{s.NAME}` ({s.ROLE})" for s in registry.ORDER) + " |",
+        "| tasks (`data.task`) | " + ", ".join(f"`{n}`" for n in TASKS) + " |",
+        "| rewards (`rewards[].name`) | " + ", ".join(f"`{n}`" for n in known_rewards()) + " |",
+        "| environments (`environment.name`) | " + ", ".join(f"`{n}`" for n in known()) + " |",
+        "| trackers (`tracking`) | " + ", ".join(f"`{n}`" for n in TRACKERS) + " |",
+        "| recipe sections | " + ", ".join(f"`{f.alias or n}`" for n, f in Recipe.model_fields.items()) + " |",
+        "",
+    ]
+    for top in ("stages", "flows"):
+        base = ROOT / top
+        lines += [f"## `{top}/`", "", "| module | what it is |", "|---|---|"]
+        folders = sorted(
+            {p.parent for p in base.rglob("*.py") if "__pycache__" not in p.parts and "metrics" not in p.parts}
+        )
+        for folder in folders:
+            rel = folder.relative_to(ROOT).as_posix()
+            init = folder / "__init__.py"
+            if folder != base:
+                lines.append(f"| **`{rel}/`** | {_summary(init) if init.exists() else ''} |")
+            for module in sorted(folder.glob("*.py")):
+                if module.name == "__init__.py" and (folder != base or not _summary(module)):
+                    continue
+                lines.append(f"| `{module.relative_to(ROOT).as_posix()}` | {_summary(module)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def generate(docs: Path = DOCS) -> list[Path]:
     pages = {
         "reference/recipe.md": recipe_page(),
@@ -315,6 +378,7 @@ def generate(docs: Path = DOCS) -> list[Path]:
         "reference/manifest.md": manifest_page(),
         "reference/exit-codes.md": exit_codes_page(),
         "reference/events.md": events_page(),
+        "reference/layout.md": layout_page(),
         **benchmark_pages(),
     }
     written = []
