@@ -14,11 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from regimen.flows.cli.app import app
-from regimen.flows.pipeline.tracking import person_moved
 from regimen.stages.core.errors import InputError
-from regimen.stages.recipe import load_recipe
-from regimen.stages.tasks.registry import load_task
-from regimen.stages.training.model import build_real_shaped_model
 
 console = Console(soft_wrap=True)
 StoreOpt = Annotated[str, typer.Option("--store", help="artifact store: a folder or an fsspec URL")]
@@ -61,6 +57,8 @@ def _announce(experiment: str, event: str, line: dict) -> None:
 
 def _mirror(store, experiment: str, line: dict) -> None:
     """A person's move into MLflow's registry when the experiment tracks with MLflow (one line either way)."""
+    from regimen.flows.pipeline.tracking import person_moved
+
     if said := person_moved(store, experiment, line):
         console.print(said, markup=False, highlight=False)
 
@@ -83,6 +81,7 @@ def champion(experiment: Annotated[str, typer.Argument(help="experiment name")],
     """The experiment's champion and its history (promotions, keeps, a person's moves)."""
     from regimen.flows.pipeline.champion import record
     from regimen.flows.pipeline.publish import champion_table
+    from regimen.stages.core.errors import InputError
     from regimen.stages.store import Store
 
     st = Store(store)
@@ -188,8 +187,10 @@ def heldout_refresh(
 ) -> None:
     """Start a new frozen held-out set from the recipe's data (a person's decision; accuracies compare within one
     set)."""
+    from regimen.stages.recipe import load_recipe
     from regimen.stages.records import datasets as data_records
     from regimen.stages.store import Store, check_name
+    from regimen.stages.tasks.registry import load_task
 
     recipe = load_recipe(config, {"store": store} if store else {})
     experiment = check_name(experiment or recipe.experiment)  # data of the command, not put into the recipe
@@ -224,6 +225,8 @@ def make_model(
     layers: Annotated[int, typer.Option("--layers")] = 2,
 ) -> None:
     """Build a small standard-architecture causal LM locally (no download), saved with save_pretrained."""
+    from regimen.stages.training.model import build_real_shaped_model
+
     if arch not in ("qwen3", "llama"):
         raise InputError(f"--arch {arch!r}: use qwen3 or llama")
     path = build_real_shaped_model(out, arch=arch, hidden_size=hidden_size, num_layers=layers)

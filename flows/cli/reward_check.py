@@ -23,11 +23,8 @@ import typer
 from regimen.flows.cli.app import app
 from regimen.flows.present.reward_check import gameable_warning, json_value, print_report
 from regimen.stages.core.errors import InputError
-from regimen.stages.recipe import load_recipe
-from regimen.stages.recipe.schema import RewardSpec
 from regimen.stages.rewards import RewardFn, get_reward, is_gameable, score
 from regimen.stages.rewards.audit import audit, summary
-from regimen.stages.rewards.registry import from_specs
 from regimen.stages.tasks import read_jsonl
 
 BATCH_SIZE = 512
@@ -69,6 +66,9 @@ def _check_sample(path: Path, line_no: int, row: dict[str, Any]) -> None:
 
 def _recipe_rewards(config: str) -> dict[str, tuple[RewardFn, float]]:
     """The recipe's rewards, by report name, with their weights (the recipe is validated as for a run)."""
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.rewards.registry import from_specs
+
     recipe = load_recipe(config, check_trl=False)
     fns = from_specs(recipe.rewards)
     return {key: (fn, recipe.reward_weights()[key]) for key, fn in fns.items()}
@@ -76,6 +76,8 @@ def _recipe_rewards(config: str) -> dict[str, tuple[RewardFn, float]]:
 
 def report_name(name: str) -> str:
     """The name a reward's values are reported under (as `RewardSpec.key` and TRL's logs name it)."""
+    from regimen.stages.recipe.schema import RewardSpec
+
     return RewardSpec(name=name).key
 
 

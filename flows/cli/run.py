@@ -10,18 +10,13 @@ import typer
 from rich.table import Table
 
 from regimen.flows.cli.app import ExperimentOpt, SetOpt, StoreOpt, app, console, err
-from regimen.flows.present.comparison import COLUMNS, parse_sweep, variant
 from regimen.flows.present.fmt import num
-from regimen.flows.present.terminal import terminal
-from regimen.flows.serving.server import api_for_this_run
-from regimen.stages import registry
-from regimen.stages.core.errors import InputError, RegimenError, StageInterrupted
-from regimen.stages.recipe import explain, load_recipe, parse_set, read_yaml
-from regimen.stages.run.preflight import check as door
-from regimen.stages.training import sampler
+from regimen.stages.core.errors import InputError, RegimenError
 
 
 def summary_table(results: list[dict[str, Any]]) -> Table:
+    from regimen.stages import registry
+
     table = Table(title="regimen run", show_lines=False)
     waited = any(r.get("wait_s", 0) >= 0.1 for r in results)
     for col in ("stage", "version", "cycle", "", "wall s", *(("wait s",) if waited else ()), "key metrics"):
@@ -81,6 +76,8 @@ def _print_run(outcome, started: float) -> None:
 def resolve(config: str, set_: list[str] | None, store: str | None, data: dict | None = None):
     """The recipe, validated and resolved once (exit 2 on bad input); `data` is its YAML when the command read it
     already (parsed once). The experiment is not part of it: the commands hand it to the flow as data of the run."""
+    from regimen.stages.recipe import load_recipe, parse_set
+
     overrides = parse_set(set_ or [])
     if store:
         overrides["store"] = store
@@ -103,6 +100,7 @@ def run(
 ) -> None:
     """Run the flow `regimen-cycle` over the recipe's stages and print a summary."""
     started = time.perf_counter()
+    from regimen.stages.recipe import parse_set, read_yaml
 
     parse_set(set_ or [])
     data = read_yaml(config)  # the cheap checks first: no server for a missing file or broken YAML
@@ -110,6 +108,8 @@ def run(
         from regimen.stages.store import check_name
 
         check_name(experiment)  # the run's experiment: data handed to the flow, not put into the recipe
+    from regimen.flows.present.terminal import terminal
+    from regimen.flows.serving.server import api_for_this_run
 
     with api_for_this_run() as api_ready:  # a temporary server boots while the recipe is validated
         recipe = resolve(config, set_, store, data)  # validated and resolved once: exit 2, nothing written
@@ -163,6 +163,8 @@ def _flush_prefect_logs() -> None:
 
 
 def _as_regimen_error(exc: BaseException, state) -> RegimenError:
+    from regimen.stages.core.errors import StageInterrupted
+
     name = type(exc).__name__
     if (
         isinstance(exc, KeyboardInterrupt)
@@ -195,8 +197,12 @@ def check(
     """Validate a recipe and print it fully resolved, each value with where it came from; then the run's door checks
     that need no server (the data loads, each reward is called on a few rows, an environment is made and reset): what
     the run would refuse, check refuses. Trains nothing, writes nothing."""
+    from regimen.stages.recipe import explain, load_recipe
+    from regimen.stages.run.preflight import check as door
+
     recipe = load_recipe(config, set_ or [])
     summary = door(recipe, offline=True)
+    from regimen.stages.training import sampler
 
     text = explain(recipe, all_fields=all_fields, streams=sampler.streams(recipe))
     console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -238,7 +244,11 @@ def sweep(
     verbose: VerboseOpt = False,
 ) -> None:
     """One GRPO+eval per value of one field (--set grpo.num_generations=2,8,16) from the same SFT, then a comparison."""
+    from regimen.flows.present.comparison import COLUMNS, parse_sweep, variant
+
     field, values, rest = parse_sweep(list(set_ or []))
+    from regimen.flows.present.terminal import terminal
+    from regimen.flows.serving.server import api_for_this_run
 
     with api_for_this_run() as api_ready:
         recipe = resolve(config, rest, store)
