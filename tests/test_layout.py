@@ -455,15 +455,15 @@ def test_a_move_a_rename_and_a_reformat_change_no_code_version_and_a_change_to_w
     tree.body[0].value.value = "GRPO, reformatted by a tool and its docstring rewritten."
     grpo.write_text(ast.unparse(tree) + "\n# a comment\n")
     assert grpo.read_text() != (ROOT / "stages" / "grpo.py").read_text()
-    hoisted = 0  # every import inside a function of the dry run moved to the top of its module (issue 47 item 7)
-    dry_run = copy / "dry_run.py"
-    tree = ast.parse(dry_run.read_text())
+    hoisted = 0  # every import inside a function of SFT (torch, trl) moved to the top of its module (issue 47 item 7)
+    sft = copy / "sft.py"
+    tree = ast.parse(sft.read_text())
     for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
         inner = [n for n in fn.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         fn.body = [n for n in fn.body if n not in inner] or [ast.Pass()]
         tree.body[2:2] = inner  # after the docstring and `from __future__ import annotations`
         hoisted += len(inner)
-    dry_run.write_text(ast.unparse(tree))
+    sft.write_text(ast.unparse(tree))
     assert hoisted > 0
     moved = code_versions_of(copy, monkeypatch)
     assert moved == real
@@ -870,9 +870,11 @@ def imports_that_belong_at_the_top(name: str, path: Path) -> list[str]:
     """Imports standing in a function's body that load nothing the module does not load already: the
     standard library, LIGHT, a library the module imports at the top, or a module of ours that brings no
     library the importer's own imports do not. What may stay in a function: a heavy or optional library
-    (torch, trl, prefect, fsspec, ...) or a module of ours that would bring one (the CLI stays light), and
-    anything inside a `try` or an `if` in the function (optional, or chosen at run time)."""
+    (torch, trl, prefect, fsspec, ...) or a module of ours that would bring one, a module of ours in a
+    command of the CLI (`regimen --help` loads none of them), and anything inside a `try` or an `if` in the
+    function (optional, or chosen at run time)."""
     have = loads(name)
+    cli = name.startswith("regimen.flows.cli")  # a command loads its modules when it runs: `--help` loads none
     found = []
     for fn in ast.walk(ast.parse(path.read_text())):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -881,7 +883,11 @@ def imports_that_belong_at_the_top(name: str, path: Path) -> list[str]:
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             targets = _targets(name, path, node)
-            heavier = [t for t in targets if (t in MODULES and not loads(t) <= have) or (_library(t) and t not in have)]
+            heavier = [
+                t
+                for t in targets
+                if (t in MODULES and (cli or not loads(t) <= have)) or (_library(t) and t not in have)
+            ]
             if not heavier and name not in targets:
                 where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
                 found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
