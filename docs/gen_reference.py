@@ -108,10 +108,16 @@ def recipe_page() -> str:
     from regimen.stages.tasks.registry import TASKS
 
     lines = [
+        "---",
+        "hide:",
+        "  - navigation",  # the tables take the page's width at 1280 px
+        "---",
+        "",
         "# Recipe reference",
         "",
         "Generated from the recipe's pydantic schema (`stages/recipe/schema.py`) at every build: every section and "
-        "field a recipe may set, its type, its default (and where the default comes from), its bounds and what it "
+        "field a recipe may set, its type, its default (the schema's: a section's default is its own table), its "
+        "bounds and what it "
         "does. `regimen check RECIPE` prints a recipe fully resolved, each value with its source.",
         "",
     ]
@@ -124,8 +130,7 @@ def recipe_page() -> str:
             key = field.alias or name
             desc = (field.description or "").replace("\n", " ").replace("|", "\\|")
             lines.append(
-                f"| `{prefix}{key}` | {_type(field.annotation)} | {_default(field)} (schema) | "
-                f"{_bounds(field)} | {desc} |"
+                f"| `{prefix}{key}` | {_type(field.annotation)} | {_default(field)} | {_bounds(field)} | {desc} |"
             )
             for sub in _models(field.annotation):
                 if not sub.__module__.startswith("regimen.stages.tasks"):
