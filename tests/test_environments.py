@@ -320,6 +320,27 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
     assert any("result" in t for r in grpo_rows for t in r["episode"]["turns"])
     assert 0.0 <= by["eval"]["metrics"]["heldout_accuracy"] <= 1.0
 
+    # issue 48: `teacher: model` writes its traces through the environment: the SFT model above as the teacher, its
+    # episodes run with the tool and judged by their own environment, kept when they pass teacher.min_reward
+    from regimen.stages.recipe import load_recipe
+    from regimen.stages.run.runner import StageCall, execute
+    from regimen.stages.store import Store
+    from regimen.stages.training.policy import base_policy
+
+    teacher = {"kind": "model", "name_or_path": str(exp / "sft" / "v1" / "model"), "samples_per_prompt": 2}
+    recipe = load_recipe(config, {**overrides, "teacher": {**teacher, "max_prompts": 48}, "sft.max_steps": 4})
+    store = Store(tmp_path)
+    taught = execute(StageCall("sft", recipe, {"policy": base_policy(recipe, store)}, experiment="by-model"), store)
+    metrics = taught.manifest["metrics"]
+    lines = (taught.path / "trajectories.jsonl").read_text().splitlines()
+    kept = [json.loads(line) for line in lines if json.loads(line).get("kind") == "trace"]
+    print(
+        f"teacher: model through the environment kept {metrics['traces_kept']:.0f} of {metrics['traces_generated']:.0f}"
+    )
+    assert metrics["traces_generated"] == 96 and 0 < metrics["traces_kept"] <= 96, metrics
+    assert kept and all(isinstance(t["completion"], list) for t in kept)  # conversations, as the episodes ran
+    assert any(t["completion"][0].get("tool_calls") for t in kept)  # with the tool's calls and replies
+
 
 def test_an_episode_ends_when_its_token_budget_is_spent(tmp_path, monkeypatch, tokenizer):
     """`max_new_tokens` is the whole episode's budget (tool results included), as TRL's max_completion_length."""
