@@ -329,14 +329,38 @@ def _summary(path: Path) -> str:
     return text.replace("|", "\\|")
 
 
-def layout_page() -> str:
-    from regimen.stages import registry
-    from regimen.stages.environments.registry import known
-    from regimen.stages.recipe.schema import Recipe
-    from regimen.stages.recipe.trackers import NAMES as TRACKERS
-    from regimen.stages.rewards.registry import known_rewards
-    from regimen.stages.tasks.registry import TASKS
+_REGISTRIES = """
+import json
+from regimen.stages import registry
+from regimen.stages.environments.registry import known
+from regimen.stages.recipe.schema import Recipe
+from regimen.stages.recipe.trackers import NAMES
+from regimen.stages.rewards.registry import known_rewards
+from regimen.stages.tasks.registry import TASKS
 
+print(json.dumps({
+    "stages": [[s.NAME, s.ROLE] for s in registry.ORDER],
+    "tasks": list(TASKS),
+    "rewards": known_rewards(),
+    "environments": known(),
+    "trackers": list(NAMES),
+    "sections": [f.alias or n for n, f in Recipe.model_fields.items()],
+}))
+"""
+
+
+def registries() -> dict[str, Any]:
+    """The registries' names as a fresh process sees them: what ships, never what a test (or a user's code in
+    this process) registered at run time."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _REGISTRIES], capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def layout_page() -> str:
+    names = registries()
     lines = [
         "# Layout",
         "",
@@ -349,12 +373,12 @@ def layout_page() -> str:
         "",
         "| registry | names |",
         "|---|---|",
-        "| stages, in order (role) | " + ", ".join(f"`{s.NAME}` ({s.ROLE})" for s in registry.ORDER) + " |",
-        "| tasks (`data.task`) | " + ", ".join(f"`{n}`" for n in TASKS) + " |",
-        "| rewards (`rewards[].name`) | " + ", ".join(f"`{n}`" for n in known_rewards()) + " |",
-        "| environments (`environment.name`) | " + ", ".join(f"`{n}`" for n in known()) + " |",
-        "| trackers (`tracking`) | " + ", ".join(f"`{n}`" for n in TRACKERS) + " |",
-        "| recipe sections | " + ", ".join(f"`{f.alias or n}`" for n, f in Recipe.model_fields.items()) + " |",
+        "| stages, in order (role) | " + ", ".join(f"`{n}` ({role})" for n, role in names["stages"]) + " |",
+        "| tasks (`data.task`) | " + ", ".join(f"`{n}`" for n in names["tasks"]) + " |",
+        "| rewards (`rewards[].name`) | " + ", ".join(f"`{n}`" for n in names["rewards"]) + " |",
+        "| environments (`environment.name`) | " + ", ".join(f"`{n}`" for n in names["environments"]) + " |",
+        "| trackers (`tracking`) | " + ", ".join(f"`{n}`" for n in names["trackers"]) + " |",
+        "| recipe sections | " + ", ".join(f"`{n}`" for n in names["sections"]) + " |",
         "",
     ]
     for top in ("stages", "flows"):

@@ -168,10 +168,10 @@ def tokenizer():
 
 
 def test_episodes_call_the_tool_read_the_result_and_answer(tmp_path, monkeypatch, tokenizer):
-    from regimen.stages.training import episodes, sampling
+    from regimen.stages.training import episodes
 
     script = Scripted(['<c>{"name": "probe", "arguments": {"x": 3}}</c>', "11"])
-    monkeypatch.setattr(sampling, "generate", script)
+    monkeypatch.setattr(episodes, "generate", script)  # where run_episodes looks it up
     completions, envs = episodes.run_episodes(
         None, tokenizer, _recipe(tmp_path), [ROW], do_sample=False, max_new_tokens=60, desc="t"
     )
@@ -183,10 +183,10 @@ def test_episodes_call_the_tool_read_the_result_and_answer(tmp_path, monkeypatch
 
 
 def test_episodes_end_at_the_turn_limit(tmp_path, monkeypatch, tokenizer):
-    from regimen.stages.training import episodes, sampling
+    from regimen.stages.training import episodes
 
     script = Scripted(['<c>{"name": "probe", "arguments": {"x": 1}}</c>'])  # calls the tool forever
-    monkeypatch.setattr(sampling, "generate", script)
+    monkeypatch.setattr(episodes, "generate", script)  # where run_episodes looks it up
     completions, envs = episodes.run_episodes(
         None, tokenizer, _recipe(tmp_path, max_turns=2), [ROW, ROW], do_sample=False, max_new_tokens=400, desc="t"
     )
@@ -200,10 +200,10 @@ def test_episodes_end_at_the_turn_limit(tmp_path, monkeypatch, tokenizer):
 
 
 def test_a_broken_tool_in_an_episode_is_a_zero_and_a_trajectory_entry(tmp_path, monkeypatch, tokenizer):
-    from regimen.stages.training import episodes, sampling
+    from regimen.stages.training import episodes
 
     script = Scripted(['<c>{"name": "look", "arguments": {"n": 0}}</c>', "done"])
-    monkeypatch.setattr(sampling, "generate", script)
+    monkeypatch.setattr(episodes, "generate", script)  # where run_episodes looks it up
     completions, envs = episodes.run_episodes(
         None, tokenizer, _recipe(tmp_path, 3, "test-flaky"), [ROW], do_sample=False, max_new_tokens=60, desc="t"
     )
@@ -344,10 +344,10 @@ def test_an_environment_run_goes_through_every_stage_and_resumes_mid_grpo(tmp_pa
 
 def test_an_episode_ends_when_its_token_budget_is_spent(tmp_path, monkeypatch, tokenizer):
     """`max_new_tokens` is the whole episode's budget (tool results included), as TRL's max_completion_length."""
-    from regimen.stages.training import episodes, sampling
+    from regimen.stages.training import episodes
 
     script = Scripted(['<c>{"name": "probe", "arguments": {"x": 1}}</c>'])
-    monkeypatch.setattr(sampling, "generate", script)
+    monkeypatch.setattr(episodes, "generate", script)  # where run_episodes looks it up
     completions, envs = episodes.run_episodes(
         None, tokenizer, _recipe(tmp_path, max_turns=4), [ROW], do_sample=False, max_new_tokens=60, desc="t"
     )

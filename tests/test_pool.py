@@ -479,6 +479,15 @@ def host_paused(server, s3_server, pool):
         for p in procs:
             p.send_signal(signal.SIGSTOP)
         other = "b" if frozen == "a" else "a"
+        frozen_at = time.monotonic()
+        # Crashed (HostLost) is terminal for a moment, until the rerun automation schedules the run again: wait for
+        # it to be running again before waiting for its end, as `host_lost` does
+        while server.run(run_id)["state"]["type"] != "RUNNING" or "HostLost" not in states(server, run_id):
+            assert time.monotonic() - frozen_at < 600, (
+                f"not running again 600 s after the freeze: {server.run(run_id)['state']}\n"
+                f"{tail(tmp / f'paused-worker-{other}.log')}"
+            )
+            time.sleep(0.5)
         info["completed"] = server.wait_run(run_id, timeout=900, logs=[tmp / f"paused-worker-{other}.log"])
         info["states_at_completion"] = states(server, run_id)
         for p in procs:

@@ -174,7 +174,7 @@ def test_failed_attempts_decisions_and_records_in_the_bucket(s3_env, bucket, tmp
     store._ledger.record_decision("exp", {"eval_version": 3, "verdict": "keep", "cycle": 1})
     assert [(d["eval_version"], d["verdict"]) for d in store._ledger.decisions("exp")] == [(3, "keep")]
     rec = store._ledger.update("exp", "champion.json", lambda cur: {"history": [*(cur or {}).get("history", []), "a"]})
-    assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b").ledger.read("exp", "champion.json")[
+    assert rec["revision"] == 1 and Store(url, cache_dir=tmp_path / "b")._ledger.read("exp", "champion.json")[
         "history"
     ] == ["a"]
 
@@ -368,7 +368,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     from regimen.stages.training.checkpoints import MARKER, complete_checkpoints, fetch_remote
 
     url = f"s3://{bucket}/r"
-    a = Store(url, cache_dir=tmp_path / "host-a").workspace.work_dir("exp", "grpo", "f" * 64)
+    a = Store(url, cache_dir=tmp_path / "host-a")._workspace.work_dir("exp", "grpo", "f" * 64)
     for step in (10, 20, 30):
         assert mirror.push(a, fake_checkpoint(a, step), MARKER, keep=2)
     fs = s3_env.client()
@@ -379,7 +379,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([20, 30], [40])
 
     # a host that has never seen the run
-    b = Store(url, cache_dir=tmp_path / "host-b").workspace.work_dir("exp", "grpo", "f" * 64)
+    b = Store(url, cache_dir=tmp_path / "host-b")._workspace.work_dir("exp", "grpo", "f" * 64)
     assert complete_checkpoints(b) == []
     assert fetch_remote(b) == 30
     assert [s for s, _ in complete_checkpoints(b)] == [30]
@@ -389,7 +389,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     assert fetch_remote(b) is None  # nothing newer in the bucket
 
     fs.pipe_file(f"{key}/checkpoint-30/model.safetensors", b"X" * 3000)  # damaged in the bucket: the one before is used
-    c = Store(url, cache_dir=tmp_path / "host-c").workspace.work_dir("exp", "grpo", "f" * 64)
+    c = Store(url, cache_dir=tmp_path / "host-c")._workspace.work_dir("exp", "grpo", "f" * 64)
     assert fetch_remote(c) == 20 and [s for s, _ in complete_checkpoints(c)] == [20]
     assert not list(c.glob(".pull-*"))
 
@@ -403,7 +403,7 @@ def test_checkpoints_go_to_the_bucket_marker_last_pruned_and_come_back_checked_o
     assert 50 not in mirror.remote_checkpoints(fs, key, MARKER)[0]
 
     # the committed stage's work goes
-    Store(url, cache_dir=tmp_path / "host-c").workspace.drop_work("exp", "grpo", "f" * 64)
+    Store(url, cache_dir=tmp_path / "host-c")._workspace.drop_work("exp", "grpo", "f" * 64)
     assert mirror.remote_checkpoints(fs, key, MARKER) == ([], []) and not c.exists()
 
 
@@ -688,7 +688,7 @@ def test_a_promote_made_while_a_rollback_stalls_in_the_record_lock_stands_and_th
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     assert proc.returncode == 1, (out, err)
     assert "refused" in err and f"revision {before + 1}" in err and "nothing of it was written" in err, err
-    rec = Store(url, cache_dir=tmp_path / "fresh").ledger.read(EXP, "champion.json")
+    rec = Store(url, cache_dir=tmp_path / "fresh")._ledger.read(EXP, "champion.json")
     assert rec["revision"] == before + 1 and rec["champion"]["policy"] == "grpo v3"
     assert [(h["event"], h["by"]) for h in rec["history"]][-1] == ("promoted", "person")
     assert not any(h.get("reason") == "stalled" for h in rec["history"])

@@ -38,7 +38,8 @@ def checkpoint(tmp_path_factory):
 
 def test_the_probe_and_the_evaluation_agree_row_for_row(checkpoint, tmp_path, monkeypatch):
     from regimen.stages.tasks.registry import load_task
-    from regimen.stages.training import episodes
+    from regimen.stages.training import episodes, heldout
+    from regimen.stages.training import probe as probing
     from regimen.stages.training.heldout import heldout_eval
     from regimen.stages.training.probe import HeldoutProbe
 
@@ -57,7 +58,8 @@ def test_the_probe_and_the_evaluation_agree_row_for_row(checkpoint, tmp_path, mo
         outs, envs = real(model, tokenizer, recipe, rows, **kw)
         return [[scripted.get(r["prompt"], o[0])] for r, o in zip(rows, outs)], envs
 
-    monkeypatch.setattr(episodes, "complete", complete)
+    for where in (heldout, probing):  # the evaluation's and the probe's own name for it
+        monkeypatch.setattr(where, "complete", complete)
     metrics, traj = heldout_eval(model, tokenizer, recipe, rows)
     probe = HeldoutProbe(recipe, rows, tokenizer, tmp_path)
     per_row = [probe.measure(model, [r]) for r in rows]

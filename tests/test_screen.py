@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY
 
 from regimen.stages.recipe import load_recipe
-from regimen.stages.training import episodes
+from regimen.stages.training import screen as screening
 from regimen.stages.training.curriculum import Curriculum
 from regimen.stages.training.screen import MAX_ROUNDS, Rows, Screen
 
@@ -49,7 +49,8 @@ def recipe():
 
 @pytest.fixture(autouse=True)
 def answers(monkeypatch):
-    monkeypatch.setattr(episodes, "complete", lambda model, tok, recipe, rows, **kw: scripted(rows, **kw))
+    # where the screen looks it up (imported at the top of screen.py)
+    monkeypatch.setattr(screening, "complete", lambda model, tok, recipe, rows, **kw: scripted(rows, **kw))
 
 
 def test_alike_candidates_are_skipped_and_varied_ones_enter(recipe):
