@@ -35,23 +35,26 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
+def _targets(name: str, path: Path, node: ast.stmt) -> list[str]:
+    """The modules an import statement loads (ours by full name; a library by its top-level name)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    return [n if n in MODULES else n.split(".")[0] for n in names]
+
+
 def edges(name: str, path: Path) -> set[str]:
     """Modules of ours that `name` imports anywhere in its code (top level or inside functions)."""
-    tree = ast.parse(path.read_text())
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-        else:
-            continue
-        found.update(t for t in targets if t in MODULES)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(t for t in _targets(name, path, node) if t in MODULES)
     return found - {name}
 
 
@@ -825,20 +828,6 @@ def _top_imports(path: Path) -> list[ast.stmt]:
 
     walk(ast.parse(path.read_text()).body)
     return out
-
-
-def _targets(name: str, path: Path, node: ast.stmt) -> list[str]:
-    """The modules an import statement loads (ours by full name; a library by its top-level name)."""
-    if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    else:
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        base = node.module or ""
-        if node.level:
-            parts = package.split(".")
-            base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-    return [n if n in MODULES else n.split(".")[0] for n in names]
 
 
 def _library(target: str) -> bool:
