@@ -70,6 +70,37 @@ def test_the_stream_generates_at_the_current_level_skips_heldout_prompts_and_res
     assert {next(uniform.stream())["level"] for _ in range(40)} == {0, 1, 2}
 
 
+def test_the_screen_in_front_of_the_levels_tells_the_controller_what_it_saw(monkeypatch):
+    """`skip_all_alike` with `kind: levels` (issue 49, item 3): a level whose prompts the policy all solves is screened
+    out, so GRPO's own groups never report it; the screening answers count toward the pass rate at their level, so
+    the level still rises. A row at the next level whose answers differ enters."""
+    from regimen.stages.tasks import reasoning_gym as task_module
+    from regimen.stages.tasks.registry import load_task
+    from regimen.stages.training import screen as screening
+
+    over = {
+        "data.heldout_levels": [0, 1, 2],
+        "data.config": {},
+        "curriculum": {"kind": "levels", "levels": {"window": 8}, "skip_all_alike": True, "screen_batch": 2},
+    }
+    r = load_recipe(str(RG), over, check_trl=False)
+    task = load_task(r.data)
+
+    def answers(model, tok, recipe, rows, num_return_sequences, **_):  # level 0 always right, above it half right
+        k = num_return_sequences
+        return [[row["answer"] if row["level"] == 0 or i % 2 else "x" for i in range(k)] for row in rows], None
+
+    monkeypatch.setattr(screening, "complete", answers)
+    pacing = LevelsCurriculum(task_module, r.data, r.curriculum.levels, 0, task.heldout, metric=r.eval.metric)
+    screen = screening.Screen(r, pacing)
+    screen.model = screen.tokenizer = object()  # a policy to ask (the scripted answers above)
+    assert screen.screen([screen._next() for _ in range(2)]) == []  # level 0: all solved, both skipped
+    assert pacing.controller.window == [1.0] * 8  # ... and their 2 x 4 answers heard at level 0
+    assert pacing.controller.decide(1) == 1
+    entered = screen.screen([screen._next() for _ in range(2)])
+    assert [row["level"] for row in entered] == [1, 1] and pacing.controller.window == [0.0, 1.0] * 4
+
+
 def test_levels_need_a_task_that_generates_by_level():
     with pytest.raises(InputError, match="curriculum.kind: levels needs a task that generates problems by level"):
         load_recipe(str(ROOT / "tests" / "tiny.yaml"), {"curriculum": {"kind": "levels"}}, check_trl=False)

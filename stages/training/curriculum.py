@@ -191,6 +191,11 @@ class Curriculum:
             yield {**self.rows[i], "prompt_id": self.ids[i]}
 
     # -- learning from the trainer's rewards ---------------------------------------------------
+    def screened(self, candidates: list[dict[str, Any]], scores, k: int) -> None:
+        """What the screen saw (`screen.py`): each candidate's `k` answers, as a group of its own."""
+        ids = [c.get("prompt_id") or row_id(c) for c in candidates for _ in range(k)]
+        self.observe(ids, [0.0 if t != t else t for t in scores.totals], k)
+
     def observe(self, ids: list[str], totals: list[float], group: int) -> None:
         self._changes += 1
         for k, same in zip(range(0, len(ids), group), self.rates.add_groups(ids, totals, group, self.step, "grpo")):

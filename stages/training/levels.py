@@ -84,8 +84,8 @@ class LevelController:
 class LevelsCurriculum:
     """GRPO's stream of generated prompts and its controller (the `curriculum` build_trainer takes)."""
 
-    def __init__(self, task_module, data, cfg, seed: int, heldout: list[dict[str, Any]]):
-        self.task, self.data, self.cfg, self.seed = task_module, data, cfg, seed
+    def __init__(self, task_module, data, cfg, seed: int, heldout: list[dict[str, Any]], metric: str | None = None):
+        self.task, self.data, self.cfg, self.seed, self.metric = task_module, data, cfg, seed, metric
         top = cfg.top if cfg.top is not None else task_module.top_level(data)
         self.controller = LevelController(cfg, top)
         self.held = {normalized_prompt(r["prompt"]) for r in heldout}
@@ -115,6 +115,13 @@ class LevelsCurriculum:
         for level, ok in zip(levels, passed):
             if level is not None:
                 self.controller.observe(int(level), ok)
+
+    def screened(self, candidates: list[dict[str, Any]], scores, k: int) -> None:
+        """What the screen saw (`screen.py`): each candidate's `k` answers count toward the pass rate at its level,
+        by the listener's rule, so a level whose prompts are all solved (and screened out) still says when to rise."""
+        names = list(scores.values)
+        passed = verdicts(names, [scores.values[n] for n in names], None, self.metric, totals=scores.totals)
+        self.observe([c.get("level") for c in candidates for _ in range(k)], passed)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -154,15 +161,27 @@ def listener(curriculum: LevelsCurriculum, names: list[str], weights: list[float
 
     def heard(kwargs: dict[str, Any], values: list[list[float | None]]) -> None:
         levels = kwargs.get("level")
-        if not levels:
-            return
-        if metric in names:  # the task's verdict, by the scoring module's rule (no opinion: not a pass)
-            passed = [passes(v) or 0.0 for v in values[names.index(metric)]]
-        else:
-            passed = [float(t > 0) for t in trained_totals(values, weights)]
-        curriculum.observe(list(levels), passed)
+        if levels:
+            curriculum.observe(list(levels), verdicts(names, values, weights, metric))
 
     return heard
+
+
+def verdicts(
+    names: list[str],
+    values: list[list[float | None]],
+    weights: list[float] | None,
+    metric: str | None,
+    *,
+    totals: list[float] | None = None,
+) -> list[float]:
+    """A pass per completion: the metric reward's verdict by the scoring module's rule (no opinion: not a pass), else a
+    positive weighted total (`totals` when already summed, else summed from `values` and `weights`)."""
+    if metric in names:
+        return [passes(v) or 0.0 for v in values[names.index(metric)]]
+    if totals is None:
+        totals = trained_totals(values, weights or [1.0] * len(values))
+    return [float(t == t and t > 0) for t in totals]
 
 
 class LevelsCallback(TrainerCallback):

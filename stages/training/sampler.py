@@ -133,7 +133,9 @@ def _build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sa
         from regimen.stages.training import levels
 
         spec = TASKS[recipe.data.task]
-        cur = levels.LevelsCurriculum(spec, recipe.data, recipe.curriculum.levels, seed, task.heldout)
+        cur = levels.LevelsCurriculum(
+            spec, recipe.data, recipe.curriculum.levels, seed, task.heldout, metric=recipe.eval.metric
+        )
         recorder.listen(levels.listener(cur, names, weights, recipe.eval.metric), len(names))
         return Sampler(kind, reason, levels.dataset(cur), [levels.LevelsCallback(cur)], cur)
     if kind == PASS_RATES:

@@ -8,7 +8,9 @@ from the source (the curriculum's stream when it is on, whose set-aside is the h
 rows, TRL's sampler's order), `screen_batch` at a time; each is answered `screen_samples` times with GRPO's sampling
 settings (one batched `generate` call), scored by the recipe's rewards (`rewards/scoring.py`), and a candidate whose
 screening answers all score alike is skipped; the others enter GRPO's batch, where TRL samples the full group. What
-the screen saw also enters the curriculum's pass rates (a screened-out prompt is set aside like an all-alike group).
+the screen saw also enters the curriculum (its `screened`): the pass-rate curriculum's history (a screened-out prompt
+is set aside like an all-alike group), or the levels' controller (the screening answers count toward the pass rate at
+their level, so a level whose prompts are all solved, and screened out, still says when to rise).
 If a whole round of candidates is screened out `max_rounds` times in a row, the next candidate enters unscreened, so
 a policy that solves (or fails) everything never stalls the trainer; such admissions are counted.
 
@@ -75,7 +77,7 @@ class Rows:
 
 
 class Screen:
-    """The screen (see the module doc). `source`: the curriculum (its `stream`, `observe`, `state`) or `Rows`."""
+    """The screen (see the module doc). `source`: the curriculum (its `stream`, `screened`, `state`) or `Rows`."""
 
     def __init__(self, recipe, source, scorer: Scorer | None = None):
         cfg = recipe.curriculum
@@ -137,12 +139,12 @@ class Screen:
         cols = columns(candidates, repeat=k)
         if envs is not None:
             cols["environments"] = [e for es in envs for e in es]
-        totals = self.scorer(prompts, [c for cs in outs for c in cs], cols).totals
+        scored = self.scorer(prompts, [c for cs in outs for c in cs], cols)
+        totals = scored.totals
         self.counts["screened"] += len(candidates)
         self.counts["samples"] += len(candidates) * k
-        ids = [c.get("prompt_id") or row_id(c) for c in candidates for _ in range(k)]
-        if hasattr(self.source, "observe"):  # the curriculum's history learns what the screen saw
-            self.source.observe(ids, [0.0 if t != t else t for t in totals], k)
+        if hasattr(self.source, "screened"):  # the curriculum learns what the screen saw (Rows keeps no history)
+            self.source.screened(candidates, scored, k)
         kept = []
         for i, c in enumerate(candidates):
             group = [t for t in totals[i * k : (i + 1) * k] if t == t]
