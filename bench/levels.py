@@ -3,13 +3,15 @@ rises with the pass rate (`adaptive`), at the top level from the start (`fixed`)
 (`uniform`), and the adaptive level with the screen in front of it (`adaptive-skip`: `curriculum.skip_all_alike`, a
 level is a pool whose pass rates say when to rise and whose all-alike prompts are skipped before generation).
 
-The question it asks must be answerable: SFT trains on the level below the top (`data.level`), so the policy starts
-with a partial grip on the top level (the top level's ranges contain the lower ones' in reasoning-gym's spell_backward
-curriculum), the held-out set is the top level only (`data.heldout_levels: [TOP]`), and the target is what `fixed`
-reached: each arm's time is GRPO's wall time until its held-out probe first reaches the `fixed` arm's final probe
-accuracy in the same seed (`--target X` for a fixed target instead). One SFT per seed, reused by every arm (the
-curriculum is not part of SFT's fingerprint), and the same GRPO step budget. `frac_reward_zero_std` (GRPO's generated
-groups that taught nothing) comes off the training log.
+The question it asks must be answerable: SFT trains on the level below the top (`data.level`) and levels are
+inclusive (`data.level_range: inclusive`: spell_backward's level 2 is words of 3 to 7 letters, level 1 of 3 to 5), so
+the policy starts with a partial grip on the top level. With `upper_bound` levels (5-letter words alone at level 1,
+7-letter words alone at level 2) the tiny model's SFT scored 0.000 at the top: it does not carry a reversal to a
+longer word, and no GRPO arm had a group to learn from. The held-out set is the top level only
+(`data.heldout_levels: [TOP]`), and the target is what `fixed` reached: each arm's time is GRPO's wall time until its
+held-out probe first reaches the `fixed` arm's final probe accuracy in the same seed (`--target X` for a fixed target
+instead). One SFT per seed, reused by every arm (the curriculum is not part of SFT's fingerprint), and the same GRPO
+step budget. `frac_reward_zero_std` (GRPO's generated groups that taught nothing) comes off the training log.
 
     .venv/bin/python bench/levels.py [--seeds 0 1 2] [--task spell_backward] [--top 2] [--steps 300]
 
@@ -42,7 +44,7 @@ def curve(store: str, exp: str, version: int) -> list[dict]:
 ARMS = ("fixed", "uniform", "adaptive", "adaptive-skip")
 
 
-def arm(store: str, seed: int, mode: str, top: int, task: str, steps: int) -> dict:
+def arm(store: str, seed: int, mode: str, top: int, task: str, steps: int, level_range: str) -> dict:
     exp = f"levels-{task}-s{seed}"
     below = max(0, top - 1)  # SFT's level, where the adaptive and uniform arms start
     start = top if mode == "fixed" else below
@@ -64,6 +66,8 @@ def arm(store: str, seed: int, mode: str, top: int, task: str, steps: int) -> di
         f"data.heldout_levels=[{top}]",
         "--set",
         f"data.level={below}",
+        "--set",
+        f"data.level_range={level_range}",
         "--set",
         f"curriculum={{kind: levels, levels: {{mode: {mode.split('-')[0]}, start: {start}, top: {top}}}{skip}}}",
         "--set",
@@ -103,6 +107,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--level-range", default="inclusive", choices=("inclusive", "upper_bound"))
     ap.add_argument("--target", type=float, default=None, help="a fixed probe target (default: fixed's final probe)")
     args = ap.parse_args()
     if "fixed" not in args.arms:
@@ -123,11 +128,14 @@ def main() -> None:
         "task": args.task,
         "top": args.top,
         "sft_level": max(0, args.top - 1),
+        "level_range": args.level_range,
         "steps": args.steps,
     }
     rows = []
     for seed in args.seeds:
-        runs = [{**arm(store, seed, mode, args.top, args.task, args.steps), **stamp} for mode in args.arms]
+        runs = [
+            {**arm(store, seed, mode, args.top, args.task, args.steps, args.level_range), **stamp} for mode in args.arms
+        ]
         base = next(r for r in runs if r["mode"] == "fixed")
         target = args.target if args.target is not None else base["probe_final"]
         for row in runs:

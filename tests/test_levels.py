@@ -101,6 +101,24 @@ def test_the_screen_in_front_of_the_levels_tells_the_controller_what_it_saw(monk
     assert [row["level"] for row in entered] == [1, 1] and pacing.controller.window == [0.0, 1.0] * 4
 
 
+def test_a_level_is_its_value_alone_or_every_value_up_to_it_and_the_default_keeps_the_fingerprint():
+    """`data.level_range` (reasoning-gym's RangeAttributeMode): spell_backward's level 1 is 5-letter words alone
+    (upper_bound, the default) or words of 3 to 5 letters (inclusive); the default leaves the data's identity as it
+    was before the field existed."""
+    from regimen.stages.tasks import reasoning_gym as task_module
+
+    lengths = {}
+    for mode in ("upper_bound", "inclusive"):
+        over = {"data.name": "spell_backward", "data.config": {}, "data.level": 1, "data.level_range": mode}
+        r = load_recipe(str(RG), over, check_trl=False)
+        rows = task_module.generate(r.data, 200, seed=0)
+        lengths[mode] = {len(row["answer"]) for row in rows}
+        assert {len(task_module.row_at(r.data, 1, 0, i)["answer"]) for i in range(60)} <= lengths[mode]
+        ident = task_module.identity(r.data)
+        assert ("level_range" in ident) == (mode != "upper_bound")
+    assert lengths == {"upper_bound": {5}, "inclusive": {3, 4, 5}}
+
+
 def test_levels_need_a_task_that_generates_by_level():
     with pytest.raises(InputError, match="curriculum.kind: levels needs a task that generates problems by level"):
         load_recipe(str(ROOT / "tests" / "tiny.yaml"), {"curriculum": {"kind": "levels"}}, check_trl=False)

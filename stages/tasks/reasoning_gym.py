@@ -80,6 +80,12 @@ class Options(TaskOptions):
     level: int | None = Field(
         None, ge=0, le=100, description="generate at this curriculum level of every task (its attributes' levels)"
     )
+    level_range: Literal["upper_bound", "inclusive"] = Field(
+        "upper_bound",
+        description="how a level becomes a range of each attribute (reasoning-gym's RangeAttributeMode): upper_bound: "
+        "that level's value only (spell_backward: 5-letter words at level 1); inclusive: every value up to it (3 to 5 "
+        "letters), so a higher level holds the lower ones' problems too",
+    )
     heldout_levels: list[int] | None = Field(
         None,
         description="the held-out set spread evenly over these curriculum levels (each row keeps its `level`, and "
@@ -138,10 +144,10 @@ def tagged(opts: Options) -> bool:
     return text is not None and "<answer>" in text
 
 
-def _check_part(part: Part, level: int | None) -> None:
+def _check_part(part: Part, level: int | None, mode: str = "upper_bound") -> None:
     rg = library()
     try:
-        ds = _dataset(part.name, json.dumps(part.config, sort_keys=True), level, 0, 2)
+        ds = _dataset(part.name, json.dumps(part.config, sort_keys=True), level, 0, 2, mode)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - the library's own validation, named
@@ -168,8 +174,9 @@ def _plain(value: Any) -> Any:
 
 
 @cache
-def _dataset(name: str, config_json: str, level: int | None, seed: int, size: int):
-    """A reasoning-gym dataset of `name` with this configuration (at a curriculum level when given)."""
+def _dataset(name: str, config_json: str, level: int | None, seed: int, size: int, mode: str = "upper_bound"):
+    """A reasoning-gym dataset of `name` with this configuration (at a curriculum level when given, its ranges by
+    `mode`: `Options.level_range`)."""
     rg = library()
     config = json.loads(config_json)
     if level is None:
@@ -182,7 +189,7 @@ def _dataset(name: str, config_json: str, level: int | None, seed: int, size: in
     curriculum = create_curriculum(name)
     curriculum.set_global_level(level)
     made = curriculum.generate_configuration(
-        {**config, "seed": seed, "size": size}, context=DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND)
+        {**config, "seed": seed, "size": size}, context=DefaultCurriculumContext(mode=RangeAttributeMode(mode))
     )
     return DATASETS[name][0](config=made)
 
@@ -220,7 +227,8 @@ def generate(opts: Options, n: int, seed: int, level: int | None = None) -> list
     parts = opts.parts()
     level = opts.level if level is None else level
     datasets = [
-        _dataset(p.name, json.dumps(p.config, sort_keys=True), level, seed + i + 1, n) for i, p in enumerate(parts)
+        _dataset(p.name, json.dumps(p.config, sort_keys=True), level, seed + i + 1, n, opts.level_range)
+        for i, p in enumerate(parts)
     ]
     configs = [dataset_config(p.name, p.config, ds) for p, ds in zip(parts, datasets)]
     rows = []
@@ -272,7 +280,8 @@ def row_at(opts: Options, level: int, seed: int, index: int) -> dict[str, Any]:
     parts = opts.parts()
     k = random.Random(seed + index).choices(range(len(parts)), weights=[p.weight for p in parts], k=1)[0]
     part = parts[k]
-    ds = _dataset(part.name, json.dumps(part.config, sort_keys=True), level, seed + 7919 * (level + 1) + k, 10**6)
+    seed = seed + 7919 * (level + 1) + k
+    ds = _dataset(part.name, json.dumps(part.config, sort_keys=True), level, seed, 10**6, opts.level_range)
     item = json.loads(json.dumps(ds[index], default=_plain))
     return _row(opts, part.name, dataset_config(part.name, part.config, ds), level, item)
 
@@ -291,7 +300,7 @@ def reference(opts: Options):
 
 def load(opts: Options) -> Task:
     for part in opts.parts():
-        _check_part(part, opts.level)
+        _check_part(part, opts.level, opts.level_range)
     if opts.heldout_levels:
         per = -(-opts.heldout_size // len(opts.heldout_levels))
         heldout = [
@@ -322,4 +331,6 @@ def identity(opts: Options) -> dict[str, Any]:
         made_by = version("reasoning-gym")
     except PackageNotFoundError:
         made_by = "absent"
-    return {**opts.model_dump(mode="json"), "reasoning_gym": made_by}
+    # level_range at its default stays out, so recipes written before it existed keep their fingerprints
+    default = opts.level_range == Options.model_fields["level_range"].default
+    return {**opts.model_dump(mode="json", exclude={"level_range"} if default else None), "reasoning_gym": made_by}
