@@ -16,9 +16,9 @@ Per run: `t_s`, GRPO's wall time (its own `wall_s`, the probe entries') until th
 plain run's final probe accuracy (None: never); `time_ratio` against plain's; `heldout`: the evaluation's held-out
 accuracy; `alike_share`: the mean share of generated groups whose attempts all scored alike (TRL's
 `frac_reward_zero_std`; with skip these groups are also out of the loss, so among trained groups it is 0 by
-construction); `generated`: completions generated, screening ones included. Rows go to
-`bench/results/skip_alike.jsonl` with the date, machine, commit and the float-kernel family (`cpu_capability`;
-set `ATEN_CPU_CAPABILITY` to change it).
+construction); `generated`: completions generated, screening ones included; `screen_s`: the part of GRPO's time
+spent screening. Rows go to `bench/results/skip_alike.jsonl` with the date, machine, commit and the float-kernel family
+(`cpu_capability`; set `ATEN_CPU_CAPABILITY` to change it).
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[s
         "screen_samples": screen.get("samples", 0),
         "screened_out": screen.get("skipped", 0),
         "grpo_s": _round(m.get("train_s"), 1),
+        "screen_s": _round(screen.get("seconds"), 1),  # of grpo_s: generating and scoring the screen's answers
     }
 
 

@@ -6,6 +6,7 @@ the trainer (a candidate enters unscreened after a bounded number of rounds); it
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from conftest import TINY
@@ -59,6 +60,7 @@ def test_alike_candidates_are_skipped_and_varied_ones_enter(recipe):
     drawn = [r["prompt"] for r in itertools.islice(screen.stream(), 6)]
     assert set(drawn) == HALF
     assert screen.counts["skipped"] >= 4 and screen.counts["samples"] == screen.counts["screened"] * 4
+    assert screen.summary()["seconds"] == round(screen.seconds, 3) and screen.seconds > 0  # its cost, timed
 
 
 def test_the_screen_feeds_the_history_which_sets_aside_and_readmits(recipe):
@@ -87,13 +89,14 @@ def test_its_state_survives_a_checkpoint(recipe):
     screen.model = object()
     stream = screen.stream()
     list(itertools.islice(stream, 1))
-    saved = screen.state()
+    saved = json.loads(json.dumps(screen.state()))
     rest = [r["prompt"] for r in itertools.islice(stream, 5)]
     again = Screen(recipe, Rows(ROWS, seed=0))
     again.model = object()
     again.load(saved)
     assert [r["prompt"] for r in itertools.islice(again.stream(), 5)] == rest
     assert again.counts["screened"] >= saved["counts"]["screened"]
+    assert again.seconds >= saved["seconds"] > 0
 
 
 def test_no_policy_yet_or_one_sample_means_no_screen(recipe):

@@ -21,7 +21,8 @@ prompt it is given, so the screen's samples are spent on top of the group's. The
 the step before (the dataloader fetches a batch ahead).
 
 Counted (the manifest's `curriculum.screen`, the training log's `screen/*` at each logging step): candidates
-screened, skipped, admitted unscreened, and the screening completions generated.
+screened, skipped, admitted unscreened, the screening completions generated, and the wall time spent screening
+(`seconds`: generating and scoring its answers, so its cost can be read against the GRPO stage's own).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import random
+import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +89,7 @@ class Screen:
         self.model = self.tokenizer = None  # the live policy, handed over at on_train_begin
         self.step = 0
         self.counts = {"screened": 0, "skipped": 0, "admitted": 0, "unscreened": 0, "samples": 0}
+        self.seconds = 0.0  # wall time spent screening (generating and scoring its answers)
         self.queue: deque[dict[str, Any]] = deque()
         self._stream: Iterator[dict[str, Any]] | None = None
 
@@ -115,6 +118,7 @@ class Screen:
 
     def screen(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The candidates whose screening answers do not all score alike."""
+        began = time.perf_counter()
         g = self.recipe.grpo_value
         outs, envs = complete(
             self.model,
@@ -153,23 +157,30 @@ class Screen:
             else:
                 kept.append(c)
         self.counts["admitted"] += len(kept)
+        self.seconds += time.perf_counter() - began
         return kept
 
     def state(self) -> dict[str, Any]:
-        return {"counts": self.counts, "queue": list(self.queue), "source": self._source_state()}
+        return {
+            "counts": self.counts,
+            "seconds": self.seconds,
+            "queue": list(self.queue),
+            "source": self._source_state(),
+        }
 
     def _source_state(self) -> dict[str, Any] | None:
         return self.source.state() if isinstance(self.source, Rows) else None
 
     def load(self, state: dict[str, Any]) -> None:
         self.counts.update({k: int(v) for k, v in state["counts"].items()})
+        self.seconds = float(state.get("seconds") or 0.0)
         self.queue = deque(state.get("queue") or [])
         if isinstance(self.source, Rows) and state.get("source"):
             self.source.load(state["source"])
         self._stream = None
 
     def summary(self) -> dict[str, Any]:
-        return {**self.counts, "samples_per_candidate": self.samples}
+        return {**self.counts, "seconds": round(self.seconds, 3), "samples_per_candidate": self.samples}
 
 
 def dataset(screen: Screen):
@@ -200,6 +211,7 @@ class ScreenCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.log_history and "reward" in state.log_history[-1]:
             state.log_history[-1].update({f"screen/{k}": v for k, v in self.screen.counts.items()})
+            state.log_history[-1]["screen/seconds"] = round(self.screen.seconds, 3)
 
     def on_save(self, args, state, control, **kwargs):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
