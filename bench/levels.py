@@ -93,6 +93,7 @@ def arm(store: str, seed: int, mode: str, top: int, task: str, steps: int, level
         "sft": (manifests(store, exp, "sft") or [{}])[-1].get("metrics", {}).get("heldout_accuracy"),
         "eval_top": ev[-1]["metrics"]["heldout_accuracy"] if ev else None,
         "probe_final": probes[-1] if probes else None,
+        "probes": [[h.get("step"), h["heldout_probe"]] for h in log if "heldout_probe" in h],  # (step, accuracy)
         "log": log,
         "frac_zero_std": round(statistics.fmean(zero), 4) if zero else None,
         "final_level": (g.get("curriculum") or {}).get("level"),
