@@ -86,6 +86,12 @@ def arm(store: str, seed: int, mode: str, top: int, task: str, steps: int, level
     probes = [h["heldout_probe"] for h in log if "heldout_probe" in h]
     zero = [h["frac_reward_zero_std"] for h in log if "frac_reward_zero_std" in h]
     ev = manifests(store, exp, "eval")
+    by_len: dict[int, list[int]] = {}  # held-out rows by the answer's length (spell_backward: the word's)
+    held = Path(store) / exp / "eval" / f"v{ev[-1]['version']}" / "heldout.jsonl" if ev else None
+    for line in held.read_text().splitlines() if held and held.is_file() else []:
+        t = json.loads(line)
+        n = by_len.setdefault(len(str(t.get("answer", ""))), [0, 0])
+        n[0], n[1] = n[0] + int(t.get("correct") == 1.0), n[1] + 1
     return {
         "seed": seed,
         "mode": mode,
@@ -93,6 +99,7 @@ def arm(store: str, seed: int, mode: str, top: int, task: str, steps: int, level
         "sft": (manifests(store, exp, "sft") or [{}])[-1].get("metrics", {}).get("heldout_accuracy"),
         "eval_top": ev[-1]["metrics"]["heldout_accuracy"] if ev else None,
         "probe_final": probes[-1] if probes else None,
+        "eval_by_answer_len": {str(k): v for k, v in sorted(by_len.items())},  # [correct, rows]
         "probes": [[h.get("step"), h["heldout_probe"]] for h in log if "heldout_probe" in h],  # (step, accuracy)
         "log": log,
         "frac_zero_std": round(statistics.fmean(zero), 4) if zero else None,
