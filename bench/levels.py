@@ -30,15 +30,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from common import ROOT, first_reach, header, manifests, regimen, scratch, table
+from common import ROOT, curve, first_reach, header, manifests, regimen, scratch, table
 
 RESULTS = ROOT / "bench" / "results" / "levels.jsonl"
 RECIPE = ROOT / "configs" / "rg-spell-backward.yaml"
-
-
-def curve(store: str, exp: str, version: int) -> list[dict]:
-    path = Path(store) / exp / "grpo" / f"v{version}" / "train_log.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
 ARMS = ("fixed", "uniform", "adaptive", "adaptive-skip")
