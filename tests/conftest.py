@@ -1,6 +1,7 @@
 """Test setup: Prefect state in a temp dir, no analytics, no hub; the tiny recipe path."""
 
 import atexit
+import compileall
 import os
 import shutil
 import signal
@@ -61,7 +62,20 @@ TINY = ROOT / "tests" / "tiny.yaml"
 _SHARED_API: dict = {}
 
 
+def _compile_sources() -> None:
+    """Bytecode for Regimen's own modules, written once before any test runs. Where `PYTHONDONTWRITEBYTECODE` is set
+    (this machine and CI set it) Python keeps nothing it compiles, so every process a test starts (each `regimen run`,
+    served worker and launched rank) would compile flows/ and stages/ again; `compileall` writes the cache whatever
+    that setting says (py_compile does not read it), and a source edited later is compiled again in memory, as
+    Python always does with a stale cache. Measured: importing every module of both folders took 5.6 s with the
+    cache and 6.0-6.4 s without it."""
+    for folder in ("flows", "stages"):
+        compileall.compile_dir(ROOT / folder, quiet=1)
+
+
 def pytest_configure(config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _compile_sources()
     distributing = not os.environ.get("PYTEST_XDIST_WORKER") and (config.getoption("numprocesses", None) or 0) not in (
         0,
         None,
