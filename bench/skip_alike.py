@@ -58,6 +58,9 @@ def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[s
     ]
     flags = [a for s in sets for a in ("--set", s)]
     r = regimen("run", config, "--store", store, "--experiment", exp, *flags, check=False)
+    if not manifests(store, exp, "grpo"):  # the run ended before GRPO (its gates, or a failure): said, not crashed
+        said = [line for line in r["out"].splitlines() if line.strip()]
+        return {"recipe": Path(config).stem, "seed": seed, "arm": name, "rc": r["rc"], "log": [], "no_grpo": said[-3:]}
     grpo = manifests(store, exp, "grpo")[-1]
     ev = manifests(store, exp, "eval")[-1]
     m, screen = grpo["metrics"], (grpo.get("curriculum") or {}).get("screen") or {}
@@ -111,7 +114,7 @@ def main() -> None:
         for seed in args.seeds:
             runs = {name: arm(store, config, seed, name, args.steps, args.sets) for name in args.arms}
             plain = runs.get("plain")
-            target = plain["probe_final"] if plain else None
+            target = plain.get("probe_final") if plain else None
             t_plain = first_reach(plain["log"], target) if plain and target is not None else None
             for r in runs.values():
                 r["target_probe"] = target
@@ -130,8 +133,8 @@ def main() -> None:
             print(
                 f"{Path(config).stem} {name}: median time ratio "
                 f"{statistics.median(ratios) if ratios else None} (never reached: "
-                f"{sum(r['time_ratio'] is None for r in mine)}), held-out {[r['heldout'] for r in mine]}, all-alike "
-                f"{[r['alike_share'] for r in mine]}, generated {[r['generated'] for r in mine]}"
+                f"{sum(r['time_ratio'] is None for r in mine)}), held-out {[r.get('heldout') for r in mine]}, all-alike "
+                f"{[r.get('alike_share') for r in mine]}, generated {[r.get('generated') for r in mine]}"
             )
 
 
