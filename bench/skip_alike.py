@@ -10,7 +10,9 @@ reused (the arms differ only in GRPO's part of the recipe; `cycle.start_from=bas
 - `plain`: `curriculum.enabled=false` (TRL's own sampler);
 - `curriculum`: the pass-rate curriculum as it is (history: set aside what was all alike);
 - `skip`: the curriculum with `skip_all_alike` (its screen asks the policy before a prompt enters the batch; all-alike
-  groups give no gradient). Against `curriculum`, this measures the screen's gain, not the curriculum's.
+  groups give no gradient). Against `curriculum`, this measures the screen's gain, not the curriculum's;
+- `skip-wide` (only with `--arms`): `skip` with `curriculum.screen_batch=64`, the screen's candidates asked in fewer,
+  larger generate calls.
 
 Per run: `t_s`, GRPO's wall time (its own `wall_s`, the probe entries') until the held-out probe first reaches the
 plain run's final probe accuracy (None: never); `time_ratio` against plain's; `heldout`: the evaluation's held-out
@@ -40,7 +42,11 @@ ARMS = {
     "plain": ["curriculum.enabled=false"],
     "curriculum": ["curriculum.enabled=true"],
     "skip": ["curriculum.enabled=true", "curriculum.skip_all_alike=true"],
+    # the screen asking 64 candidates per generate call instead of 8 (its calls, not its samples, are what it pays for
+    # on a short completion); run with --arms ... skip-wide
+    "skip-wide": ["curriculum.enabled=true", "curriculum.skip_all_alike=true", "curriculum.screen_batch=64"],
 }
+DEFAULT_ARMS = ["plain", "curriculum", "skip"]
 
 
 def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[str]) -> dict:
@@ -92,7 +98,7 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["configs/default.yaml"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--arms", nargs="+", default=list(ARMS))
+    ap.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--store", default=None)
     args = ap.parse_args()
@@ -133,8 +139,8 @@ def main() -> None:
             print(
                 f"{Path(config).stem} {name}: median time ratio "
                 f"{statistics.median(ratios) if ratios else None} (never reached: "
-                f"{sum(r['time_ratio'] is None for r in mine)}), held-out {[r.get('heldout') for r in mine]}, all-alike "
-                f"{[r.get('alike_share') for r in mine]}, generated {[r.get('generated') for r in mine]}"
+                f"{sum(r['time_ratio'] is None for r in mine)}), held-out {[r.get('heldout') for r in mine]}, "
+                f"all-alike {[r.get('alike_share') for r in mine]}, generated {[r.get('generated') for r in mine]}"
             )
 
 
