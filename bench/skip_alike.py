@@ -11,8 +11,9 @@ reused (the arms differ only in GRPO's part of the recipe; `cycle.start_from=bas
 - `curriculum`: the pass-rate curriculum as it is (history: set aside what was all alike);
 - `skip`: the curriculum with `skip_all_alike` (its screen asks the policy before a prompt enters the batch; all-alike
   groups give no gradient). Against `curriculum`, this measures the screen's gain, not the curriculum's;
-- `skip-wide` (only with `--arms`): `skip` with `curriculum.screen_batch=64`, the screen's candidates asked in fewer,
-  larger generate calls.
+- `skip-8` (only with `--arms`): `skip` with `curriculum.screen_batch=8` (the default before 2026-12-07: the screen's
+  candidates asked in more, smaller generate calls). Rows of 2026-12-07 named `skip-wide` are `skip` with
+  `screen_batch=64` against a `skip` at 8.
 
 Per run: `t_s`, GRPO's wall time (its own `wall_s`, the probe entries') until the held-out probe first reaches the
 plain run's final probe accuracy (None: never); `time_ratio` against plain's; `heldout`: the evaluation's held-out
@@ -42,9 +43,9 @@ ARMS = {
     "plain": ["curriculum.enabled=false"],
     "curriculum": ["curriculum.enabled=true"],
     "skip": ["curriculum.enabled=true", "curriculum.skip_all_alike=true"],
-    # the screen asking 64 candidates per generate call instead of 8 (its calls, not its samples, are what it pays for
-    # on a short completion); run with --arms ... skip-wide
-    "skip-wide": ["curriculum.enabled=true", "curriculum.skip_all_alike=true", "curriculum.screen_batch=64"],
+    # the screen asking 8 candidates per generate call, its default before 2026-12-07 (on a short completion it pays
+    # for its calls more than for its samples); run with --arms ... skip-8
+    "skip-8": ["curriculum.enabled=true", "curriculum.skip_all_alike=true", "curriculum.screen_batch=8"],
 }
 DEFAULT_ARMS = ["plain", "curriculum", "skip"]
 

@@ -294,7 +294,13 @@ class CurriculumSection(Section):
         description="with skip_all_alike: answers the current policy gives each candidate prompt before it enters "
         "GRPO's batch; a candidate whose answers all score alike is skipped (0 or 1: no screen, only the loss part)",
     )
-    screen_batch: int = Field(8, ge=1, le=4096, description="candidate prompts screened together (one generate call)")
+    screen_batch: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="candidate prompts screened together (one generate call, split by eval.batch_size): fewer, larger "
+        "calls cost less per answer; the queue they fill is asked with a policy up to a few steps old",
+    )
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
     readmit_after: int = Field(
         50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again"
