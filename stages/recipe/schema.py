@@ -299,7 +299,7 @@ class CurriculumSection(Section):
         ge=1,
         le=4096,
         description="candidate prompts screened together (one generate call, split by eval.batch_size): fewer, larger "
-        "calls cost less per answer; the queue they fill is asked with a policy up to a few steps old",
+        "calls cost less per answer, and the prompts a call admits wait in a queue, screened by an older policy",
     )
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
     readmit_after: int = Field(
