@@ -6,8 +6,6 @@ happened and what to do. The commands live beside it, one module per concern (`r
 
 from __future__ import annotations
 
-import atexit
-import gc
 import os
 import sys
 from typing import Annotated
@@ -35,10 +33,6 @@ ExperimentOpt = Annotated[str | None, typer.Option("--experiment", help="experim
 
 
 def main() -> None:
-    # Runs after every exit handler registered later (Prefect's, which send the run's last events and logs):
-    # the interpreter's final garbage collection over a heap of models and libraries took 1.8 s of a tiny
-    # run's exit and frees nothing the operating system would not free at once.
-    atexit.register(gc.freeze)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         code = app(standalone_mode=False)  # a command's `typer.Exit(n)` comes back as n without standalone mode
