@@ -403,3 +403,31 @@ def test_an_attempt_the_store_could_not_take_is_recorded_there_when_it_answers_a
     [failed] = store._ledger.failures("exp", "sft")
     assert failed["error"] == "the bucket was down" and failed["recorded_late"] is True
     assert not Path(kept).exists() and len(list((tmp_path / "cache" / "unrecorded").glob("*.json"))) == 1
+
+
+def test_a_revision_created_between_a_readers_miss_and_its_next_look_is_not_called_damaged(tmp_path, monkeypatch):
+    """A reader rolling champion.json forward asks for the next revision; another process claims it just after
+    that read missed. The reader must see the record as it was (the other writer's revision is for its next
+    read), not a damaged revision: found in the bucket by two processes deciding at once (test_s3_store's
+    two-process test), where the miss and an existence check were two requests."""
+    from regimen.stages.store import backend, ledger
+
+    store = Store(tmp_path)
+    store._ledger.update("exp", "champion.json", lambda cur: {"history": ["a"]})
+    nxt = store._ledger.revision_path("exp", "champion.json", 2)
+    real = backend.files.read_text
+
+    def read_then_another_claims(root, path, *a, **k):
+        try:
+            return real(root, path, *a, **k)
+        except FileNotFoundError:
+            if str(path) == nxt and not os.path.lexists(nxt):  # the other writer claims revision 2 right now
+                before = {"history": ["a"], "revision": 1}
+                Path(nxt).write_text(json.dumps(ledger._delta(before, {"history": ["a", "b"], "revision": 2})))
+            raise
+
+    monkeypatch.setattr(backend.files, "read_text", read_then_another_claims)
+    record = store._ledger.read("exp", "champion.json")
+    assert record["revision"] == 1 and record["history"] == ["a"]
+    monkeypatch.setattr(backend.files, "read_text", real)
+    assert store._ledger.read("exp", "champion.json")["history"] == ["a", "b"]  # the next read rolls it forward

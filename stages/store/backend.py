@@ -196,6 +196,19 @@ class Backend:
         except OSError:
             return None
 
+    def read_json_there(self, path: str) -> tuple[bool, Any]:
+        """Whether something is at `path`, and its JSON (None when it is there but not JSON, or cannot be read),
+        from one read. Why not `read_json` and then an existence check: another writer can create the object
+        between the two, and a record being written would read as a damaged one."""
+        try:
+            if self.local:
+                return True, json.loads(files.read_text(Path(self.root), Path(path)))
+            return True, json.loads(self.fs.cat_file(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return False, None
+        except (json.JSONDecodeError, UnicodeDecodeError, StoreError, OSError):
+            return True, None
+
     def entries(self, path: str) -> list[str]:
         try:
             if not self.local:

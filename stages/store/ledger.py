@@ -90,8 +90,8 @@ class Ledger:
     def read(self, experiment: str, name: str) -> Any:
         """The experiment-level record `name` at its newest claimed revision, or None when there is none (or it
         is unreadable)."""
-        found = self.b.read_json(self.b.join(check_name(experiment), name))
-        if found is None and self.has(experiment, name):
+        there, found = self.b.read_json_there(self.b.join(check_name(experiment), name))
+        if there and found is None:
             return None  # unreadable: its readers stop (rolling forward from nothing would start a new history)
         return self._rolled_forward(experiment, name, found)
 
@@ -111,15 +111,12 @@ class Ledger:
         revision = (record or {}).get("revision", 0)
         while True:
             path = self.revision_path(experiment, name, revision + 1)
-            delta = self.b.read_json(path)
-            if delta is None:
-                if self._exists(path):
-                    raise StoreError(f"{path}: unreadable (not the JSON the store wrote); restore it or move it aside")
+            there, delta = self.b.read_json_there(path)
+            if not there:
                 return record
+            if delta is None:
+                raise StoreError(f"{path}: unreadable (not the JSON the store wrote); restore it or move it aside")
             record, revision = _apply(record or {}, delta), revision + 1
-
-    def _exists(self, path: str) -> bool:
-        return os.path.lexists(path) if self.b.local else bool(self.b.fs.exists(path))
 
     def update(self, experiment: str, name: str, change, *, expect: int | None = None) -> dict[str, Any]:
         """Read, decide and write the record `name` as one step, under the experiment's record lock:
