@@ -228,7 +228,7 @@ def _refuse_when_tampered(flow, flow_run, state) -> None:
     calls this hook when it reports the crash) is refused like any run of a tampered deployment: the
     reason as its state's message, the tampered event, a line in the log. A run the body already refused,
     or one that failed or crashed for another reason, is left as it is."""
-    if str(state.message or "").startswith("refused:"):
+    if state.name == boundary.REFUSED:  # the body refused it (serve's runner calls the hook too, with that state)
         return
     refused = boundary.check_deployment(flow_run.deployment_id)
     if not refused:
@@ -237,7 +237,7 @@ def _refuse_when_tampered(flow, flow_run, state) -> None:
     flow_run_logger(flow_run, flow).error("refused: %s", refused)
     _tampered_event(refused, flow_run)
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(flow_run.id, Failed(message=f"refused: {refused}"), force=True)
+        client.set_flow_run_state(flow_run.id, Failed(name=boundary.REFUSED, message=f"refused: {refused}"), force=True)
 
 
 @flow(
@@ -255,7 +255,7 @@ def regimen_cycle(config: str = "default.yaml", experiment: str | None = None, o
     if refused := boundary.check_deployment():  # a deployment changed through the API since serve registered it
         get_run_logger().error("refused: %s", refused)
         _tampered_event(refused)
-        return Failed(message=f"refused: {refused}")
+        return Failed(name=boundary.REFUSED, message=f"refused: {refused}")
     return run_cycles(resolve_ui_recipe(config, overrides), experiment)
 
 

@@ -33,6 +33,10 @@ from typing import Any
 from regimen.stages.core.errors import InputError
 from regimen.stages.recipe.defaults import trl_class, trl_fields
 
+REFUSED = "Refused"
+"""The name of a refused run's state (a Failed state: the UI shows it; the failure hooks and the pool's automation
+read it as data, never the message's text)."""
+
 SAFE_SECTIONS = ("dry_run", "smoke", "eval", "cycle", "probe", "curriculum")
 OPERATOR_POLICY_IN_SAFE_SECTIONS = ("cycle.guard.",)
 """Keys inside a safe section that are the operator's policy all the same: the guard's action and thresholds."""

@@ -55,6 +55,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.workers.process import ProcessWorker
 
 from regimen.flows.serving import deploy
+from regimen.flows.serving.boundary import REFUSED
 from regimen.flows.serving.deploy import DEFAULT_POOL, closed_parameter_schema, entrypoint
 from regimen.stages.core.errors import InputError
 from regimen.stages.recipe import load_recipe
@@ -249,7 +250,17 @@ async def _automations(deployment_ids: list[UUID], lost_after_s: int) -> None:
     }
     ended = {
         f"prefect.flow-run.{s}"
-        for s in ("Completed", "Failed", "Cancelled", "Crashed", HOST_LOST, "Cancelling", "Paused", "Suspended")
+        for s in (
+            "Completed",
+            "Failed",
+            REFUSED,
+            "Cancelled",
+            "Crashed",
+            HOST_LOST,
+            "Cancelling",
+            "Paused",
+            "Suspended",
+        )
     }
     crash = AutomationCore(
         name=AUTOMATION_CRASH,
