@@ -288,6 +288,20 @@ def events_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+NOTE_AT = 80
+"""A benchmark row's cell longer than this many characters is a numbered note below the table."""
+
+
+def _cell(value: Any, notes: list[str]) -> str:
+    """A benchmark table's cell: the value, or `note N` with the whole value in `notes` (once)."""
+    text = " ".join(str(value).split())
+    if len(text) <= NOTE_AT:
+        return text.replace("|", "\\|")
+    if text not in notes:  # rows of one run often share a note
+        notes.append(text)
+    return f"note {notes.index(text) + 1}"
+
+
 def benchmark_pages() -> dict[str, str]:
     pages = {}
     for path in sorted((ROOT / "bench" / "results").glob("*.jsonl")):
@@ -304,8 +318,12 @@ def benchmark_pages() -> dict[str, str]:
             "",
         ]
         lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        notes: list[str] = []  # a cell longer than a table column reads well: whole, below the table
         for r in flat:
-            lines.append("| " + " | ".join(str(r.get(k, "")).replace("|", "\\|")[:80] for k in keys) + " |")
+            lines.append("| " + " | ".join(_cell(r.get(k, ""), notes) for k in keys) + " |")
+        if notes:
+            lines += ["", "Notes (cells too long for the table, whole):", ""]
+            lines += [f"{i}. {text}" for i, text in enumerate(notes, 1)]
         pages[f"benchmarks/{path.stem}.md"] = "\n".join(lines) + "\n"
     index = [
         "# Benchmarks",

@@ -101,6 +101,23 @@ def test_the_cli_reference_lists_every_command():
     assert [c for c in commands if f"## `regimen {c}`" not in page] == []
 
 
+def test_every_benchmark_row_is_on_its_page_whole():
+    """A benchmark's page shows each value of each row in full: in the table, or as a note below it (a long note
+    was cut at 80 characters once, and what the cut left read as the run's finding)."""
+    import json
+
+    import gen_reference
+
+    pages = gen_reference.benchmark_pages()
+    for path in sorted((ROOT / "bench" / "results").glob("*.jsonl")):
+        page = pages[f"benchmarks/{path.stem}.md"]
+        for line in path.read_text().splitlines():
+            for value in json.loads(line).values() if line.strip() else ():
+                if not isinstance(value, (dict, list)):
+                    text = " ".join(str(value).split())
+                    assert text.replace("|", "\\|") in page or text in page, (path.name, text[:120])
+
+
 @pytest.mark.slow
 def test_mkdocs_builds_the_site_strictly(tmp_path):
     import subprocess
