@@ -3,6 +3,7 @@ whose internal links resolve, and reference pages generated from the code that s
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -104,8 +105,6 @@ def test_the_cli_reference_lists_every_command():
 def test_every_benchmark_row_is_on_its_page_whole():
     """A benchmark's page shows each value of each row in full: in the table, or as a note below it (a long note
     was cut at 80 characters once, and what the cut left read as the run's finding)."""
-    import json
-
     import gen_reference
 
     pages = gen_reference.benchmark_pages()
