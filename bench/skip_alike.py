@@ -11,6 +11,8 @@ reused (the arms differ only in GRPO's part of the recipe; `cycle.start_from=bas
 - `curriculum`: the pass-rate curriculum as it is (history: set aside what was all alike);
 - `skip`: the curriculum with `skip_all_alike` (its screen asks the policy before a prompt enters the batch; all-alike
   groups give no gradient). Against `curriculum`, this measures the screen's gain, not the curriculum's;
+- `skip-noreuse` (only with `--arms`): `skip` with `curriculum.screen_reuse=false`, the screen's answers spent on top
+  of the group's (the behaviour of every `skip` row before 2026-12-07's reuse);
 - `skip-8` (only with `--arms`): `skip` with `curriculum.screen_batch=8` (the default before 2026-12-07: the screen's
   candidates asked in more, smaller generate calls). Rows of 2026-12-07 named `skip-wide` are `skip` with
   `screen_batch=64` against a `skip` at 8.
@@ -19,7 +21,8 @@ Per run: `t_s`, GRPO's wall time (its own `wall_s`, the probe entries') until th
 plain run's final probe accuracy (None: never); `time_ratio` against plain's; `heldout`: the evaluation's held-out
 accuracy; `alike_share`: the mean share of generated groups whose attempts all scored alike (TRL's
 `frac_reward_zero_std`; with skip these groups are also out of the loss, so among trained groups it is 0 by
-construction); `generated`: completions generated, screening ones included; `screen_s`: the part of GRPO's time
+construction); `generated`: completions generated, screening ones included (a reused answer counted once); `reused`:
+the screen's answers handed back to their groups; `screen_s`: the part of GRPO's time
 spent screening. Rows go to `bench/results/skip_alike.jsonl` with the date, machine, commit and the float-kernel family
 (`cpu_capability`; set `ATEN_CPU_CAPABILITY` to change it).
 """
@@ -43,6 +46,8 @@ ARMS = {
     "plain": ["curriculum.enabled=false"],
     "curriculum": ["curriculum.enabled=true"],
     "skip": ["curriculum.enabled=true", "curriculum.skip_all_alike=true"],
+    # the screen's answers spent on top of the group's (before 2026-12-07's reuse); run with --arms ... skip-noreuse
+    "skip-noreuse": ["curriculum.enabled=true", "curriculum.skip_all_alike=true", "curriculum.screen_reuse=false"],
     # the screen asking 8 candidates per generate call, its default before 2026-12-07 (on a short completion it pays
     # for its calls more than for its samples); run with --arms ... skip-8
     "skip-8": ["curriculum.enabled=true", "curriculum.skip_all_alike=true", "curriculum.screen_batch=8"],
@@ -72,6 +77,7 @@ def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[s
     ev = manifests(store, exp, "eval")[-1]
     m, screen = grpo["metrics"], (grpo.get("curriculum") or {}).get("screen") or {}
     log = curve(store, exp, grpo["version"])
+    reused = (screen.get("reuse") or {}).get("reused", 0)
     per_step = grpo["config"]["grpo"].get("per_device_train_batch_size") or 0
     return {
         "recipe": Path(config).stem,
@@ -82,7 +88,9 @@ def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[s
         "heldout": ev["metrics"]["heldout_accuracy"],
         "probe_final": next((h["heldout_probe"] for h in reversed(log) if "heldout_probe" in h), None),
         "alike_share": _round(m.get("frac_reward_zero_std_mean"), 3),
-        "generated": int(m.get("steps", 0) * per_step + screen.get("samples", 0)),
+        # the groups' completions less the screen's answers reused in them, plus every screening answer
+        "generated": int(m.get("steps", 0) * per_step + screen.get("samples", 0) - reused),
+        "reused": reused,
         "screen_samples": screen.get("samples", 0),
         "screened_out": screen.get("skipped", 0),
         "grpo_s": _round(m.get("train_s"), 1),

@@ -144,6 +144,17 @@ def test_a_killed_grpo_resumes_its_screen_from_the_checkpoint(tmp_path):
     assert counts == sorted(counts) and counts[0] > 0 and counts[-1] > counts[0], screened
     assert grpo["curriculum"]["screen"]["screened"] == counts[-1]
     assert grpo["sampler"]["screen"] is True and grpo["config"]["curriculum"]["skip_all_alike"] is True
+    # the screen's answers went back to their groups (training/reuse.py): the resumed run reused some, and every
+    # group it built from kept answers scored varied (tiny's screen_samples = num_generations: whole groups reused)
+    reused = grpo["curriculum"]["screen"]["reuse"]["reused"]
+    groups = [
+        g
+        for line in (st.local_path(grpo) / "groups.jsonl").read_text().splitlines()
+        for g in json.loads(line)["groups"]
+        if json.loads(line)["step"] > 2
+    ]
+    g = grpo["config"]["grpo"]["num_generations"]
+    assert reused > 0 and sum(x["alike"] for x in groups) <= len(groups) - reused // g, (reused, groups)
 
 
 def test_the_report_shows_grpo_s_groups_trained_skipped_and_all_alike():

@@ -301,6 +301,11 @@ class CurriculumSection(Section):
         description="candidate prompts screened together (one generate call, split by eval.batch_size): fewer, larger "
         "calls cost less per answer, and the prompts a call admits wait in a queue, screened by an older policy",
     )
+    screen_reuse: bool = Field(
+        True,
+        description="with the screen: the answers that let a candidate in become the first screen_samples attempts of "
+        "its group, so only the rest are generated and every admitted group teaches (off with environment: or vLLM)",
+    )
     set_aside_after: int = Field(1, ge=1, le=10**6, description="all-alike groups in a row that set a prompt aside")
     readmit_after: int = Field(
         50, ge=1, le=10**9, description="GRPO steps a set-aside prompt waits before it is drawn again"

@@ -9,6 +9,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from regimen.stages.training.alike import AllAlike
 from regimen.stages.training.checkpoints import MarkComplete
 from regimen.stages.training.model import load_tokenizer
 from regimen.stages.training.policy import peft_config
+
+# Regimen's own rollout_func (training/reuse.py) is tested here against the TRL pinned in constraints.txt
+warnings.filterwarnings("ignore", message="You are using 'rollout_func'", category=UserWarning)
 
 
 class StepCounter(TrainerCallback):
@@ -129,6 +133,8 @@ def build_trainer(
         from regimen.stages.environments.registry import factory
 
         env["environment_factory"] = factory(recipe.environment)
+    if sampler.rollout is not None:  # the screen's answers reused as the group's first attempts (training/reuse.py)
+        env["rollout_func"] = sampler.rollout
     trainer = trainer_class()(
         model=policy,
         **env,
@@ -149,6 +155,8 @@ def build_trainer(
         ],
     )
     trainer.out_of_loss = out_of_loss
+    if sampler.rollout is not None:
+        sampler.rollout.trainer = trainer  # the screen samples through it before TRL first calls rollout_func
     return progress.quiet(trainer, stage, watch), fns
 
 

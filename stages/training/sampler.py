@@ -61,7 +61,7 @@ def config(recipe) -> dict[str, Any] | None:
     """The curriculum's settings as they enter GRPO's fingerprint (None when no curriculum runs and all-alike groups
     train as TRL trains them). `skip_all_alike` and its screen's settings enter only when it is on, so recipes without
     it keep their fingerprint."""
-    skip = {"skip_all_alike", "screen_samples", "screen_batch"}
+    skip = {"skip_all_alike", "screen_samples", "screen_batch", "screen_reuse"}
     cur = recipe.curriculum.model_dump(mode="json", exclude=skip) if choose(recipe)[0] != ROWS else None
     if recipe.curriculum.skip_all_alike:
         return {**(cur or {}), **recipe.curriculum.model_dump(mode="json", include=skip)}
@@ -77,6 +77,7 @@ class Sampler:
     pacing: Any = None  # curriculum.Curriculum or levels.LevelsCurriculum
     rates: Any = None  # pass_rates.PassRates the version keeps, or None
     screen: Any = None  # screen.Screen in front of it (curriculum.skip_all_alike), or None
+    rollout: Any = None  # reuse.Answers: TRL's rollout_func, which hands the screen's answers back to their groups
 
     @property
     def streams(self) -> bool:
@@ -102,12 +103,19 @@ def build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sam
     base.wanted = asked(recipe) is not None
     if not (recipe.curriculum.skip_all_alike and recipe.curriculum.screen_samples >= 2):
         return base
+    from regimen.stages.training import reuse
     from regimen.stages.training import screen as screening
 
     # the curriculum's stream when one runs (its set-aside is the history; levels: what they generate), else the rows
     seed = int(recipe.grpo_value("seed") or 0)
     screen = screening.Screen(recipe, base.pacing if base.pacing is not None else screening.Rows(train_rows, seed))
     reason = f"{base.reason}; screened: {recipe.curriculum.screen_samples} answers a candidate, all-alike ones skipped"
+    reusable, why_not = reuse.possible(recipe)
+    if reusable:
+        screen.answers = reuse.Answers(recipe.eval.batch_size)
+        reason += "; its answers are the first attempts of the group"
+    else:
+        reason += f"; its answers are not reused ({why_not})"
     return Sampler(
         base.kind,
         reason,
@@ -116,6 +124,7 @@ def build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sam
         base.pacing,
         base.rates,
         screen,
+        screen.answers,
         wanted=base.wanted,
     )
 

@@ -15,14 +15,17 @@ If a whole round of candidates is screened out `max_rounds` times in a row, the 
 a policy that solves (or fails) everything never stalls the trainer; such admissions are counted.
 
 On TRL's public surface only: GRPO's training set is an `IterableDataset` whose generator consults the live policy
-(handed over by a callback at `on_train_begin`). The screen's answers are not reused as the group's first attempts
-(SPEED does): TRL's generation is its private `_generate_and_score_completions`, and `rollout_func` must answer every
-prompt it is given, so the screen's samples are spent on top of the group's. The policy the screen asks is the one of
-the step before (the dataloader fetches a batch ahead).
+(handed over by a callback at `on_train_begin`). The answers that let a candidate in become the first attempts of its
+group (SPEED does this; `curriculum.screen_reuse`, `training/reuse.py`, through TRL's `rollout_func`), so an admitted
+group always teaches and only the rest of it is generated; without `environment:` or vLLM only, elsewhere the
+screen's samples are spent on top of the group's. `rollout_func` cannot skip (it must answer every prompt TRL hands
+it), which is why the skipping happens here, in the stream. The policy the screen asks is the one of the step before
+(the dataloader fetches a batch ahead), or older for a candidate that waited in the queue.
 
 Counted (the manifest's `curriculum.screen`, the training log's `screen/*` at each logging step): candidates
 screened, skipped, admitted unscreened, the screening completions generated, and the wall time spent screening
-(`seconds`: generating and scoring its answers, so its cost can be read against the GRPO stage's own).
+(`seconds`: generating and scoring its answers, so its cost can be read against the GRPO stage's own), and with
+reuse the answers handed back to their groups (`reuse`).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ class Screen:
         self.counts = {"screened": 0, "skipped": 0, "admitted": 0, "unscreened": 0, "samples": 0}
         self.seconds = 0.0  # wall time spent screening (generating and scoring its answers)
         self.queue: deque[dict[str, Any]] = deque()
+        self.answers = None  # reuse.Answers: where the admitted candidates' answers are kept for their groups
         self._stream: Iterator[dict[str, Any]] | None = None
 
     def _next(self) -> dict[str, Any]:
@@ -119,26 +123,11 @@ class Screen:
     def screen(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The candidates whose screening answers do not all score alike."""
         began = time.perf_counter()
-        g = self.recipe.grpo_value
-        outs, envs = complete(
-            self.model,
-            self.tokenizer,
-            self.recipe,
-            candidates,
-            num_return_sequences=self.samples,
-            do_sample=True,
-            temperature=float(g("temperature")),
-            top_p=float(g("top_p") or 1.0),
-            top_k=int(g("top_k") or 0),
-            max_new_tokens=int(g("max_completion_length")),
-            batch_size=self.recipe.eval.batch_size,
-            desc="screen",
-            extra={
-                **{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None},
-                **(g("generation_kwargs") or {}),
-            },
-        )
         k = self.samples
+        if self.answers is not None and self.answers.trainer is not None:  # sampled as TRL samples, to be reused
+            outs, envs, ids = self._sample(candidates)
+        else:
+            outs, envs, ids = *self._complete(candidates), None
         prompts = [c["prompt"] for c in candidates for _ in range(k)]
         cols = columns(candidates, repeat=k)
         if envs is not None:
@@ -156,9 +145,40 @@ class Screen:
                 self.counts["skipped"] += 1
             else:
                 kept.append(c)
+                if ids is not None:  # its answers differ: they become the first attempts of its group
+                    self.answers.keep(c["prompt"], ids[i * k : (i + 1) * k], self.step)
         self.counts["admitted"] += len(kept)
         self.seconds += time.perf_counter() - began
         return kept
+
+    def _sample(self, candidates: list[dict[str, Any]]):
+        """The screening answers as token ids and text, sampled as TRL samples the group (`training/reuse.py`)."""
+        answers, k = self.answers, self.samples
+        ids = [p for p in answers.tokenize([c["prompt"] for c in candidates]) for _ in range(k)]
+        out = answers.sample(self.model, ids)
+        texts = self.tokenizer.batch_decode(out, skip_special_tokens=True)
+        return [texts[i * k : (i + 1) * k] for i in range(len(candidates))], None, out
+
+    def _complete(self, candidates: list[dict[str, Any]]):
+        g = self.recipe.grpo_value
+        return complete(
+            self.model,
+            self.tokenizer,
+            self.recipe,
+            candidates,
+            num_return_sequences=self.samples,
+            do_sample=True,
+            temperature=float(g("temperature")),
+            top_p=float(g("top_p") or 1.0),
+            top_k=int(g("top_k") or 0),
+            max_new_tokens=int(g("max_completion_length")),
+            batch_size=self.recipe.eval.batch_size,
+            desc="screen",
+            extra={
+                **{k: g(k) for k in ("min_p", "repetition_penalty") if g(k) is not None},
+                **(g("generation_kwargs") or {}),
+            },
+        )
 
     def state(self) -> dict[str, Any]:
         return {
@@ -166,6 +186,7 @@ class Screen:
             "seconds": self.seconds,
             "queue": list(self.queue),
             "source": self._source_state(),
+            "kept": self.answers.state() if self.answers is not None else None,
         }
 
     def _source_state(self) -> dict[str, Any] | None:
@@ -177,10 +198,15 @@ class Screen:
         self.queue = deque(state.get("queue") or [])
         if isinstance(self.source, Rows) and state.get("source"):
             self.source.load(state["source"])
+        if self.answers is not None:
+            self.answers.load(state.get("kept") or [])
         self._stream = None
 
     def summary(self) -> dict[str, Any]:
-        return {**self.counts, "seconds": round(self.seconds, 3), "samples_per_candidate": self.samples}
+        out = {**self.counts, "seconds": round(self.seconds, 3), "samples_per_candidate": self.samples}
+        if self.answers is not None:
+            out["reuse"] = self.answers.summary()
+        return out
 
 
 def dataset(screen: Screen):
@@ -212,6 +238,8 @@ class ScreenCallback(TrainerCallback):
         if state.log_history and "reward" in state.log_history[-1]:
             state.log_history[-1].update({f"screen/{k}": v for k, v in self.screen.counts.items()})
             state.log_history[-1]["screen/seconds"] = round(self.screen.seconds, 3)
+            if self.screen.answers is not None:
+                state.log_history[-1]["screen/reused"] = self.screen.answers.counts["reused"]
 
     def on_save(self, args, state, control, **kwargs):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
