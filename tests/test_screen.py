@@ -169,3 +169,5 @@ def test_the_report_shows_grpo_s_groups_trained_skipped_and_all_alike():
     grpo["config"]["curriculum"] = {"skip_all_alike": True}
     grpo["curriculum"] = {"groups_skipped": 3, "screen": {"skipped": 7}}
     assert groups(grpo) == "30 trained, skipped 10 (history 3, screen 7), all-alike 10 of 40 (out of the loss)"
+    grpo["curriculum"]["screen"]["reuse"] = {"reused": 24}
+    assert groups(grpo).endswith("(out of the loss); 24 screening answers reused in their groups")

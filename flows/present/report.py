@@ -62,7 +62,7 @@ def history(store: Store, experiment: str) -> list[dict[str, Any]]:
 def groups(grpo: dict[str, Any]) -> str | None:
     """GRPO's groups in one line: generated and trained, skipped before generation (by the curriculum's history, by
     the screen), and how many of the generated ones scored all alike (with `skip_all_alike` they are out of the loss,
-    so none of them is trained)."""
+    so none of them is trained), and the screening answers reused as attempts of their groups."""
     m, cfg = grpo.get("metrics") or {}, grpo.get("config") or {}
     # TRL's section of the resolved recipe (the one with a group size), and the curriculum's record
     g = next((v for v in cfg.values() if isinstance(v, dict) and "num_generations" in v), {})
@@ -77,7 +77,9 @@ def groups(grpo: dict[str, Any]) -> str | None:
     history, screen = int(cur.get("groups_skipped") or 0), int((cur.get("screen") or {}).get("skipped") or 0)
     if history or screen:
         line += f", skipped {history + screen} (history {history}, screen {screen})"
-    return line + f", all-alike {alike} of {made}" + (" (out of the loss)" if out_of_loss else "")
+    line += f", all-alike {alike} of {made}" + (" (out of the loss)" if out_of_loss else "")
+    reused = int(((cur.get("screen") or {}).get("reuse") or {}).get("reused") or 0)
+    return line + (f"; {reused} screening answers reused in their groups" if reused else "")
 
 
 def make_plots(store: Store, experiment: str, target: float | None = None) -> list[Path]:

@@ -141,7 +141,7 @@ class Answers:
     # --- TRL's rollout_func ------------------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer) -> dict[str, Any]:
         self.trainer = trainer
-        g = int(trainer.num_generations)
+        g = int(trainer.num_generations if trainer.model.training else trainer.num_generations_eval)
         step = int(trainer.state.global_step)
         keys = [key(p) for p in prompts]
         whole = len(prompts) % g == 0 and all(len(set(keys[i : i + g])) == 1 for i in range(0, len(keys), g))
