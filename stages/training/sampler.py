@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from regimen.stages.training import reuse
 from regimen.stages.training.pass_rates import row_id
 
 ROWS, PASS_RATES, LEVELS = "rows", "pass_rates", "levels"
@@ -103,7 +104,6 @@ def build(recipe, task, train_rows: list[dict[str, Any]], seen, recorder) -> Sam
     base.wanted = asked(recipe) is not None
     if not (recipe.curriculum.skip_all_alike and recipe.curriculum.screen_samples >= 2):
         return base
-    from regimen.stages.training import reuse
     from regimen.stages.training import screen as screening
 
     # the curriculum's stream when one runs (its set-aside is the history; levels: what they generate), else the rows
