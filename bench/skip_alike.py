@@ -91,6 +91,7 @@ def arm(store: str, config: str, seed: int, name: str, steps: int, extra: list[s
         # the groups' completions less the screen's answers reused in them, plus every screening answer
         "generated": int(m.get("steps", 0) * per_step + screen.get("samples", 0) - reused),
         "reused": reused,
+        **({"note": "screen_reuse on: the screen's answers are the first attempts of their groups"} if reused else {}),
         "screen_samples": screen.get("samples", 0),
         "screened_out": screen.get("skipped", 0),
         "grpo_s": _round(m.get("train_s"), 1),
