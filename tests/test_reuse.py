@@ -121,3 +121,11 @@ def test_kept_answers_survive_the_checkpoint_state():
     again.load(json.loads(json.dumps(answers.state())))
     assert again.take(A, 5, 8) == [[1, 2], [3]]
     assert again.take([{"role": "user", "content": B}], 5, 8) == [[9]] and again.kept == {}
+
+
+def test_a_malformed_kept_state_raises_and_keeps_what_was_there():
+    answers = reuse.Answers()
+    answers.keep(A, [[1]], step=0)
+    with pytest.raises((ValueError, TypeError)):
+        answers.load([[A, 0, [[2]]], ["broken"]])
+    assert answers.take(A, 0, 8) == [[1]]

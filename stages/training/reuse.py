@@ -116,9 +116,11 @@ class Answers:
         return [[k, step, answers] for k, q in self.kept.items() for step, answers in q]
 
     def load(self, state: list[list[Any]]) -> None:
-        self.kept = {}
+        """Replaces the kept answers with `state`'s; a malformed state raises and leaves them as they were."""
+        kept: dict[str, deque[tuple[int, list[list[int]]]]] = {}
         for k, step, answers in state:
-            self.kept.setdefault(k, deque()).append((int(step), [[int(t) for t in a] for a in answers]))
+            kept.setdefault(str(k), deque()).append((int(step), [[int(t) for t in a] for a in answers]))
+        self.kept = kept
 
     def take(self, prompt: Any, step: int, limit: int) -> list[list[int]]:
         """The kept answers of `prompt` (the oldest first kept, at most `limit`), or [] when none is young enough."""

@@ -193,13 +193,13 @@ class Screen:
         return self.source.state() if isinstance(self.source, Rows) else None
 
     def load(self, state: dict[str, Any]) -> None:
+        if self.answers is not None:  # first: a malformed state raises before anything is replaced
+            self.answers.load(state.get("kept") or [])
         self.counts.update({k: int(v) for k, v in state["counts"].items()})
         self.seconds = float(state.get("seconds") or 0.0)
         self.queue = deque(state.get("queue") or [])
         if isinstance(self.source, Rows) and state.get("source"):
             self.source.load(state["source"])
-        if self.answers is not None:
-            self.answers.load(state.get("kept") or [])
         self._stream = None
 
     def summary(self) -> dict[str, Any]:
