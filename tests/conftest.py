@@ -2,11 +2,13 @@
 
 import atexit
 import compileall
+import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -60,6 +62,7 @@ TINY = ROOT / "tests" / "tiny.yaml"
 # tests are collected. The tests of the temporary server itself take `no_shared_api`. Set
 # REGIMEN_TESTS_SHARED_API=0 to run every test on temporary servers, as a user's `regimen run` does.
 _SHARED_API: dict = {}
+_ROLE = {"controller": False}  # the controller of xdist workers hears every worker's reports: it writes none
 
 
 def _compile_sources() -> None:
@@ -80,6 +83,7 @@ def pytest_configure(config) -> None:
         0,
         None,
     )
+    _ROLE["controller"] = distributing
     if distributing or os.environ.get("PREFECT_API_URL") or os.environ.get("REGIMEN_TESTS_SHARED_API", "1") == "0":
         return  # the controller of workers runs no test; a configured API is used as it is
     if "prefect" in sys.modules:  # too late to reach every thread's settings: temporary servers, as without
@@ -173,25 +177,36 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
 
 # Two workers (pytest-xdist, `-n auto --dist loadscope` in pyproject.toml): a test file is one unit of work
 # (its module-scoped fixtures, often a training, are built once), files that share a session scenario are one
-# unit, and the slowest units start first so that the workers end together. Timings: `--durations` of a
-# full run on the 2-core machine; a file not named here follows in its usual order.
+# unit, and the slowest units start first so that the workers end together. Timings: the seconds of each unit's
+# tests in a full run on the 2-core machine with REGIMEN_TESTS_TIMELINE=FILE (each test's worker, start and end as
+# JSON lines, below); a file not named here follows in its usual order. Units of under 15 s are left to that order.
 _SHARED_UNITS = {"test_ui.py": "test_operations.py"}  # the UI test reads the operations scenario's runs
-_SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-04 (one shared Prefect API per worker)
+_SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-07 (a timeline of every test's start and end)
     "test_pool.py",
     "test_nightly_week.py",
     "test_api_boundary.py",
-    "test_boundary.py",
-    "test_launch.py",  # 255 233 205 168 154
     "test_s3_store.py",
+    "test_environments.py",  # 395 191 189 160 149
+    "test_launch.py",
+    "test_boundary.py",
+    "test_trl_as_is.py",
     "test_operations.py",
-    "test_distill.py",
-    "test_environments.py",
-    "test_code_task.py",  # 143 136 115 114 85
+    "test_reasoning_gym.py",  # 144 132 127 110 97
     "test_faults.py",
-    "test_pipeline.py",
-    "test_resume.py",
+    "test_code_task.py",
+    "test_distill.py",
+    "test_layout.py",
+    "test_reward_audit.py",  # 80 74 69 37 37
     "test_cycles_flow.py",
-    "test_sandbox.py",  # 84 47 42 38 22
+    "test_resume.py",
+    "test_pipeline.py",
+    "test_levels.py",
+    "test_tracking.py",  # 35 33 30 29 27
+    "test_screen.py",
+    "test_sandbox.py",
+    "test_judge_round_two.py",
+    "test_real_model.py",
+    "test_reward_check.py",  # 24 23 18 18 15
 ]
 
 
@@ -234,3 +249,20 @@ def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
     # stable: a file keeps its order
     items.sort(key=lambda item: rank.get(unit_of(item.nodeid).rpartition("/")[2], len(rank)))
+
+
+_TIMELINE = os.environ.get("REGIMEN_TESTS_TIMELINE")
+_STARTED: dict[str, float] = {}
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    _STARTED[nodeid] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    """With REGIMEN_TESTS_TIMELINE=FILE, each test's worker, start and end (setup to teardown) as a JSON line: what
+    the order of `_SLOWEST_FIRST` is measured from."""
+    if _TIMELINE and not _ROLE["controller"] and nodeid in _STARTED:
+        line = {"test": nodeid, "worker": _WORKER, "start": _STARTED.pop(nodeid), "end": time.time()}
+        with open(_TIMELINE, "a") as f:
+            f.write(json.dumps(line) + "\n")
