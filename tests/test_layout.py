@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import subprocess
 import sys
 import zipfile
@@ -789,6 +790,7 @@ def test_under_xdist_a_file_runs_on_one_worker_and_the_ui_test_joins_the_operati
         capture_output=True,
         text=True,
         timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "REGIMEN_TESTS_TIMELINE"},  # its quick tests: not the suite's
     )
     assert r.returncode == 0, r.stdout[-3000:]
     ran = {}
