@@ -256,7 +256,8 @@ _STARTED: dict[str, float] = {}
 
 
 def pytest_runtest_logstart(nodeid, location) -> None:
-    _STARTED[nodeid] = time.time()
+    if _TIMELINE:
+        _STARTED[nodeid] = time.time()
 
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
