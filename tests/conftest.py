@@ -175,13 +175,14 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
     return outcome.results
 
 
-# Two workers (pytest-xdist, `-n auto --dist loadscope` in pyproject.toml): a test file is one unit of work
+# Three workers on 2 cores (pytest-xdist, `-n auto --dist loadscope` in pyproject.toml): a test file is one unit of work
 # (its module-scoped fixtures, often a training, are built once), files that share a session scenario are one
 # unit, and the slowest units start first so that the workers end together. Timings: the seconds of each unit's
 # tests in a full run on the 2-core machine with REGIMEN_TESTS_TIMELINE=FILE (each test's worker, start and end as
 # JSON lines, below); a file not named here follows in its usual order. Units of under 15 s are left to that order.
 _SHARED_UNITS = {"test_ui.py": "test_operations.py"}  # the UI test reads the operations scenario's runs
-_SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-07 (a timeline of every test's start and end)
+_SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-07 (a timeline of every test's start and end;
+    # with 3 workers the same order ended them within 12 s of each other)
     "test_pool.py",
     "test_nightly_week.py",
     "test_api_boundary.py",
@@ -219,8 +220,12 @@ def unit_of(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)  # a hook of xdist's (optional: no error where xdist is not loaded)
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: one worker per core, at most 4 (each may train and start servers of its own)."""
-    return max(1, min(4, os.cpu_count() or 1))
+    """`-n auto`: one worker more than the cores, at most 4 (each may train and start servers of its own). Each
+    worker trains on one torch thread, and some files wait on a server's clock (Prefect's least lease of 60 s,
+    heartbeats of 30 s: `tests/test_pool.py` holds about half a core for six minutes), which leaves a core idle
+    with one worker per core: on 2 cores, 2 workers kept the CPUs 86% busy and took 1,041 s, 3 workers 97% and
+    985 s (same commit, same hour; bench/README.md)."""
+    return max(2, min(4, (os.cpu_count() or 1) + 1))
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
