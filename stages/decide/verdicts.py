@@ -191,8 +191,9 @@ def finding(evidence: dict[str, Any], train_probe_curve: list[tuple], guard) -> 
 
     - overfitting: greedy accuracy on training prompts gained at least `guard.heldout_gain` (the held-out
       probe did not: that is the rule's other half);
-    - hacking, whatever else holds, when the reward pays wrong answers in full (latest precision < 0.5):
-      a policy that already collected a gameable reward greedily is not "sharpening";
+    - hacking, when greedy accuracy on training prompts did not gain (not overfitting) and the reward pays wrong
+      answers in full (latest precision < 0.5): a policy that already collected a gameable reward greedily is not
+      "sharpening";
     - sharpening: the sampled reward now is within `guard.sharpening_margin` of the greedy reward at the
       first probe and the greedy reward itself moved less than half of `guard.train_rise`: sampling is
       catching up with what the policy already answered greedily;
