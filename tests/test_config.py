@@ -72,6 +72,19 @@ BAD = {
         ["grpo.save_total_limit", "limits.max_checkpoints"],
     ),
     "dry-run-nan": ("dry_run: {min_mean_reward: .nan}\n", ["dry_run.min_mean_reward"]),
+    # YAML that parsed into something else than was written, or into nothing Python can hold
+    "section-twice": ("sft: {max_steps: 3}\nsft: {max_steps: 5}\n", ["line 2", "'sft' is written twice"]),
+    "field-twice": ("grpo: {beta: 0.9, beta: 0.04}\n", ["line 1", "'beta' is written twice"]),
+    "int-of-5000-digits": (f"sft: {{max_steps: {'9' * 5000}}}\n", ["4300 digits"]),
+    "nested-5000-deep": ("sft: {foo: " + "[" * 5000 + "]" * 5000 + "}\n", ["nested too deeply"]),
+    "nested-100-deep": ("sft: {foo: " + "[" * 100 + "]" * 100 + "}\n", ["nested deeper than 64"]),
+    "alias-of-itself": ("peft: &a {r: 8, lora_alpha: *a}\n", ["contains itself"]),
+    "alias-bomb": (
+        "x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+        + "".join(f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))
+        + "sft: {dataset_kwargs: {bomb: *a8}}\n",
+        ["200,000 values"],
+    ),
 }
 
 
@@ -222,3 +235,49 @@ def test_check_shows_every_value_regimen_sets_when_the_trainer_is_built(capsys):
     assert "shuffle_dataset: false  # Regimen" in out and "ignore_data_skip: true  # Regimen" in out
     code, out, _ = run_cli(["check", str(TINY)], capsys)
     assert "shuffle_dataset: false  # Regimen" not in out
+
+
+def test_a_date_like_value_is_the_text_written_and_the_store_refuses_what_it_cannot_open(tmp_path):
+    # YAML's dates are not a recipe's: `experiment: 2024-13-45` raised inside PyYAML's date constructor
+    assert load_recipe(write(tmp_path, "experiment: 2024-12-07\n"), check_trl=False).experiment == "2024-12-07"
+    assert parse_set(["experiment=2024-13-45"]) == {"experiment": "2024-13-45"}
+    assert parse_set(['grpo.beta="x']) == {"grpo.beta": '"x'}  # not YAML at all: the text as written
+    from regimen.stages.store import Store
+
+    # a store no run could open: refused at the door, as `regimen check` refuses it, and by the store itself (`--store`)
+    for url, says in (("foo://x", "no filesystem for foo://"), ("", "empty")):
+        with pytest.raises(InputError, match=f"store: {says}"):
+            load_recipe(write(tmp_path, f"store: '{url}'\n"), check_trl=False)
+        with pytest.raises(InputError, match=says):
+            Store(url)
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ("raise RuntimeError('boom at import\\nsecond line')", "RuntimeError: boom at import"),
+        ("def f(:\n    pass", "SyntaxError"),
+        ("import sys\nsys.exit(3)", "SystemExit: 3"),
+    ],
+)
+def test_a_users_module_that_raises_while_it_loads_is_one_line_naming_the_field(
+    body, says, tmp_path, capsys, monkeypatch
+):
+    name = f"broken_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = tmp_path / "store"
+    code, out, err = run_cli(
+        ["run", str(TINY), "--store", str(store), "--set", f"rewards=[{{name: '{name}:f'}}]"], capsys
+    )
+    assert code == 2 and f"rewards: '{name}:f': importing {name} raised {says}" in err, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and not store.exists()
+    env = ROOT / "configs" / "tiny-env.yaml"
+    code, out, err = run_cli(["check", str(env), "--set", f"environment.name={name}:Env"], capsys)
+    assert code == 2 and f"environment.name: '{name}:Env': importing {name} raised {says}" in err, (out, err)
+
+
+def test_an_error_naming_a_file_prints_the_name_as_written(tmp_path, capsys):
+    # rich's emoji codes: `my:fire:recipe.yaml` was printed with an emoji in place of `:fire:`
+    code, _, err = run_cli(["check", str(tmp_path / "my:fire:recipe.yaml")], capsys)
+    assert code == 2 and "my:fire:recipe.yaml: file does not exist" in err, err

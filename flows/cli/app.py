@@ -21,8 +21,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Regimen: distillation-style SFT and GRPO in cycles, orchestrated by Prefect.",
 )
-console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, soft_wrap=True)
+# emoji=False: a name such as `my:fire:recipe.yaml` is printed as written, not as an emoji
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 160, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 SetOpt = Annotated[
     list[str] | None,

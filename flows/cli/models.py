@@ -16,7 +16,7 @@ from rich.table import Table
 from regimen.flows.cli.app import app
 from regimen.stages.core.errors import InputError
 
-console = Console(soft_wrap=True)
+console = Console(soft_wrap=True, emoji=False)
 StoreOpt = Annotated[str, typer.Option("--store", help="artifact store: a folder or an fsspec URL")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="why (recorded in the champion's history)")]
 

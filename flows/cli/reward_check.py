@@ -117,7 +117,7 @@ def main(samples: str, config: str | None, rewards: list[str], as_json: bool) ->
     if not as_json:
         from rich.console import Console
 
-        console = Console(highlight=False)
+        console = Console(highlight=False, emoji=False)
     gameable = [name for name, fn in fns.items() if is_gameable(fn)]
     if gameable:
         if console is not None:

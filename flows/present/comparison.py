@@ -10,12 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from regimen.flows.present import plots
 from regimen.flows.present.fmt import num
 from regimen.stages.core.errors import InputError
-from regimen.stages.recipe import Recipe, apply_overrides, raw_of, recipe_from_dict
+from regimen.stages.recipe import Recipe, apply_overrides, load_yaml, raw_of, recipe_from_dict
 
 COLUMNS = (
     "heldout_accuracy",
@@ -35,7 +33,7 @@ def parse_sweep(items: list[str]) -> tuple[str, list[Any], list[str]]:
     if len(swept) != 1:
         raise InputError("sweep: give exactly one --set KEY=V1,V2,... (e.g. --set grpo.num_generations=2,8,16)")
     key, raw = swept[0].split("=", 1)
-    values = [yaml.safe_load(v.strip()) for v in raw.split(",") if v.strip()]
+    values = [load_yaml(v.strip(), f"--set {key.strip()}", text_if_not_yaml=True) for v in raw.split(",") if v.strip()]
     return key.strip(), values, [i for i in items if i is not swept[0]]
 
 

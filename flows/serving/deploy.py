@@ -202,7 +202,7 @@ def serve_deployments(
     at once while the pool's deployments exist or another serve serves from the same Prefect server (`claim_serve`)."""
     from rich.console import Console
 
-    err = Console(stderr=True, soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True, emoji=False)
     check_api_protected(allow_unauthenticated)
     refuse_serve_beside_a_pool()  # serve is the one-host path: not beside a work pool's deployments of the same names
 

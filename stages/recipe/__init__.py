@@ -30,12 +30,89 @@ __all__ = [
     "parse_set",
     "apply_overrides",
     "read_yaml",
+    "load_yaml",
     "explain",
     "raw_of",
 ]
 
 _YAML11_WORDS = {"yes", "no", "on", "off", "y", "n"}
 _KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
+_MAX_NODES = (
+    200_000  # values in a recipe once its aliases are expanded (the largest shipped recipe holds a few hundred)
+)
+_MAX_DEPTH = 64
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as a recipe is read: PyYAML's safe loader, with a key written twice in one mapping refused (the safe
+    loader keeps the last silently, so a second `sft:` section dropped the whole first one) and dates left as
+    strings (a recipe has no date field; `experiment: 2024-13-45` raised from inside the date constructor).
+    PyYAML has no switch for either; this subclass overrides only its documented `construct_mapping`."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the safe loader names it itself
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is written twice in one mapping", key_node.start_mark
+                    )
+        return super().construct_mapping(node, deep)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def load_yaml(text: str, where: str, *, text_if_not_yaml: bool = False) -> Any:
+    """`text` read as recipe YAML; whatever it cannot be (a syntax error, a key written twice, an integer of
+    thousands of digits, nesting or aliases without end) is an InputError naming `where`, never a traceback.
+    `text_if_not_yaml`: text that does not parse as YAML at all is itself the value (a `--set` value)."""
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        if text_if_not_yaml and isinstance(exc, (yaml.scanner.ScannerError, yaml.parser.ParserError)):
+            return text
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(f"{where}:{at}: YAML syntax error: {problem}") from None
+    except RecursionError:
+        raise InputError(f"{where}: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4,300 digits
+        raise InputError(f"{where}: {str(exc).splitlines()[0]}") from None
+    _bounded(data, where)
+    return data
+
+
+def _bounded(data: Any, where: str) -> None:
+    """Refuse a value that refers to itself (`&a [*a]`), nests past `_MAX_DEPTH` or expands past `_MAX_NODES` values
+    (YAML aliases share one object, so a 1 KB file can stand for billions of values once copied or printed)."""
+    stack: list[tuple[Any, int, frozenset[int]]] = [(data, 0, frozenset())]
+    count = 0
+    while stack:
+        value, depth, path = stack.pop()
+        count += 1
+        if count > _MAX_NODES:
+            raise InputError(f"{where}: more than {_MAX_NODES:,} values once its aliases are expanded")
+        if depth > _MAX_DEPTH:
+            raise InputError(f"{where}: nested deeper than {_MAX_DEPTH} levels")
+        if isinstance(value, (dict, list)):
+            if id(value) in path:
+                raise InputError(f"{where}: a value that contains itself (a YAML alias inside its own anchor)")
+            inner = path | {id(value)}
+            children = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+            stack.extend((child, depth + 1, inner) for child in children)
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -49,10 +126,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if raw.strip().lower() in _YAML11_WORDS:  # `save_strategy=no` means the string "no", as TRL's CLI reads it
             out[key] = raw.strip()
             continue
-        try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            out[key] = raw
+        out[key] = load_yaml(raw, f"--set {key}", text_if_not_yaml=True) if raw.strip() else ""
     return out
 
 
@@ -90,13 +164,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"recipe {p}: cannot read it ({exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"recipe {p}:{where}: YAML syntax error: {problem}") from None
+    data = load_yaml(text, f"recipe {p}")
     if data is None:
         raise InputError(f"recipe {p}: file is empty")
     if not isinstance(data, dict):

@@ -22,6 +22,7 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from regimen.stages.core.errors import InputError, RegimenError, StoreError
+from regimen.stages.core.urls import store_url_problem
 from regimen.stages.store import files, schemas, work
 from regimen.stages.store.lock import exclusive_create, probe_conditional_create
 
@@ -67,6 +68,8 @@ class Backend:
 
     def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None):
         self.url = str(root)
+        if problem := store_url_problem(self.url):
+            raise InputError(f"store {self.url!r}: {problem}")
         self.fs, self.root = work.filesystem(self.url)
         self.local = isinstance(self.fs, LocalFileSystem)
         if self.local:
