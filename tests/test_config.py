@@ -1,5 +1,6 @@
 """Bad recipes: exit 2, one message naming the field (or file, or line), nothing written."""
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -281,3 +282,36 @@ def test_an_error_naming_a_file_prints_the_name_as_written(tmp_path, capsys):
     # rich's emoji codes: `my:fire:recipe.yaml` was printed with an emoji in place of `:fire:`
     code, _, err = run_cli(["check", str(tmp_path / "my:fire:recipe.yaml")], capsys)
     assert code == 2 and "my:fire:recipe.yaml: file does not exist" in err, err
+
+
+@pytest.mark.slow
+def test_a_run_refused_inside_the_flow_prints_one_line(tmp_path, no_shared_api):
+    # a bad data row is found once the flow reads the data: Prefect's events worker used to print "Still processing
+    # items: N items remaining..." before the error as the run ended (with its own temporary server, as a user has)
+    import os
+    import subprocess
+    import sys
+
+    rows = [json.dumps({"prompt": f"Q: 0+{i}=", "answer": str(i)}) for i in range(5)]
+    (tmp_path / "train.jsonl").write_text("\n".join(rows[:3] + ['{"prompt": "x", '] + rows[3:]) + "\n")
+    recipe = write(
+        tmp_path,
+        """
+        experiment: bad-row
+        model: {name_or_path: tiny, tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
+                num_attention_heads: 2}}
+        data: {task: jsonl, train_file: train.jsonl}
+        teacher: {kind: none}
+        """,
+    )
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "regimen"), "run", str(recipe), "--store", str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: train.jsonl:4: invalid JSON (Expecting property name enclosed in double quotes at column 1)"
+    ], r.stderr

@@ -33,6 +33,15 @@ class QuietFailures(logging.Filter):
         return not ("Finished in state" in msg and any(s in msg for s in ("Failed", "Cancelled", "Crashed")))
 
 
+class QuietShutdown(logging.Filter):
+    """Quiet mode: Prefect's queue services (its events worker) report "Still processing items: N items remaining..."
+    while they send what is left as a run ends; that progress note came before a refused run's one-line error. The
+    events are still sent, and `--verbose` shows the note."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.WARNING and record.getMessage().startswith("Still processing items"))
+
+
 def _terminal_handlers():
     from prefect.logging.configuration import ensure_logging_setup
     from prefect.logging.handlers import PrefectConsoleHandler
@@ -69,6 +78,7 @@ def terminal(console, *, verbose: bool):
     previous_env = os.environ.get("REGIMEN_VERBOSE")
     os.environ["REGIMEN_VERBOSE"] = "1" if verbose else "0"
     changed: list[tuple[logging.Handler, int]] = []
+    quieted: list[logging.Handler] = []
 
     for handler in _terminal_handlers():
         if getattr(handler, "console", None) is not None and getattr(handler.console, "file", None) is not sys.stderr:
@@ -78,6 +88,9 @@ def terminal(console, *, verbose: bool):
         if not verbose and handler.level < logging.WARNING:
             changed.append((handler, handler.level))
             handler.setLevel(logging.WARNING)
+        if not verbose and not any(isinstance(f, QuietShutdown) for f in handler.filters):
+            handler.addFilter(QuietShutdown())
+            quieted.append(handler)
     lines = StageLines(console)
     run_log = logging.getLogger("regimen.run")
     run_log.addHandler(lines)
@@ -92,6 +105,8 @@ def terminal(console, *, verbose: bool):
             run_log.removeHandler(lines)
             for handler, level in changed:
                 handler.setLevel(level)
+            for handler in quieted:
+                handler.removeFilter(next(f for f in handler.filters if isinstance(f, QuietShutdown)))
             if not verbose:
                 _library_bars(enabled=True)
             if previous_env is None:
