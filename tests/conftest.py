@@ -223,8 +223,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker more than the cores, at most 4 (each may train and start servers of its own). Each
     worker trains on one torch thread, and some files wait on a server's clock (Prefect's least lease of 60 s,
     heartbeats of 30 s: `tests/test_pool.py` holds about half a core for six minutes), which leaves a core idle
-    with one worker per core: on 2 cores, 2 workers kept the CPUs 85% busy, 3 workers 98%; two pairs of runs back
-    to back took 985 s against 1,041 s and 1,108 s against 1,130 s (bench/README.md)."""
+    with one worker per core: on 2 cores, the CPUs sat idle 12% to 14% of the run with 2 workers, 2% to 3% with
+    3; two pairs of runs back to back took 985 s against 1,041 s and 1,108 s against 1,130 s (bench/README.md)."""
     return max(2, min(4, (os.cpu_count() or 1) + 1))
 
 
