@@ -403,6 +403,23 @@ def test_every_cli_misuse_is_one_line_and_exit_2(command, misuse, capsys):
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in out + err, (args, err)
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--hidden-size", "0"], "--hidden-size 0"),
+        (["--hidden-size", "-5"], "--hidden-size -5"),
+        (["--hidden-size", "99999999"], "--hidden-size 99999999"),
+        (["--hidden-size", "20"], "--hidden-size 20"),
+        (["--layers", "0"], "--layers 0"),
+    ],
+)
+def test_make_model_refuses_sizes_no_model_has_in_one_line_and_writes_nothing(args, says, tmp_path, capsys):
+    # --hidden-size 0 was a ZeroDivisionError traceback, 99999999 one from huggingface_hub's validation
+    code, out, err = run_cli(["make-model", str(tmp_path / "m"), *args], capsys)
+    assert code == 2 and err.strip().splitlines() == [err.strip()] and says in err, (out, err)
+    assert not (tmp_path / "m").exists()
+
+
 def test_export_is_atomic_refuses_links_and_files_and_leaves_nothing_on_failure(tmp_path, capsys, monkeypatch):
     st = build(tmp_path / "store")
     conclude(st, 2)

@@ -229,5 +229,10 @@ def make_model(
 
     if arch not in ("qwen3", "llama"):
         raise InputError(f"--arch {arch!r}: use qwen3 or llama")
+    # 4 attention heads of hidden_size // 4 each, and rotary embeddings need an even head size
+    if not (8 <= hidden_size <= 8192 and hidden_size % 8 == 0):
+        raise InputError(f"--hidden-size {hidden_size}: a multiple of 8 between 8 and 8192 (4 heads of an even size)")
+    if not 1 <= layers <= 64:
+        raise InputError(f"--layers {layers}: between 1 and 64")
     path = build_real_shaped_model(out, arch=arch, hidden_size=hidden_size, num_layers=layers)
     console.print(f"model saved to {path} (model.name_or_path: {path})")
