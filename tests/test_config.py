@@ -79,6 +79,11 @@ BAD = {
     "int-of-5000-digits": (f"sft: {{max_steps: {'9' * 5000}}}\n", ["4300 digits"]),
     "nested-5000-deep": ("sft: {foo: " + "[" * 5000 + "]" * 5000 + "}\n", ["nested too deeply"]),
     "nested-100-deep": ("sft: {foo: " + "[" * 100 + "]" * 100 + "}\n", ["nested deeper than 64"]),
+    "bands-crossed": (
+        "curriculum: {bands: {easy: 0.1, hard: 0.9}}\n",
+        ["curriculum.bands", "hard (0.9) must be below"],
+    ),
+    "keep-twice": ("store: {url: somewhere, keep: {last: 2}}\nkeep: {last: 3}\n", ["store.keep and keep"]),
     "alias-of-itself": ("peft: &a {r: 8, lora_alpha: *a}\n", ["contains itself"]),
     "alias-bomb": (
         "x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"

@@ -258,6 +258,12 @@ class BandsSection(Section):
     easy: float = Field(0.8, ge=-1e9, le=1e9, description="a prompt's mean reward at or above this: easy")
     hard: float = Field(0.2, ge=-1e9, le=1e9, description="below this: hard (between them, and never seen: normal)")
 
+    @model_validator(mode="after")
+    def _hard_below_easy(self) -> BandsSection:
+        if self.hard >= self.easy:
+            raise ValueError(f"hard ({self.hard}) must be below easy ({self.easy}): a prompt cannot be both")
+        return self
+
 
 class LevelsSection(Section):
     """`curriculum.kind: levels` (`stages/training/levels.py`): GRPO's prompts generated at a difficulty level that
@@ -748,6 +754,8 @@ class Recipe(Section):
                 raise ValueError(f"store: unknown field(s) {', '.join(sorted(unknown))} (a store has url and keep)")
             data = {**data, "store": section.get("url", "artifacts")}
             if section.get("keep") is not None:
+                if data.get("keep") is not None:
+                    raise ValueError("store.keep and keep: retention is written once (store: {url: ..., keep: {...}})")
                 data["keep"] = section["keep"]
         return data
 
