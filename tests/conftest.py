@@ -175,14 +175,13 @@ def run_flow(config: Path | str, store: Path | str, *, experiment: str | None = 
     return outcome.results
 
 
-# Three workers on 2 cores (pytest-xdist, `-n auto --dist loadscope` in pyproject.toml): a test file is one unit of work
+# Two workers on 2 cores (pytest-xdist, `-n auto --dist loadscope` in pyproject.toml): a test file is one unit of work
 # (its module-scoped fixtures, often a training, are built once), files that share a session scenario are one
 # unit, and the slowest units start first so that the workers end together. Timings: the seconds of each unit's
 # tests in a full run on the 2-core machine with REGIMEN_TESTS_TIMELINE=FILE (each test's worker, start and end as
 # JSON lines, below); a file not named here follows in its usual order. Units of under 15 s are left to that order.
 _SHARED_UNITS = {"test_ui.py": "test_operations.py"}  # the UI test reads the operations scenario's runs
-_SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-07 (a timeline of every test's start and end;
-    # with 3 workers the same order ended them within 12 s of each other)
+_SLOWEST_FIRST = [  # seconds of the file's tests on 2 workers, 2026-12-07 (a timeline of every test's start and end)
     "test_pool.py",
     "test_nightly_week.py",
     "test_api_boundary.py",
@@ -220,12 +219,12 @@ def unit_of(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)  # a hook of xdist's (optional: no error where xdist is not loaded)
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: one worker more than the cores, at most 4 (each may train and start servers of its own). Each
-    worker trains on one torch thread, and some files wait on a server's clock (Prefect's least lease of 60 s,
-    heartbeats of 30 s: `tests/test_pool.py` holds about half a core for six minutes), which leaves a core idle
-    with one worker per core: on 2 cores, the CPUs sat idle 12% to 14% of the run with 2 workers, 2% to 3% with
-    3; two pairs of runs back to back took 985 s against 1,041 s and 1,108 s against 1,130 s (bench/README.md)."""
-    return max(2, min(4, (os.cpu_count() or 1) + 1))
+    """`-n auto`: one worker per core, at most 4 (each may train and start servers of its own). A worker more than
+    the cores fills the CPU time that the tests waiting on Prefect's clock leave idle (12% to 14% with 2 workers on
+    2 cores, 2% to 3% with 3), but sharing the cores costs as much: five suite runs alternating 3, 2, 3, 2, 3 workers
+    on one evening took 985, 1,041, 1,108, 1,130 and 1,136 s, the machine slowing through the evening, and the
+    3-worker runs sat on the line through the 2-worker ones (bench/README.md)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
