@@ -37,9 +37,8 @@ __all__ = [
 
 _YAML11_WORDS = {"yes", "no", "on", "off", "y", "n"}
 _KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
-_MAX_NODES = (
-    200_000  # values in a recipe once its aliases are expanded (the largest shipped recipe holds a few hundred)
-)
+# a recipe's values once its aliases are expanded (a shipped recipe holds a few hundred), and how deep they nest
+_MAX_NODES = 200_000
 _MAX_DEPTH = 64
 
 
