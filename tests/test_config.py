@@ -281,6 +281,11 @@ def test_a_users_module_that_raises_while_it_loads_is_one_line_naming_the_field(
     env = ROOT / "configs" / "tiny-env.yaml"
     code, out, err = run_cli(["check", str(env), "--set", f"environment.name={name}:Env"], capsys)
     assert code == 2 and f"environment.name: '{name}:Env': importing {name} raised {says}" in err, (out, err)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text('{"completion": "4", "answer": "4"}\n')
+    code, out, err = run_cli(["reward-check", "--samples", str(samples), "--reward", f"{name}:f"], capsys)
+    assert code == 2 and f"--reward '{name}:f': importing {name} raised {says}" in err, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_an_error_naming_a_file_prints_the_name_as_written(tmp_path, capsys):

@@ -23,6 +23,7 @@ import typer
 from regimen.flows.cli.app import app
 from regimen.flows.present.reward_check import gameable_warning, json_value, print_report
 from regimen.stages.core.errors import InputError
+from regimen.stages.core.loading import import_problem
 from regimen.stages.rewards import RewardFn, get_reward, is_gameable, score
 from regimen.stages.rewards.audit import audit, summary
 from regimen.stages.tasks import read_jsonl
@@ -95,6 +96,8 @@ def resolve_rewards(rewards: list[str], config: str | None) -> tuple[dict[str, R
             if key in from_recipe:
                 fns[key], weights[key] = from_recipe[key]
             else:
+                if problem := import_problem(name):
+                    raise InputError(f"--reward {problem}")
                 fns[key], weights[key] = get_reward(name), 1.0
         return fns, (weights if config else None)
     if config:

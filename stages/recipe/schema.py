@@ -5,7 +5,6 @@ dataclasses; `data:` is validated by the chosen task's own options (`tasks/regis
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import ipaddress
 import re
 from pathlib import Path
@@ -13,28 +12,12 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from regimen.stages.core.loading import import_problem
 from regimen.stages.core.urls import store_url_problem
 from regimen.stages.environments.registry import factory, get, trl_protocol
 from regimen.stages.recipe import defaults, trackers, trl
 from regimen.stages.rewards import check_specs
 from regimen.stages.tasks import registry as tasks
-
-
-def _user_module(name: str, field: str | None) -> None:
-    """Import the module of a `pkg.module:attr` name now, so that a user's module that raises while it loads (any
-    exception, a syntax error, `sys.exit`) is one line naming the field; one that is missing or lacks the attribute is
-    named by the registry that loads it."""
-    if ":" not in name:
-        return
-    module = name.partition(":")[0]
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a user's module may raise anything at import
-        said = (str(exc).strip().splitlines() or [""])[0]
-        prefix = f"{field}: " if field else ""
-        raise ValueError(f"{prefix}{name!r}: importing {module} raised {type(exc).__name__}: {said}") from None
 
 
 class Section(BaseModel):
@@ -408,7 +391,8 @@ class EnvironmentSection(Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        _user_module(v, None)  # the field is named by the validation error
+        if problem := import_problem(v):  # a module that raises while it loads (the field is named by the error)
+            raise ValueError(problem)
         get(v)  # raises InputError naming the field
         return v
 
@@ -793,7 +777,8 @@ class Recipe(Section):
         """Regimen's own rules; TRL's (group sizes, batch divisibility, ...) run when the configs are built
         (`recipe/trl.py`, at the door: `load_recipe`)."""
         for spec in self.rewards:
-            _user_module(spec.name, "rewards")
+            if problem := import_problem(spec.name):
+                raise ValueError(f"rewards: {problem}")
         names = check_specs(self.rewards)
         if not any(r.weight > 0 for r in self.rewards):
             raise ValueError("rewards: every reward has weight 0 (monitors only); at least one must train (weight > 0)")
